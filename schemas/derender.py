@@ -1,0 +1,131 @@
+"""vLLM 0.33.0's derender bodies and the per-sequence ``DerenderStreamState``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, NonNegativeInt, field_validator, model_validator
+
+from schemas.generate import GenerateTokensResponse, GenerateTokensStreamResponse
+from schemas.openai import (
+    ChatCompletionRequest,
+    ChatCompletionStreamResponse,
+    CompletionRequest,
+    CompletionStreamResponse,
+)
+
+PREV_TOKENS_LIMIT = 1024
+LOGPROB_CONTEXT_WINDOW = 4
+
+
+class DerenderStreamState(BaseModel):
+    """Everything needed to resume one sequence, as plain JSON.
+
+    Plain path: ``prev_tokens``/``prefix_offset``/``read_offset`` are the bounded
+    incremental-decode window. Parser path: ``output_token_ids`` and
+    ``output_chunk_lens`` let a fresh parser replay the sequence with the
+    original chunking; ``tools_streamed`` and ``last_tool_call_ids`` keep the
+    finish-reason rewrite and tool-call ids stable across a replay.
+    """
+
+    prev_tokens: list[str] = Field(default_factory=list)
+    prefix_offset: int = Field(default=0, ge=0)
+    read_offset: int = Field(default=0, ge=0)
+    role_sent: bool = False
+    logprob_context_token_ids: list[int] = Field(default_factory=list, max_length=LOGPROB_CONTEXT_WINDOW)
+    logprob_text_offset: int = Field(default=0, ge=0)
+    output_token_ids: list[int] = Field(default_factory=list)
+    output_chunk_lens: list[Annotated[int, Field(gt=0)]] = Field(default_factory=list)
+    tools_streamed: bool = False
+    last_tool_call_ids: list[str] = Field(default_factory=list)
+
+    @field_validator("prev_tokens")
+    @classmethod
+    def _bound_prev_tokens(cls, value: list[str]) -> list[str]:
+        if len(value) > PREV_TOKENS_LIMIT:
+            raise ValueError(f"prev_tokens length ({len(value)}) exceeds maximum ({PREV_TOKENS_LIMIT})")
+        return value
+
+    @model_validator(mode="after")
+    def _chunk_lens_cover_output(self) -> DerenderStreamState:
+        total = sum(self.output_chunk_lens)
+        if total != len(self.output_token_ids):
+            raise ValueError(
+                "output_chunk_lens must sum to len(output_token_ids) "
+                f"(got sum={total}, len(output_token_ids)={len(self.output_token_ids)})"
+            )
+        return self
+
+
+class DerenderChatRequest(BaseModel):
+    """Body of ``/v1/chat/completions/derender`` with ``stream=false``."""
+
+    stream: Literal[False] = False
+    model: str | None = None
+    generate_response: GenerateTokensResponse
+    prompt_tokens: int | None = None
+    prompt_token_ids: list[NonNegativeInt] | None = None
+    chat_request: ChatCompletionRequest | None = None
+
+
+class DerenderCompletionRequest(BaseModel):
+    """Body of ``/v1/completions/derender`` with ``stream=false``: one response per prompt."""
+
+    stream: Literal[False] = False
+    model: str | None = None
+    generate_responses: list[GenerateTokensResponse]
+    prompt_tokens: list[int] | None = None
+    prompt_token_ids: list[list[NonNegativeInt] | None] | None = None
+    completion_request: CompletionRequest | None = None
+
+    @model_validator(mode="after")
+    def _parallel_lists(self) -> DerenderCompletionRequest:
+        n = len(self.generate_responses)
+        if self.prompt_tokens is not None and len(self.prompt_tokens) != n:
+            raise ValueError(
+                f"prompt_tokens length ({len(self.prompt_tokens)}) must equal generate_responses length ({n})"
+            )
+        if self.prompt_token_ids is not None and len(self.prompt_token_ids) != n:
+            raise ValueError(
+                f"prompt_token_ids length ({len(self.prompt_token_ids)}) must equal "
+                f"generate_responses length ({n})"
+            )
+        return self
+
+
+class DerenderChatStreamRequest(BaseModel):
+    """Body of ``/v1/chat/completions/derender`` with ``stream=true``: one generate chunk."""
+
+    stream: Literal[True]
+    model: str | None = None
+    generate_chunk: GenerateTokensStreamResponse
+    stream_state: DerenderStreamState | None = None
+    prompt_tokens: int | None = None
+    prompt_token_ids: list[NonNegativeInt] | None = None
+    chat_request: ChatCompletionRequest | None = None
+
+
+class DerenderCompletionStreamRequest(BaseModel):
+    """Body of ``/v1/completions/derender`` with ``stream=true``: one generate chunk."""
+
+    stream: Literal[True]
+    model: str | None = None
+    generate_chunk: GenerateTokensStreamResponse
+    stream_state: DerenderStreamState | None = None
+    prompt_tokens: int | None = None
+    prompt_token_ids: list[NonNegativeInt] | None = None
+    completion_request: CompletionRequest | None = None
+
+
+class DerenderChatStreamResponse(BaseModel):
+    chunk: ChatCompletionStreamResponse
+    stream_state: DerenderStreamState
+
+
+class DerenderCompletionStreamResponse(BaseModel):
+    chunk: CompletionStreamResponse
+    stream_state: DerenderStreamState
+
+
+ChatBody = DerenderChatRequest | DerenderChatStreamRequest
+CompletionBody = DerenderCompletionRequest | DerenderCompletionStreamRequest

@@ -1,0 +1,82 @@
+"""Envelope version 1: one Kafka record value, or one line of a JSON Lines file.
+
+An input envelope wraps one vLLM derender request body; the output envelope
+for it carries exactly what vLLM returns for that body, or vLLM's error body.
+A record that is not a valid input envelope goes to the dead-letter output as
+a ``DeadLetterRecord``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ENVELOPE_VERSION = 1
+MAX_REQUEST_ID_LENGTH = 512
+
+Endpoint = Literal["chat", "completion"]
+
+
+class InputEnvelope(BaseModel):
+    """One generate chunk (stream) or one complete generate response (one-shot) of one request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str = Field(
+        min_length=1, max_length=MAX_REQUEST_ID_LENGTH, description="Equals the Kafka record key."
+    )
+    seq: int = Field(ge=0, description="Position of this record in its request's stream: 0, 1, 2, ...")
+    endpoint: Endpoint
+    body: dict[str, Any] = Field(
+        description=(
+            "A vLLM derender request body exactly as vLLM's HTTP endpoint accepts it: "
+            "DerenderChatStreamRequest / DerenderCompletionStreamRequest (stream=true) or "
+            "DerenderChatRequest / DerenderCompletionRequest. In a stream record, model, prompt_tokens, "
+            "prompt_token_ids and chat_request / completion_request may be left out after the first "
+            "record; stream_state may be null to use the state the worker holds."
+        )
+    )
+
+
+class SourcePosition(BaseModel):
+    topic: str
+    partition: int
+    offset: int
+
+
+class ErrorBody(BaseModel):
+    """vLLM's error object; ``code`` is the HTTP status vLLM answers with."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class OutputEnvelope(BaseModel):
+    """The answer to one input envelope: ``body`` or ``error``, never both."""
+
+    request_id: str
+    seq: int
+    endpoint: Endpoint
+    body: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "Stream records: {chunk, stream_state}. One-shot records: the chat.completion or "
+            "text_completion object."
+        ),
+    )
+    error: ErrorBody | None = None
+    source: SourcePosition | None = Field(default=None, description="Present only when read from Kafka.")
+
+
+class DeadLetterRecord(BaseModel):
+    """A record that was not a valid input envelope, with why."""
+
+    reason: str
+    original: str = Field(description="The record value: UTF-8 text, or base64 when it is not valid UTF-8.")
+    original_encoding: Literal["utf-8", "base64"] = "utf-8"
+    key: str | None = None
+    headers: list[tuple[str, str]] = Field(default_factory=list)
+    source: SourcePosition | None = None
