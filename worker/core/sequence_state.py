@@ -1,0 +1,76 @@
+"""The live, mutable form of one sequence's ``DerenderStreamState``.
+
+The wire model (``schemas.derender.DerenderStreamState``) is validated input;
+this is what the core mutates per record and serializes back. It also holds
+what cannot be serialized: the live parser session and its decode window,
+which are rebuilt from ``output_token_ids`` when missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from schemas.derender import DerenderStreamState
+from worker.core.decoding import DecodeWindow
+
+if TYPE_CHECKING:
+    from worker.core.parsing import ChatStreamSession
+
+
+@dataclass(slots=True)
+class LiveParser:
+    """A parser session kept alive between records, with its own (special-tokens-kept) window."""
+
+    session: ChatStreamSession
+    window: DecodeWindow
+
+
+@dataclass(slots=True)
+class SequenceState:
+    window: DecodeWindow = field(default_factory=DecodeWindow)
+    role_sent: bool = False
+    logprob_context_token_ids: list[int] = field(default_factory=list)
+    logprob_text_offset: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    output_chunk_lens: list[int] = field(default_factory=list)
+    tools_streamed: bool = False
+    last_tool_call_ids: list[str] = field(default_factory=list)
+    live: LiveParser | None = None
+
+    @classmethod
+    def from_wire(cls, state: DerenderStreamState) -> SequenceState:
+        return cls(
+            window=DecodeWindow(list(state.prev_tokens), state.prefix_offset, state.read_offset),
+            role_sent=state.role_sent,
+            logprob_context_token_ids=list(state.logprob_context_token_ids),
+            logprob_text_offset=state.logprob_text_offset,
+            output_token_ids=list(state.output_token_ids),
+            output_chunk_lens=list(state.output_chunk_lens),
+            tools_streamed=state.tools_streamed,
+            last_tool_call_ids=list(state.last_tool_call_ids),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The ``stream_state`` object, keys in vLLM's order; lists are copies."""
+        return {
+            "prev_tokens": list(self.window.tokens),
+            "prefix_offset": self.window.prefix_offset,
+            "read_offset": self.window.read_offset,
+            "role_sent": self.role_sent,
+            "logprob_context_token_ids": list(self.logprob_context_token_ids),
+            "logprob_text_offset": self.logprob_text_offset,
+            "output_token_ids": list(self.output_token_ids),
+            "output_chunk_lens": list(self.output_chunk_lens),
+            "tools_streamed": self.tools_streamed,
+            "last_tool_call_ids": list(self.last_tool_call_ids),
+        }
+
+    def approx_bytes(self) -> int:
+        """A cheap size estimate for memory bounds and metrics."""
+        return (
+            64
+            + sum(len(t) + 8 for t in self.window.tokens)
+            + 8 * (len(self.output_token_ids) + len(self.output_chunk_lens))
+            + sum(len(i) + 8 for i in self.last_tool_call_ids)
+        )
