@@ -194,12 +194,17 @@ class EnvelopeProcessor:
             return ProcessResult(dead_letter=DeadLetter(exc.reason, value, key))
         rid, seq, endpoint, body = envelope.request_id, envelope.seq, envelope.endpoint, envelope.body
         stream = body.get("stream") is True
+        was_open = rid in self.requests
         try:
             if not stream:
                 return self._one_shot(rid, seq, endpoint, body)
             return self._stream(rid, seq, endpoint, body)
         except RequestError as exc:
-            return ProcessResult(request_id=rid, output=_error_envelope(rid, seq, endpoint, exc))
+            # A gap fails the whole request: report that its state is gone.
+            closed = was_open and rid not in self.requests
+            return ProcessResult(
+                request_id=rid, output=_error_envelope(rid, seq, endpoint, exc), closed=closed
+            )
 
     def _parse(self, value: bytes, key: bytes | None) -> InputEnvelope:
         if len(value) > self.max_record_bytes:

@@ -119,7 +119,9 @@ def load_tokenizer(model_dir: str | os.PathLike[str]) -> LoadedTokenizer:
         raise ConfigurationError(f"tokenizer directory {source} does not exist")
     folder = _materialize(source)
 
-    # transformers is slow to import; only start-up pays for it.
+    # transformers is slow to import; only start-up pays for it. Its advisory
+    # warnings (no PyTorch, tokenizer class hints) are noise for a tokenizer-only user.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers import AutoTokenizer
 
     try:
