@@ -1,0 +1,103 @@
+"""Loading and normalizing the golden cases (vLLM 0.33.0's own derender outputs)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worker.core.derenderer import Derenderer
+from worker.settings import ModelSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN_DIR = ROOT / "tests" / "golden"
+MODELS_DIR = ROOT / "samples" / "models"
+
+_RANDOM_ID_FORMATS = (
+    (re.compile(r"^chatcmpl-tool-[0-9a-f]+$"), "chatcmpl-tool-<{}>"),
+    (re.compile(r"^[A-Za-z0-9]{9}$"), "<mistral-tool-id-{}>"),
+)
+
+
+@dataclass(frozen=True)
+class GoldenCase:
+    file: str
+    id: str
+    config: dict[str, Any]
+    input: list[dict[str, Any]]
+    expected: list[dict[str, Any]]
+
+    @property
+    def uses_parser(self) -> bool:
+        return bool(self.config.get("reasoning_parser") or self.config.get("tool_parser"))
+
+
+def load_cases() -> list[GoldenCase]:
+    cases = []
+    for path in sorted(GOLDEN_DIR.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                raw = json.loads(line)
+                cases.append(GoldenCase(path.stem, raw["id"], raw["config"], raw["input"], raw["expected"]))
+    return cases
+
+
+def settings_for(config: dict[str, Any]) -> ModelSettings:
+    return ModelSettings(
+        tokenizer=str(MODELS_DIR / config["model_dir"]),
+        served_model_names=(config["served_model_name"],),
+        max_model_len=config.get("max_model_len"),
+        max_logprobs=config["max_logprobs"] if config.get("max_logprobs") is not None else 20,
+        reasoning_parser=config.get("reasoning_parser"),
+        tool_parser=config.get("tool_parser"),
+        enable_auto_tool_choice=bool(config.get("enable_auto_tool_choice")),
+    )
+
+
+@functools.cache
+def _derenderer(key: str) -> Derenderer:
+    return settings_for(json.loads(key)).build_derenderer()
+
+
+def derenderer_for(config: dict[str, Any]) -> Derenderer:
+    """One shared derenderer per configuration (tokenizer loading is the slow part)."""
+    return _derenderer(json.dumps(config, sort_keys=True))
+
+
+def normalize(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The golden README's two normalizations: ``created`` → 0, random tool-call ids by first appearance."""
+    ids: dict[str, str] = {}
+
+    def rename(value: str) -> str:
+        if value in ids:
+            return ids[value]
+        for pattern, placeholder in _RANDOM_ID_FORMATS:
+            if pattern.match(value):
+                ids[value] = placeholder.format(len(ids))
+                return ids[value]
+        return value
+
+    def walk(node: Any, key: str | None = None) -> Any:
+        if isinstance(node, dict):
+            out = {}
+            for k, v in node.items():
+                if k == "created" and isinstance(v, int):
+                    out[k] = 0
+                elif k == "tool_calls" and isinstance(v, list):
+                    out[k] = [
+                        walk({**c, "id": rename(c["id"]) if isinstance(c.get("id"), str) else c.get("id")})
+                        for c in v
+                    ]
+                elif k == "last_tool_call_ids" and isinstance(v, list):
+                    out[k] = [rename(i) for i in v]
+                else:
+                    out[k] = walk(v, k)
+            return out
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return [walk(o) for o in outputs]
