@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print figures side by side. They assert nothing."""

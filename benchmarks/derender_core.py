@@ -1,0 +1,135 @@
+"""Cost per record of replay's core on a 2,000-token answer in 1-token records.
+
+Prints, per tokenizer, the median per-record cost of: envelope parse
+(JSON + envelope + body validation), derender, output serialization, and all
+of it together through ``EnvelopeProcessor``, beside the floor (one raw
+``tokenizers`` decode of all 2,000 ids, divided per token). vLLM 0.33.0's own
+derender measured 267 µs per 1-token chunk in-process on this machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from schemas.derender import DerenderChatStreamRequest
+from schemas.envelope import InputEnvelope
+from worker.core.envelope_processor import EnvelopeProcessor, serialize
+from worker.settings import ModelSettings
+
+MODELS = Path(__file__).resolve().parent.parent / "samples" / "models"
+VLLM_US_PER_CHUNK = 267.0
+TOKENS = 2000
+ROUNDS = 5
+
+TEXT = (
+    "Derender turns token ids back into text. Café déjà vu — naïve façade. 北京是中国的首都。"
+    " Emoji too: 🤗🚀✨👍🏽. Ключи и значения; αβγ δεζ. The quick brown fox jumps over the lazy dog. "
+)
+
+MODEL_PROMPTS = {
+    "qwen3": [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198],
+    "mistral-7b-v0.1": [1, 733, 16289, 28793, 6312, 733, 28748, 16289, 28793],
+}
+
+
+def _records(model: str, ids: list[int]) -> list[bytes]:
+    out = []
+    for seq, token in enumerate(ids):
+        body: dict[str, Any] = {
+            "stream": True,
+            "generate_chunk": {"request_id": "bench", "choices": [{"index": 0, "token_ids": [token]}]},
+        }
+        if seq == 0:
+            body |= {
+                "model": "bench",
+                "prompt_token_ids": MODEL_PROMPTS[model],
+                "prompt_tokens": len(MODEL_PROMPTS[model]),
+                "chat_request": {"model": "bench", "messages": [{"role": "user", "content": "hi"}]},
+            }
+        if seq == len(ids) - 1:
+            body["generate_chunk"]["choices"][0]["finish_reason"] = "length"
+        out.append(orjson.dumps({"request_id": "bench", "seq": seq, "endpoint": "chat", "body": body}))
+    return out
+
+
+def _us_per(seconds: float, count: int) -> float:
+    return seconds / count * 1e6
+
+
+def bench_model(model: str) -> dict[str, float]:
+    settings = ModelSettings(tokenizer=str(MODELS / model), served_model_names=("bench",))
+    derenderer = settings.build_derenderer()
+    backend = derenderer.tokenizer.backend
+    ids: list[int] = []
+    while len(ids) < TOKENS:
+        ids.extend(backend.encode(TEXT, add_special_tokens=False).ids)
+    ids = ids[:TOKENS]
+    records = _records(model, ids)
+
+    figures: dict[str, list[float]] = {k: [] for k in ("parse", "derender", "serialize", "total", "floor")}
+    for _ in range(ROUNDS):
+        # parse alone
+        start = time.perf_counter()
+        bodies = []
+        for record in records:
+            envelope = InputEnvelope.model_validate(orjson.loads(record))
+            bodies.append(DerenderChatStreamRequest.model_validate(envelope.body))
+        figures["parse"].append(_us_per(time.perf_counter() - start, len(records)))
+        for body in bodies[1:]:
+            body.chat_request = bodies[0].chat_request
+            body.prompt_token_ids = bodies[0].prompt_token_ids
+
+        # derender alone, on pre-parsed bodies
+        state = None
+        outputs = []
+        start = time.perf_counter()
+        for body in bodies:
+            chunk, state = derenderer.chat_stream(body, state)
+            outputs.append({"request_id": "bench", "seq": 0, "endpoint": "chat",
+                            "body": {"chunk": chunk, "stream_state": state.to_wire()}})
+        figures["derender"].append(_us_per(time.perf_counter() - start, len(records)))
+
+        start = time.perf_counter()
+        for output in outputs:
+            serialize(output)
+        figures["serialize"].append(_us_per(time.perf_counter() - start, len(records)))
+
+        # everything together, as replay runs it
+        processor = EnvelopeProcessor(derenderer)
+        start = time.perf_counter()
+        for record in records:
+            result = processor.process(record)
+            assert result.output is not None
+            serialize(result.output)
+        figures["total"].append(_us_per(time.perf_counter() - start, len(records)))
+
+        start = time.perf_counter()
+        backend.decode(ids, skip_special_tokens=True)
+        figures["floor"].append(_us_per(time.perf_counter() - start, len(records)))
+    return {k: statistics.median(v) for k, v in figures.items()}
+
+
+def main(argv: list[str]) -> None:
+    models = argv or list(MODEL_PROMPTS)
+    print(f"derender core, {TOKENS}-token answer in 1-token records, median of {ROUNDS} rounds (µs per record)")
+    header = f"{'tokenizer':<18}{'parse':>9}{'derender':>10}{'serialize':>11}{'total':>9}{'floor':>8}"
+    print(header + f"{'vs vLLM 267 µs':>17}")
+    for model in models:
+        f = bench_model(model)
+        ratio = VLLM_US_PER_CHUNK / f["total"]
+        print(
+            f"{model:<18}{f['parse']:>9.1f}{f['derender']:>10.1f}{f['serialize']:>11.1f}"
+            f"{f['total']:>9.1f}{f['floor']:>8.2f}{ratio:>15.1f}x"
+        )
+    print("floor: one tokenizers.decode of all ids, per token. target: total <= 27 µs (10x vLLM).")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
