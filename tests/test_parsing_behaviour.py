@@ -1,0 +1,209 @@
+"""Parsing layer behaviour beyond the golden files: splits, one-shot parity, errors."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from worker.core.model_dir import LoadedTokenizer, load_tokenizer
+from worker.core.parsing import ChatParsing, ParseRequest, TokenizerAdapter, adapter_for
+from worker.errors import ConfigurationError
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@cache
+def qwen3() -> tuple[LoadedTokenizer, TokenizerAdapter]:
+    lt = load_tokenizer(ROOT / "samples" / "models" / "qwen3")
+    return lt, adapter_for(lt)
+
+
+def encode(text: str) -> list[int]:
+    ids: list[int] = qwen3()[0].backend.encode(text, add_special_tokens=False).ids
+    return ids
+
+
+def make(reasoning: str | None, tool: str | None) -> ChatParsing:
+    parsing = ChatParsing.create(
+        qwen3()[1], reasoning_parser=reasoning, tool_parser=tool, enable_auto_tool_choice=tool is not None
+    )
+    assert parsing is not None
+    return parsing
+
+
+def request(tools: bool) -> ParseRequest:
+    return ParseRequest(
+        tools=TOOLS if tools else None,
+        tool_choice="auto" if tools else "none",
+        parallel_tool_calls=None,
+        include_reasoning=True,
+        chat_template_kwargs={},
+        messages=[],
+    )
+
+
+def stream(parsing: ChatParsing, req: ParseRequest, chunks: list[list[int]]) -> dict[str, object]:
+    """Run records through a session; text per record is the cumulative-decode diff."""
+    lt = qwen3()[0]
+    session = parsing.new_stream(req, encode(PROMPT))
+    seen: list[int] = []
+    emitted = ""
+    reasoning, content = "", ""
+    args: dict[int, str] = {}
+    names: dict[int, str] = {}
+    finish = None
+    for n, chunk in enumerate(chunks):
+        seen.extend(chunk)
+        text = lt.backend.decode(seen, skip_special_tokens=False)
+        new = "" if text.endswith("\ufffd") else text[len(emitted) :]
+        if new:
+            emitted = text
+        last = n == len(chunks) - 1
+        delta, finish = session.step(new, chunk, "stop" if last else None)
+        if delta is None:
+            continue
+        reasoning += delta.reasoning or ""
+        content += delta.content or ""
+        for call in delta.tool_calls:
+            if call.function is not None:
+                if call.function.name is not None:
+                    names[call.index] = call.function.name
+                args[call.index] = args.get(call.index, "") + (call.function.arguments or "")
+    return {
+        "reasoning": reasoning or None,
+        "content": content or None,
+        "calls": [(names[i], args.get(i, "")) for i in sorted(names)],
+        "finish": finish,
+    }
+
+
+def oneshot(parsing: ChatParsing, req: ParseRequest, text: str) -> dict[str, object]:
+    msg = parsing.parse_full(text, encode(text), req, encode(PROMPT))
+    return {
+        "reasoning": msg.reasoning,
+        "content": msg.content,
+        "calls": [(c.name, c.arguments) for c in msg.tool_calls],
+    }
+
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
+SCENARIOS = {
+    "qwen3": ("qwen3", None, "<think>\nplan a < b\n</think>\n\nThe answer is 4.", False),
+    "deepseek_r1": ("deepseek_r1", None, "<think>\nplan\n</think>\n\nThe answer is 4.", False),
+    "glm45": ("glm45", None, "<think>plan it</think>Answer: 4", False),
+    "hermes": (None, "hermes", "Let me check.\n" + CALL, True),
+    "qwen3+hermes": ("qwen3", "hermes", "<think>\nneed weather\n</think>\n\n" + CALL, True),
+}
+
+
+def splits(ids: list[int]) -> list[list[list[int]]]:
+    """Every two-record split plus one record per token."""
+    out = [[ids[:k], ids[k:]] for k in range(1, len(ids))]
+    out.append([[i] for i in ids])
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_stream_matches_oneshot_at_every_split(name: str) -> None:
+    reasoning, tool, text, tools = SCENARIOS[name]
+    parsing = make(reasoning, tool)
+    req = request(tools)
+    expected = oneshot(parsing, req, text)
+    ids = encode(text)
+    think_id = qwen3()[1].token_to_id("<think>")
+    end_id = qwen3()[1].token_to_id("</think>")
+    for chunks in splits(ids):
+        got = stream(parsing, req, chunks)
+        finish = got.pop("finish")
+        want = dict(expected)
+        # vLLM quirks, matched on purpose:
+        first = chunks[0]
+        if name == "deepseek_r1" and first[0] == think_id and len(first) > 1 and end_id not in first:
+            # <think> sharing a record with text leaks into streamed reasoning.
+            want["reasoning"] = "<think>" + str(want["reasoning"])
+        if want["calls"] and want["content"] is None and str(got["content"] or "").strip() == "":
+            # Whitespace before a call streams as content; one-shot drops it.
+            want["content"] = got["content"]
+        assert got == want, [len(c) for c in chunks]
+        assert finish == ("tool_calls" if expected["calls"] else "stop")
+
+
+def test_markers_split_inside_text() -> None:
+    """A marker spelled by several tokens is held back until it resolves."""
+    parsing = make("qwen3", "hermes")
+    req = request(True)
+    # Spell <tool_call> out of pieces so the tag straddles records at the text level.
+    call = '{"name": "f", "arguments": {}}'
+    pieces = ["<think>", "x", "</think>", "ok ", "<tool", "_ca", "ll>", call, "</tool_call>"]
+    chunks = [encode(p) for p in pieces]
+    got = stream(parsing, req, chunks)
+    assert got["reasoning"] == "x"
+    assert got["content"] == "ok "
+    assert got["calls"] == [("f", "{}")]
+
+
+def test_streamed_args_are_valid_json_equal_to_oneshot() -> None:
+    parsing = make(None, "hermes")
+    req = request(True)
+    text = CALL + "\n" + CALL.replace("Paris", "Rome")
+    got = stream(parsing, req, [[i] for i in encode(text)])
+    expected = oneshot(parsing, req, text)
+    assert got["calls"] == expected["calls"]
+    for _, arguments in got["calls"]:  # type: ignore[attr-defined]
+        assert json.loads(arguments)["unit"] == "c"
+
+
+def test_broken_tool_json() -> None:
+    parsing = make(None, "hermes")
+    req = request(True)
+    text = 'Hi <tool_call>{"name": "get_weather", "arguments": {"city": }</tool_call>'
+    # One-shot: the whole output stays content, no calls.
+    assert oneshot(parsing, req, text) == {"reasoning": None, "content": text, "calls": []}
+    # Streaming: the name is announced, the raw argument text is streamed as is.
+    got = stream(parsing, req, [[i] for i in encode(text)])
+    assert got["content"] == "Hi "
+    assert got["calls"] == [("get_weather", '{"city": }')]
+
+
+def test_tool_choice_none_keeps_markup_as_content() -> None:
+    parsing = make(None, "hermes")
+    req = ParseRequest(TOOLS, "none", None, True, {}, [])
+    got = stream(parsing, req, [[i] for i in encode(CALL)])
+    assert got["content"] == CALL and got["calls"] == [] and got["finish"] == "stop"
+
+
+def test_enable_thinking_false_is_all_content() -> None:
+    parsing = make("qwen3", None)
+    req = ParseRequest(None, "none", None, True, {"enable_thinking": False}, [])
+    prompt = encode(PROMPT + "<think>\n\n</think>\n\n")
+    session = parsing.new_stream(req, prompt)
+    delta, _ = session.step("Hello", encode("Hello"), None)
+    assert delta is not None and delta.content == "Hello" and delta.reasoning is None
+
+
+def test_include_reasoning_false_hides_reasoning() -> None:
+    parsing = make("qwen3", None)
+    req = ParseRequest(None, "none", None, False, {}, [])
+    session = parsing.new_stream(req, encode(PROMPT))
+    assert session.hide_metadata
+    delta, _ = session.step("think", encode("think"), None)
+    assert delta is None
+
+
+def test_unknown_parser_names_list_known_ones() -> None:
+    tok = qwen3()[1]
+    with pytest.raises(ConfigurationError, match=r"deepseek_r1.*qwen3"):
+        ChatParsing.create(tok, reasoning_parser="nope", tool_parser=None, enable_auto_tool_choice=False)
+    with pytest.raises(ConfigurationError, match="hermes"):
+        ChatParsing.create(tok, reasoning_parser=None, tool_parser="nope", enable_auto_tool_choice=True)
+
+
+def test_tool_parser_needs_auto_tool_choice() -> None:
+    tok = qwen3()[1]
+    made = ChatParsing.create(tok, reasoning_parser=None, tool_parser="hermes", enable_auto_tool_choice=False)
+    assert made is None

@@ -1,0 +1,176 @@
+"""Reasoning and tool-call parsing for chat derender (vLLM 0.33.0 behaviour).
+
+Entry point: :meth:`ChatParsing.create` once per server config, then per
+request :meth:`ChatParsing.parse_full` (one-shot) or
+:meth:`ChatParsing.new_stream` (one :class:`ChatStreamSession` per streamed
+choice, kept alive across records; ``step`` once per record).
+
+Adding a parser
+---------------
+Drop one module into ``reasoning/`` or ``tools/``; nothing else changes
+(modules there are imported on first use):
+
+* reasoning: subclass :class:`~worker.core.parsing.base.ReasoningParser`
+  (or :class:`~worker.core.parsing.engine.EngineReasoningParser` with a
+  :class:`~worker.core.parsing.engine.Grammar` for vLLM "parser engine"
+  formats) and decorate it with ``@reasoning_parser("name", ...)``.
+* tools: subclass :class:`~worker.core.parsing.base.ToolParser`, set
+  ``supports_required_and_named = False`` when vLLM's class has a
+  ``structural_tag_model`` (strict tool calling then parses ``required`` and
+  named choices natively), ``engine_based = True`` for vLLM engine adapters,
+  and decorate with ``@tool_parser("name", ...)``.
+
+Constructors take ``(tokenizer, chat_template_kwargs)`` (reasoning) or
+``(tokenizer, tools, chat_template_kwargs)`` (tools) and raise
+:class:`ParserSetupError` when the tokenizer cannot serve them. ``stream``
+gets one record's text and ids: keep what you need to stay O(delta); tool
+parsers see only tool-phase text (reasoning already removed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from worker.core.parsing.assembly import (
+    assemble_message,
+    filter_parallel_calls,
+    filter_parallel_delta,
+    keeps_tool_calls,
+    resolve_finish_reason,
+)
+from worker.core.parsing.base import ParserSetupError, ReasoningParser, ToolParser
+from worker.core.parsing.composite import CompositeParser
+from worker.core.parsing.registry import reasoning_parser, reasoning_parsers, tool_parser, tool_parsers
+from worker.core.parsing.stream import ChatStreamSession
+from worker.core.parsing.tokenizer import TokenizerAdapter, adapter_for
+from worker.core.parsing.types import (
+    DeltaOut,
+    FunctionDeltaOut,
+    ParsedMessage,
+    ParseRequest,
+    ParserTokenizer,
+    ToolCallDeltaOut,
+    ToolCallOut,
+)
+from worker.errors import ConfigurationError
+
+__all__ = [
+    "ChatParsing",
+    "ChatStreamSession",
+    "DeltaOut",
+    "FunctionDeltaOut",
+    "ParseRequest",
+    "ParsedMessage",
+    "ParserSetupError",
+    "ParserTokenizer",
+    "ReasoningParser",
+    "TokenizerAdapter",
+    "ToolCallDeltaOut",
+    "ToolCallOut",
+    "ToolParser",
+    "adapter_for",
+    "filter_parallel_calls",
+    "filter_parallel_delta",
+    "keeps_tool_calls",
+    "reasoning_parser",
+    "resolve_finish_reason",
+    "tool_parser",
+]
+
+
+class ChatParsing:
+    """The parser configuration of one server (vLLM's composed ``Parser`` class)."""
+
+    def __init__(
+        self,
+        tokenizer: ParserTokenizer,
+        reasoning_cls: type[ReasoningParser] | None,
+        tool_cls: type[ToolParser] | None,
+        enable_auto_tool_choice: bool,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.reasoning_cls = reasoning_cls
+        self.tool_cls = tool_cls
+        self.enable_auto_tool_choice = enable_auto_tool_choice
+
+    @classmethod
+    def create(
+        cls,
+        tokenizer: ParserTokenizer,
+        *,
+        reasoning_parser: str | None,
+        tool_parser: str | None,
+        enable_auto_tool_choice: bool,
+    ) -> ChatParsing | None:
+        """None when no parser applies; ``ConfigurationError`` for unknown names or unusable tokenizers.
+
+        As in vLLM, a tool parser only counts with ``enable_auto_tool_choice``
+        (its name is not even checked otherwise).
+        """
+        if not reasoning_parser and not tool_parser:
+            return None
+        reasoning_cls: type[ReasoningParser] | None = None
+        tool_cls: type[ToolParser] | None = None
+        if reasoning_parser:
+            known = reasoning_parsers()
+            if reasoning_parser not in known:
+                raise ConfigurationError(
+                    f"unknown reasoning parser {reasoning_parser!r}; known: {', '.join(sorted(known))}"
+                )
+            reasoning_cls = known[reasoning_parser]
+        if enable_auto_tool_choice and tool_parser:
+            known_tools = tool_parsers()
+            if tool_parser not in known_tools:
+                raise ConfigurationError(
+                    f"unknown tool parser {tool_parser!r}; known: {', '.join(sorted(known_tools))}"
+                )
+            tool_cls = known_tools[tool_parser]
+        if reasoning_cls is None and tool_cls is None:
+            return None
+        # Startup check with default settings, like vLLM's tokenizer validation.
+        try:
+            if reasoning_cls is not None:
+                reasoning_cls(tokenizer, {})
+            if tool_cls is not None:
+                tool_cls(tokenizer, None, {})
+        except ParserSetupError as exc:
+            flags = []
+            if tool_cls is not None:
+                flags.append(f"tool parser {tool_parser}")
+            if reasoning_cls is not None:
+                flags.append(f"reasoning parser {reasoning_parser}")
+            joined = " and ".join(flags)
+            raise ConfigurationError(f"{joined} cannot be used with this tokenizer: {exc}") from exc
+        return cls(tokenizer, reasoning_cls, tool_cls, enable_auto_tool_choice)
+
+    @property
+    def auto_tools(self) -> bool:
+        return self.enable_auto_tool_choice and self.tool_cls is not None
+
+    def _parser(self, request: ParseRequest) -> CompositeParser:
+        """Per-request parser; raises :class:`ParserSetupError` (vLLM: 500 one-shot, 400 streaming)."""
+        kwargs: dict[str, Any] = dict(request.chat_template_kwargs)
+        return CompositeParser(self.tokenizer, self.reasoning_cls, self.tool_cls, request, kwargs)
+
+    def parse_full(
+        self,
+        text: str,
+        token_ids: list[int],
+        request: ParseRequest,
+        prompt_token_ids: list[int] | None,
+    ) -> ParsedMessage:
+        """One-shot: parse the whole output and assemble the message fields."""
+        parser = self._parser(request)
+        if prompt_token_ids is not None:
+            parser.set_prompt_token_ids(prompt_token_ids)
+        reasoning, content, calls = parser.parse(text, self.enable_auto_tool_choice)
+        return assemble_message(request, reasoning, content, calls, auto_tools=self.auto_tools)
+
+    def new_stream(self, request: ParseRequest, prompt_token_ids: list[int] | None) -> ChatStreamSession:
+        """A live session for one streamed choice."""
+        return ChatStreamSession(
+            self._parser(request),
+            request,
+            prompt_token_ids,
+            keep_tool_calls=keeps_tool_calls(request, auto_tools=self.auto_tools),
+        )

@@ -1,0 +1,65 @@
+"""Name → parser class registries, filled by the modules of ``reasoning/`` and ``tools/``.
+
+Every module in those two sub-packages is imported on first use, and registers
+itself with :func:`reasoning_parser` / :func:`tool_parser`; adding a parser
+therefore only adds a module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import TypeVar
+
+from worker.core.parsing.base import ReasoningParser, ToolParser
+
+_REASONING: dict[str, type[ReasoningParser]] = {}
+_TOOLS: dict[str, type[ToolParser]] = {}
+_loaded = False
+
+R = TypeVar("R", bound=type[ReasoningParser])
+T = TypeVar("T", bound=type[ToolParser])
+
+
+def reasoning_parser(*names: str) -> Callable[[R], R]:
+    """Class decorator: register a reasoning parser under ``names``."""
+
+    def register(cls: R) -> R:
+        for name in names:
+            _REASONING[name] = cls
+        return cls
+
+    return register
+
+
+def tool_parser(*names: str) -> Callable[[T], T]:
+    """Class decorator: register a tool parser under ``names``."""
+
+    def register(cls: T) -> T:
+        for name in names:
+            _TOOLS[name] = cls
+        return cls
+
+    return register
+
+
+def _load_all() -> None:
+    global _loaded
+    if _loaded:
+        return
+    for package in ("worker.core.parsing.reasoning", "worker.core.parsing.tools"):
+        module = importlib.import_module(package)
+        for info in pkgutil.iter_modules(module.__path__):
+            importlib.import_module(f"{package}.{info.name}")
+    _loaded = True
+
+
+def reasoning_parsers() -> dict[str, type[ReasoningParser]]:
+    _load_all()
+    return dict(_REASONING)
+
+
+def tool_parsers() -> dict[str, type[ToolParser]]:
+    _load_all()
+    return dict(_TOOLS)

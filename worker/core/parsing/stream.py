@@ -1,0 +1,53 @@
+"""One streamed chat choice (vLLM's ``ChatStreamProcessor`` over a live parser)."""
+
+from __future__ import annotations
+
+from worker.core.parsing.assembly import filter_parallel_delta, resolve_finish_reason
+from worker.core.parsing.composite import CompositeParser
+from worker.core.parsing.types import DeltaOut, ParseRequest
+
+
+class ChatStreamSession:
+    def __init__(
+        self,
+        parser: CompositeParser,
+        request: ParseRequest,
+        prompt_token_ids: list[int] | None,
+        *,
+        keep_tool_calls: bool,
+    ) -> None:
+        self._parser = parser
+        self._request = request
+        self._prompt_token_ids = prompt_token_ids
+        self._keep_tool_calls = keep_tool_calls
+        self._num_output_tokens = 0
+        #: Settable: the carried stream state is authoritative after a replay.
+        self.tools_streamed = False
+        #: Logprobs and token ids would leak hidden reasoning.
+        self.hide_metadata = not request.include_reasoning
+
+    def step(
+        self, delta_text: str, delta_token_ids: list[int], finish_reason: str | None
+    ) -> tuple[DeltaOut | None, str | None]:
+        """One record: ``delta_token_ids`` are the record's ids *including* a dropped stop token."""
+        delta: DeltaOut | None
+        if not delta_text and not delta_token_ids and not self._num_output_tokens:
+            delta = DeltaOut()  # finished without output: unparsed final chunk
+        else:
+            delta = self._parser.parse_delta(
+                delta_text, delta_token_ids, self._prompt_token_ids, finished=finish_reason is not None
+            )
+            if delta is not None and delta.tool_calls:
+                if self._keep_tool_calls:
+                    self.tools_streamed = True
+                else:
+                    delta.tool_calls = []
+                    if not delta.content and not delta.reasoning:
+                        delta = None
+        self._num_output_tokens += len(delta_token_ids)
+        if delta is not None:
+            delta = filter_parallel_delta(delta, self._request)
+        resolved = None
+        if finish_reason is not None:
+            resolved = resolve_finish_reason(finish_reason, self._request, self.tools_streamed)
+        return delta, resolved
