@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from worker.core.derenderer import DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_N_SEQUENCES, Derenderer, ServerOptions
 from worker.core.envelope_processor import DEFAULT_MAX_RECORD_BYTES, EnvelopeProcessor
 from worker.core.model_dir import load_tokenizer
+from worker.core.parsing import ChatParsing, adapter_for
 from worker.errors import ConfigurationError
 
 ENV_PREFIX = "DERENDER_"
@@ -123,8 +124,6 @@ class ModelSettings:
         )
         parsing = None
         if self.reasoning_parser or self.tool_parser:
-            from worker.core.parsing import ChatParsing, adapter_for
-
             parsing = ChatParsing.create(
                 adapter_for(tokenizer),
                 reasoning_parser=self.reasoning_parser,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from schemas.derender import (
     DerenderChatRequest,
@@ -32,12 +32,11 @@ from worker.core.logprobs import (
     to_completion_logprobs,
 )
 from worker.core.model_dir import LoadedTokenizer
+from worker.core.parsing import ChatParsing, DeltaOut, ParserSetupError, ParseRequest
 from worker.core.sequence_state import LiveParser, SequenceState
 from worker.core.stopping import StopPolicy, drop_stop_token, find_stop_string
 from worker.errors import ModelNotFoundError, RequestError
 
-if TYPE_CHECKING:
-    from worker.core.parsing import ChatParsing, ParseRequest
 
 JsonDict = dict[str, Any]
 
@@ -315,7 +314,13 @@ class Derenderer:
                 choice.token_ids, choice.finish_reason, choice.stop_reason, policy, seed, skip_special
             )
             if parsing is not None and parse_request is not None:
-                parsed = parsing.parse_full(text, list(choice.token_ids), parse_request, gen.prompt_token_ids)
+                try:
+                    parsed = parsing.parse_full(
+                        text, list(choice.token_ids), parse_request, gen.prompt_token_ids
+                    )
+                except ParserSetupError as exc:
+                    # vLLM builds the parser inside the handler, so this escapes as a 500.
+                    raise RequestError(str(exc), code=500, error_type="InternalServerError") from exc
                 tool_calls = [
                     {
                         "id": call.id,
@@ -721,7 +726,7 @@ class Derenderer:
         return chunk, state
 
 
-def _delta_dict(parsed: Any) -> JsonDict:
+def _delta_dict(parsed: DeltaOut) -> JsonDict:
     """A parser's delta as vLLM serializes ``DeltaMessage`` (no ``tool_calls`` key when empty)."""
     delta: JsonDict = {"role": None, "content": parsed.content, "reasoning": parsed.reasoning}
     if parsed.tool_calls:
@@ -742,6 +747,35 @@ def _delta_dict(parsed: Any) -> JsonDict:
 
 
 def _parse_request(request: ChatCompletionRequest) -> ParseRequest:
-    from worker.core.parsing import ParseRequest
+    """The fields parsing reads, from the wire model (``tool_choice`` already defaulted like vLLM)."""
+    choice = request.tool_choice
+    return ParseRequest(
+        tools=[tool.model_dump(mode="json", exclude_none=True) for tool in request.tools]
+        if request.tools
+        else None,
+        tool_choice=choice.model_dump(mode="json") if isinstance(choice, NamedToolChoice) else choice,
+        parallel_tool_calls=request.parallel_tool_calls,
+        include_reasoning=request.include_reasoning,
+        chat_template_kwargs=_template_kwargs(request),
+        messages=list(request.messages),
+    )
 
-    return ParseRequest.from_chat_request(request)
+
+def _template_kwargs(request: ChatCompletionRequest) -> dict[str, Any]:
+    """The chat template kwargs vLLM resolves for the request (``build_chat_params``).
+
+    The request's own ``chat_template_kwargs``, overridden by the request-level
+    template fields that are set; a reasoning effort also switches
+    ``enable_thinking`` unless the request set it itself.
+    """
+    extra = request.model_extra or {}
+    user = dict(request.chat_template_kwargs or {})
+    overrides: dict[str, Any] = {
+        "add_generation_prompt": extra.get("add_generation_prompt", True),
+        "continue_final_message": extra.get("continue_final_message", False),
+        "documents": extra.get("documents"),
+        "reasoning_effort": request.reasoning_effort,
+    }
+    if request.reasoning_effort is not None and "enable_thinking" not in user:
+        overrides["enable_thinking"] = request.reasoning_effort != "none"
+    return user | {k: v for k, v in overrides.items() if v is not None and v != "auto"}

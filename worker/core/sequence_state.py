@@ -9,13 +9,11 @@ which are rebuilt from ``output_token_ids`` when missing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from schemas.derender import DerenderStreamState
 from worker.core.decoding import DecodeWindow
-
-if TYPE_CHECKING:
-    from worker.core.parsing import ChatStreamSession
+from worker.core.parsing import ChatStreamSession
 
 
 @dataclass(slots=True)
