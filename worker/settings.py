@@ -11,7 +11,11 @@ import os
 from dataclasses import dataclass
 
 from worker.core.derenderer import DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_N_SEQUENCES, Derenderer, ServerOptions
-from worker.core.envelope_processor import DEFAULT_MAX_RECORD_BYTES, EnvelopeProcessor
+from worker.core.envelope_processor import (
+    DEFAULT_MAX_LIVE_PARSERS,
+    DEFAULT_MAX_RECORD_BYTES,
+    EnvelopeProcessor,
+)
 from worker.core.model_dir import load_tokenizer
 from worker.core.parsing import ChatParsing, adapter_for
 from worker.errors import ConfigurationError
@@ -78,6 +82,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         default=_env_int("max-record-bytes") or DEFAULT_MAX_RECORD_BYTES,
         help="larger records are dead-lettered",
     )
+    group.add_argument(
+        "--max-live-parsers",
+        type=int,
+        default=_env_int("max-live-parsers") or DEFAULT_MAX_LIVE_PARSERS,
+        help="live parser sessions kept per processor; the least recently used is rebuilt from state on use",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +101,7 @@ class ModelSettings:
     tool_parser: str | None = None
     enable_auto_tool_choice: bool = False
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    max_live_parsers: int = DEFAULT_MAX_LIVE_PARSERS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ModelSettings:
@@ -106,6 +117,7 @@ class ModelSettings:
             tool_parser=args.tool_parser or None,
             enable_auto_tool_choice=args.enable_auto_tool_choice,
             max_record_bytes=args.max_record_bytes,
+            max_live_parsers=args.max_live_parsers,
         )
 
     def build_derenderer(self) -> Derenderer:
@@ -133,4 +145,10 @@ class ModelSettings:
         return Derenderer(tokenizer, options, parsing)
 
     def build_processor(self) -> EnvelopeProcessor:
-        return EnvelopeProcessor(self.build_derenderer(), max_record_bytes=self.max_record_bytes)
+        return self.processor_for(self.build_derenderer())
+
+    def processor_for(self, derenderer: Derenderer) -> EnvelopeProcessor:
+        """A new processor (its own request state) sharing ``derenderer``."""
+        return EnvelopeProcessor(
+            derenderer, max_record_bytes=self.max_record_bytes, max_live_parsers=self.max_live_parsers
+        )

@@ -42,6 +42,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 Endpoint = Literal["chat", "completion"]
 
 DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_LIVE_PARSERS = 10_000
 _INHERITED_FIELDS = ("model", "prompt_tokens", "prompt_token_ids")
 _REQUEST_FIELD = {"chat": "chat_request", "completion": "completion_request"}
 _CLOSED_MEMORY = 65536
@@ -177,12 +178,17 @@ class EnvelopeProcessor:
         derenderer: Derenderer,
         *,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        max_live_parsers: int = DEFAULT_MAX_LIVE_PARSERS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.derenderer = derenderer
         self.max_record_bytes = max_record_bytes
+        self.max_live_parsers = max_live_parsers
         self.requests: dict[str, RequestContext] = {}
+        self.parser_evictions = 0
         self._closed: OrderedDict[str, int] = OrderedDict()
+        # Sequences holding a live parser, least recently used first.
+        self._live: OrderedDict[tuple[str, int], SequenceState] = OrderedDict()
         self._clock = clock
 
     # --- entry point -------------------------------------------------------------------------
@@ -316,6 +322,7 @@ class EnvelopeProcessor:
             has_usage = completion.generate_chunk.usage is not None
 
         ctx.sequences[index] = state
+        self._track_live_parser(rid, index, state)
         ctx.last_choice_index = index
         for choice in choices:
             if choice.finish_reason is not None:
@@ -377,8 +384,28 @@ class EnvelopeProcessor:
             self._closed.popitem(last=False)
 
     def _close(self, rid: str, seq: int) -> None:
-        self.requests.pop(rid, None)
+        ctx = self.requests.pop(rid, None)
+        if ctx is not None:
+            for index in ctx.sequences:
+                self._live.pop((rid, index), None)
         self._remember_closed(rid, seq)
+
+    def _track_live_parser(self, rid: str, index: int, state: SequenceState) -> None:
+        """Keep at most ``max_live_parsers`` parsers alive; an evicted one is rebuilt by replay."""
+        key = (rid, index)
+        if state.live is None:
+            self._live.pop(key, None)
+            return
+        self._live[key] = state
+        self._live.move_to_end(key)
+        while len(self._live) > self.max_live_parsers:
+            _, evicted = self._live.popitem(last=False)
+            evicted.live = None
+            self.parser_evictions += 1
+
+    @property
+    def live_parsers(self) -> int:
+        return len(self._live)
 
     def expire_idle(self, ttl_seconds: float) -> list[ProcessResult]:
         """Close requests idle longer than ``ttl_seconds``, each with an error output record."""

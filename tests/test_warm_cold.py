@@ -1,0 +1,115 @@
+"""Warm equals cold: live parser sessions and replay from a carried ``stream_state`` agree exactly.
+
+Warm: the core keeps each sequence's parser alive between records. Cold: every
+record carries the previous output ``stream_state`` (through JSON) and goes to a
+fresh processor, so every record rebuilds its parser by replaying the state,
+which is what vLLM's stateless endpoint does on every call. Evicted: the warm
+path with a one-parser cap, so sessions are evicted and rebuilt mid-stream.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
+from worker.core.envelope_processor import EnvelopeProcessor
+
+JsonDict = dict[str, Any]
+
+STREAM_PARSER_CASES = [
+    c
+    for c in load_cases()
+    if c.uses_parser
+    and c.file in {"reasoning", "tools", "parsers_reasoning_deepseek_v3", "parsers_reasoning_glm45"}
+    and all(e["body"].get("stream") for e in c.input)
+    and all("error" not in e for e in c.expected)
+]
+
+
+def _warm(case: GoldenCase, records: list[JsonDict], max_live_parsers: int = 10_000) -> list[JsonDict]:
+    processor = EnvelopeProcessor(derenderer_for(case.config), max_live_parsers=max_live_parsers)
+    outputs = []
+    for record in records:
+        result = processor.process(orjson.dumps(record))
+        assert result.output is not None
+        outputs.append(result.output)
+    return outputs
+
+
+def _cold(case: GoldenCase, records: list[JsonDict]) -> list[JsonDict]:
+    context = {k: v for k, v in records[0]["body"].items() if k not in ("generate_chunk", "stream_state")}
+    states: dict[int, Any] = {}
+    last_index = 0
+    outputs = []
+    for record in records:
+        record = copy.deepcopy(record)
+        choices = record["body"]["generate_chunk"]["choices"]
+        index = choices[0]["index"] if choices else last_index
+        record["body"].update(context)
+        record["body"]["stream_state"] = states.get(index)
+        result = EnvelopeProcessor(derenderer_for(case.config)).process(orjson.dumps(record))
+        assert result.output is not None, result
+        outputs.append(result.output)
+        if "body" in result.output:
+            states[index] = orjson.loads(orjson.dumps(result.output["body"]["stream_state"]))
+        last_index = index
+    return outputs
+
+
+def _resplit(records: list[JsonDict], rng: random.Random) -> list[JsonDict]:
+    """The same generation (one choice) cut at random places into new records."""
+    ids: list[int] = []
+    finish: str | None = None
+    tail: list[JsonDict] = []
+    for record in records:
+        chunk = record["body"]["generate_chunk"]
+        if not chunk["choices"]:
+            tail.append(record)
+            continue
+        ids.extend(chunk["choices"][0].get("token_ids") or [])
+        finish = chunk["choices"][0].get("finish_reason") or finish
+    cuts = sorted(rng.sample(range(1, len(ids)), k=min(len(ids) - 1, rng.randint(1, 8))))
+    bounds = [0, *cuts, len(ids)]
+    out = []
+    template = records[0]
+    for seq, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        record = copy.deepcopy(template)
+        record["seq"] = seq
+        choice: JsonDict = {"index": 0, "token_ids": ids[a:b]}
+        if b == len(ids) and finish:
+            choice["finish_reason"] = finish
+        record["body"]["generate_chunk"]["choices"] = [choice]
+        record["body"]["generate_chunk"].pop("usage", None)
+        out.append(record)
+    for extra in tail:
+        record = copy.deepcopy(extra)
+        record["seq"] = len(out)
+        out.append(record)
+    return out
+
+
+def _single_choice(case: GoldenCase) -> bool:
+    indexes = {c["index"] for r in case.input for c in r["body"]["generate_chunk"]["choices"]}
+    return indexes <= {0}
+
+
+@pytest.mark.parametrize("case", STREAM_PARSER_CASES, ids=lambda c: c.id)
+def test_warm_equals_cold_and_evicted_on_golden_streams(case: GoldenCase) -> None:
+    warm = normalize(_warm(case, case.input))
+    assert warm == normalize(case.expected)
+    assert normalize(_cold(case, case.input)) == warm
+    assert normalize(_warm(case, case.input, max_live_parsers=0)) == warm
+
+
+@pytest.mark.parametrize("case", [c for c in STREAM_PARSER_CASES if _single_choice(c)], ids=lambda c: c.id)
+@pytest.mark.parametrize("seed", range(3))
+def test_warm_equals_cold_on_random_splits(case: GoldenCase, seed: int) -> None:
+    records = _resplit(case.input, random.Random(f"{case.id}-{seed}"))
+    warm = normalize(_warm(case, records))
+    assert normalize(_cold(case, records)) == warm
+    assert normalize(_warm(case, records, max_live_parsers=0)) == warm
