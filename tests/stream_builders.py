@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +13,7 @@ def split(token_ids: Sequence[int], cuts: Sequence[int]) -> list[list[int]]:
     """``token_ids`` cut at the given positions (sorted, deduplicated, inside the list)."""
     points = sorted({c for c in cuts if 0 < c < len(token_ids)})
     bounds = [0, *points, len(token_ids)]
-    return [list(token_ids[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [list(token_ids[a:b]) for a, b in itertools.pairwise(bounds)]
 
 
 def chat_stream(

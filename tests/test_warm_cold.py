@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
+from tests.stream_builders import split
 from worker.core.envelope_processor import EnvelopeProcessor
 
 JsonDict = dict[str, Any]
@@ -73,15 +74,15 @@ def _resplit(records: list[JsonDict], rng: random.Random) -> list[JsonDict]:
             continue
         ids.extend(chunk["choices"][0].get("token_ids") or [])
         finish = chunk["choices"][0].get("finish_reason") or finish
-    cuts = sorted(rng.sample(range(1, len(ids)), k=min(len(ids) - 1, rng.randint(1, 8))))
-    bounds = [0, *cuts, len(ids)]
+    cuts = rng.sample(range(1, len(ids)), k=min(len(ids) - 1, rng.randint(1, 8)))
+    chunks = split(ids, cuts)
     out = []
     template = records[0]
-    for seq, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+    for seq, chunk in enumerate(chunks):
         record = copy.deepcopy(template)
         record["seq"] = seq
-        choice: JsonDict = {"index": 0, "token_ids": ids[a:b]}
-        if b == len(ids) and finish:
+        choice: JsonDict = {"index": 0, "token_ids": chunk}
+        if seq == len(chunks) - 1 and finish:
             choice["finish_reason"] = finish
         record["body"]["generate_chunk"]["choices"] = [choice]
         record["body"]["generate_chunk"].pop("usage", None)
