@@ -17,12 +17,20 @@ from worker.assembly import Assembler, render_text
 from worker.settings import ModelSettings
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+DEMO_STREAM = SAMPLES / "streams" / "demo-qwen3.jsonl"
+DEMO_MODEL_NAME = "qwen3-demo"
 
 
 def run_offline_demo(args: argparse.Namespace) -> int:
-    stream = Path(args.stream) if args.stream else SAMPLES / "streams" / "qwen3-sample.jsonl"
+    stream = Path(args.stream) if args.stream else DEMO_STREAM
     model_dir = args.tokenizer or str(SAMPLES / "models" / "qwen3")
-    settings = ModelSettings(tokenizer=model_dir, served_model_names=("test-model",))
+    settings = ModelSettings(
+        tokenizer=model_dir,
+        served_model_names=(DEMO_MODEL_NAME,),
+        reasoning_parser="qwen3",
+        tool_parser="hermes",
+        enable_auto_tool_choice=True,
+    )
     processor = settings.build_processor()
     assembler = Assembler()
     out = sys.stdout

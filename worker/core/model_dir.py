@@ -61,7 +61,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _materialize(model_dir: Path) -> Path:
+def unpacked_model_dir(model_dir: Path) -> Path:
     """Return a directory with a plain ``tokenizer.json``.
 
     A bundled folder stores it as ``tokenizer.json.xz``; transformers needs the
@@ -117,7 +117,7 @@ def load_tokenizer(model_dir: str | os.PathLike[str]) -> LoadedTokenizer:
     source = Path(model_dir)
     if not source.is_dir():
         raise ConfigurationError(f"tokenizer directory {source} does not exist")
-    folder = _materialize(source)
+    folder = unpacked_model_dir(source)
 
     # transformers is slow to import; only start-up pays for it. Its advisory
     # warnings (no PyTorch, tokenizer class hints) are noise for a tokenizer-only user.
