@@ -57,4 +57,5 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     demo = commands.add_parser("demo", help="derender a bundled recorded stream and show the responses")
     demo.add_argument("--stream", help="input envelopes (default: the bundled Qwen3 sample)")
     demo.add_argument("--tokenizer", help="model directory (default: the bundled Qwen3 tokenizer)")
+    demo.add_argument("--offline", action="store_true", help="derender in-process, without Kafka")
     demo.set_defaults(handler=run_offline_demo)

@@ -1,0 +1,67 @@
+"""The command line: start-up errors are clear, replay reads stdin, the offline demo shows its streams."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+from tests.golden_cases import MODELS_DIR, load_cases
+
+QWEN3 = str(MODELS_DIR / "qwen3")
+
+
+def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=180,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "names"),
+    [
+        (["--reasoning-parser", "nope"], [b"qwen3", b"deepseek_r1"]),
+        (["--tool-parser", "nope", "--enable-auto-tool-choice"], [b"hermes"]),
+    ],
+)
+def test_unknown_parser_names_fail_at_start_up_listing_the_known_ones(
+    flags: list[str], names: list[bytes]
+) -> None:
+    done = _cli("replay", "-", "--tokenizer", QWEN3, *flags, stdin=b"")
+    assert done.returncode == 2
+    assert b"nope" in done.stderr
+    for name in names:
+        assert name in done.stderr
+
+
+def test_missing_tokenizer_directory_is_a_configuration_error() -> None:
+    done = _cli("replay", "-", "--tokenizer", str(MODELS_DIR / "no-such-model"), stdin=b"")
+    assert done.returncode == 2
+    assert b"does not exist" in done.stderr
+
+
+def test_replay_from_stdin_matches_the_golden_case() -> None:
+    case = next(c for c in load_cases() if c.id == "plain-chat-qwen3-multibyte")
+    stdin = b"\n".join(orjson.dumps(r) for r in case.input)
+    done = _cli("replay", "-", "--tokenizer", QWEN3, "--served-model-name", "test-model", stdin=stdin)
+    assert done.returncode == 0, done.stderr
+    outputs = [orjson.loads(line) for line in done.stdout.splitlines()]
+    for output in outputs:
+        output["body"]["chunk"]["created"] = 0
+    assert outputs == case.expected
+
+
+def test_offline_demo_shows_reasoning_content_and_tool_calls_apart() -> None:
+    done = _cli("demo", "--offline")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.decode()
+    assert "reasoning: '\\nCheck small primes" in text
+    assert "tool call: get_weather(" in text
+    assert "北京你好" in text
+    assert "[1] content:   '分区里的消息" in text
