@@ -488,11 +488,14 @@ class Derenderer:
         model = self.check_chat_stream(body, prior)
         request = body.chat_request
         if self.parsing is not None and request is not None:
+            parsed_state = state if state is not None else SequenceState()
             try:
-                return self._chat_stream_parsed(body, state if state is not None else SequenceState(), model)
-            except RequestError:
-                raise
-            except Exception as exc:  # parser replay of a caller-carried state: vLLM answers 400
+                return self._chat_stream_parsed(body, parsed_state, model)
+            except Exception as exc:  # e.g. replaying a malformed caller-carried state: vLLM answers 400
+                # The session may be half-stepped; the next record rebuilds it from the state.
+                parsed_state.live = None
+                if isinstance(exc, RequestError):
+                    raise
                 raise RequestError("invalid stream_state: derender failed") from exc
         gen = body.generate_chunk
         skip_special = _skip_special(request, preserve_special=False)
