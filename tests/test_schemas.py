@@ -46,7 +46,7 @@ def test_response_models_serialize_like_vllm() -> None:
             body = envelope.get("body")
             if body is None:
                 continue
-            payload = body["chunk"] if "chunk" in body else body
+            payload = body.get("chunk", body)
             model = _model_for(body)
             assert model.model_validate(payload).model_dump(mode="json") == payload, case.id
             checked += 1
