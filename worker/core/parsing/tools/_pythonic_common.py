@@ -1,0 +1,348 @@
+"""Shared logic of the pythonic tool parsers (``pythonic``, ``llama4_pythonic``).
+
+The model writes ``[name(arg=value, ...), ...]``. Text is only ever read with
+:func:`ast.parse` and literal AST nodes are converted by hand: nothing is
+evaluated, so no model text can run code.
+
+Streaming mirrors vLLM's approach (close the open brackets/quotes, parse,
+diff the JSON of each call against what was sent) but keeps state across
+records: the bracket scan is incremental, and calls that are finished and
+followed by a top-level comma are parsed once and then left out of every
+later parse, so each record costs the new text plus the call in progress.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import warnings
+from typing import Any
+
+from worker.core.parsing.ids import random_tool_call_id
+from worker.core.parsing.types import DeltaOut, FunctionDeltaOut, ToolCallDeltaOut, ToolCallOut
+
+_NAME_RE = re.compile(r"[a-zA-Z]+\w*")
+_CLOSE_LIST_RE = re.compile(r"\)\s*\]")
+_JSON_NAMES: dict[str, Any] = {"null": None, "true": True, "false": False}
+_CLOSING = {"[": "]", "(": ")", "{": "}", "'": "'", '"': '"'}
+_QUOTES = ("'", '"')
+
+
+class _NotACall(Exception):
+    """The text is not a list of calls with literal arguments."""
+
+
+# -- one-shot --------------------------------------------------------------
+
+
+def looks_like_call_list(text: str) -> bool:
+    """vLLM's gate before parsing, decided without its backtracking regex.
+
+    vLLM matches ``[`` + calls + ``]`` with ``.*`` argument bodies at the start
+    of the text. Because ``.*`` can swallow anything, that accepts exactly:
+    ``[``, then empty calls ``name()`` joined by ``,`` (with optional spaces
+    after the comma), ending either in ``)`` + spaces + ``]`` or in a call whose
+    first argument starts ``ident=`` with some ``)`` + spaces + ``]`` later on.
+    This is linear, so adversarial text cannot make it slow.
+    """
+    if not text.startswith("["):
+        return False
+    pos = 1
+    while True:
+        name = _NAME_RE.match(text, pos)
+        if name is None or text[name.end() : name.end() + 1] != "(":
+            return False
+        pos = name.end() + 1
+        if text.startswith(")", pos):
+            pos += 1
+            if text.startswith(",", pos):
+                pos += 1
+                while pos < len(text) and text[pos].isspace():
+                    pos += 1
+                continue
+            while pos < len(text) and text[pos].isspace():
+                pos += 1
+            return text.startswith("]", pos)
+        arg = _NAME_RE.match(text, pos)
+        if arg is None or text[arg.end() : arg.end() + 1] != "=":
+            return False
+        return _CLOSE_LIST_RE.search(text, arg.end() + 1) is not None
+
+
+def _parse(source: str) -> ast.Module:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # invalid escape sequences in model text
+        return ast.parse(source)
+
+
+def _value(node: ast.expr) -> Any:
+    """A JSON-able value from a literal AST node (vLLM's accepted literal forms)."""
+    if isinstance(node, ast.Constant):
+        if node.value is None or isinstance(node.value, (str, int, float)):
+            return node.value
+        raise _NotACall("argument is not a JSON value")
+    if isinstance(node, ast.Dict):
+        if not all(isinstance(key, ast.Constant) for key in node.keys):
+            raise _NotACall("dict keys must be literals")
+        return {key.value: _value(value) for key, value in zip(node.keys, node.values, strict=True)}  # type: ignore[union-attr]
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return [_value(item) for item in node.elts]
+    if isinstance(node, ast.JoinedStr) and all(isinstance(part, ast.Constant) for part in node.values):
+        return "".join(str(part.value) for part in node.values)  # type: ignore[attr-defined]
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        operand = _value(node.operand)
+        if isinstance(operand, (int, float)) and not isinstance(operand, bool):
+            return -operand if isinstance(node.op, ast.USub) else operand
+    raise _NotACall("argument is not a literal")
+
+
+def _dotted_name(node: ast.expr) -> str:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        raise _NotACall("call target is not a (dotted) name")
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def call_of(node: ast.expr) -> tuple[str, str]:
+    """(name, JSON arguments) of one call node; keyword arguments only, like vLLM."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, (ast.Name, ast.Attribute)):
+        raise _NotACall("element is not a call")
+    name = _dotted_name(node.func)
+    arguments: dict[Any, Any] = {}
+    for keyword in node.keywords:
+        arguments[keyword.arg] = _value(keyword.value)
+    return name, json.dumps(arguments, ensure_ascii=False)
+
+
+def _call_list(module: ast.Module) -> list[ast.expr]:
+    parsed = getattr(module.body[0], "value", None)
+    if not isinstance(parsed, ast.List) or not all(isinstance(e, ast.Call) for e in parsed.elts):
+        raise _NotACall("output is not a list of calls")
+    return parsed.elts
+
+
+def extract_calls(text: str) -> list[ToolCallOut] | None:
+    """One-shot: the calls of a whole output, or None when it stays content."""
+    if not looks_like_call_list(text):
+        return None
+    try:
+        calls = [call_of(e) for e in _call_list(_parse(text))]
+    except Exception:  # vLLM: any failure (syntax, nesting, values) keeps the text as content
+        return None
+    return [ToolCallOut(id=random_tool_call_id(), name=name, arguments=args) for name, args in calls]
+
+
+# -- streaming -------------------------------------------------------------
+
+
+class _Scanner:
+    """Incremental form of vLLM's bracket/quote completion of partial Python.
+
+    Tracks the open bracket/quote stack, whether the last char is escaped,
+    the counts vLLM's heuristics read (``=``, ``,``, ``:`` before the last
+    ``(``/``{``) and the top-level commas of the leading list.
+    """
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []
+        self.broken = False  # mismatched closer: every later completion fails
+        self.pos = 0
+        self.backslashes = 0  # run of backslashes ending at pos
+        self.n_eq = self.n_comma = self.n_colon = 0
+        self.eq_before_paren = self.comma_before_paren = -1
+        self.colon_before_brace = self.comma_before_brace = -1
+        self.list_open = True  # the leading '[' has not closed yet
+        self.boundaries: list[int] = []  # offsets just after top-level commas
+
+    def feed(self, text: str) -> None:
+        stack = self.stack
+        for char in text:
+            pos = self.pos
+            self.pos += 1
+            if self.broken:
+                continue
+            if stack and stack[-1] in _QUOTES:
+                if char == stack[-1] and self.backslashes % 2 == 0:
+                    stack.pop()
+            elif char in "[({":
+                stack.append(char)
+            elif char in "])}":
+                if not stack or stack.pop() != {"]": "[", ")": "(", "}": "{"}[char]:
+                    self.broken = True
+                elif char == "]" and not stack:
+                    self.list_open = False
+            elif char in _QUOTES:
+                stack.append(char)
+            elif char == "," and self.list_open and len(stack) == 1:
+                self.boundaries.append(pos + 1)
+            # the counts see every char, strings included (as vLLM's do)
+            if char == "(":
+                self.eq_before_paren, self.comma_before_paren = self.n_eq, self.n_comma
+            elif char == "{":
+                self.colon_before_brace, self.comma_before_brace = self.n_colon, self.n_comma
+            elif char == "=":
+                self.n_eq += 1
+            elif char == ",":
+                self.n_comma += 1
+            elif char == ":":
+                self.n_colon += 1
+            self.backslashes = self.backslashes + 1 if char == "\\" else 0
+
+    def completion(self, text: str) -> tuple[str, str] | None:
+        """(text to parse, added closers) for the scanned ``text``; None when too partial.
+
+        Raises :class:`_NotACall` for mismatched brackets.
+        """
+        if self.broken:
+            raise _NotACall("mismatched brackets")
+        stripped = text.rstrip()
+        if stripped.endswith(("=", ":")):
+            return None
+        stack = self.stack
+        top = stack[-1] if stack else None
+        if top == "{" and self.colon_before_brace <= self.comma_before_brace:
+            return None
+        if top == "(" and self.eq_before_paren <= self.comma_before_paren:
+            return None
+        if stripped.endswith(","):
+            stripped = stripped[:-1]
+        if top == "[" and not stripped.endswith(("[", ")")):
+            return None
+        return stripped, "".join(_CLOSING[c] for c in reversed(stack))
+
+
+def _contains_set(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Set) for n in ast.walk(node))
+
+
+class PythonicStream:
+    """Streaming state of one choice; ``step`` gets each record's share of the call text."""
+
+    def __init__(self, end_marker: str | None = None) -> None:
+        self._end_marker = end_marker  # cut from the end of the text before parsing
+        self._scanner = _Scanner()
+        self._text = ""  # call text so far
+        self._streamed: list[str] = []  # arguments sent per call
+        self._index = -1  # vLLM's current_tool_id
+        self._any_delta = False  # vLLM's prev_tool_call_arr placeholder
+        # finished calls dropped from later parses
+        self._committed = 0
+        self._committed_at = 1  # text offset where the uncommitted calls start
+        self._committed_has_set = False
+        self._no_commit = False
+        self._dead = False  # a finished call can never parse: every step fails
+
+    def step(self, delta: str) -> DeltaOut | None:
+        # The end marker's chars hold no bracket, quote, '=', ',' or ':', so
+        # scanning them never changes the scan state: only the view is cut.
+        self._scanner.feed(delta)
+        self._text += delta
+        text = self._text
+        marker = self._end_marker
+        if marker and text.endswith(marker):
+            text = text[: text.rfind(marker)]
+        if self._dead:
+            return None
+        try:
+            completed = self._scanner.completion(text)
+            if completed is None:
+                return None
+            body, added = completed
+            module = _parse("[" + body[self._committed_at :] + added)
+            if not module.body:
+                return None
+            if "}" in added and (self._committed_has_set or _contains_set(module)):
+                return None
+            calls = [call_of(e) for e in _call_list(module)]
+            deltas = self._diff(calls, added)
+        except Exception:  # vLLM skips the record on any failure
+            return None
+        finally:
+            self._commit(text)
+        if deltas:
+            self._any_delta = True
+            return DeltaOut(tool_calls=deltas)
+        if not added and self._index > 0:
+            return DeltaOut(content="")  # vLLM's "all calls done" marker
+        return None
+
+    def _diff(self, calls: list[tuple[str, str]], added: str) -> list[ToolCallDeltaOut]:
+        deltas: list[ToolCallDeltaOut] = []
+        offset = self._committed
+        total = offset + len(calls)
+        for local, (name, args) in enumerate(calls):
+            index = offset + local
+            if index < self._index:
+                continue
+            self._index = index
+            if len(self._streamed) == index:
+                self._streamed.append("")
+            complete = index < total - 1 or ")]" not in added
+            if complete:
+                self._index += 1
+            withheld = ""
+            if not complete:
+                # still open: hold back what the completion invented
+                withheld = added[:-2] + ("}" if added[-2] == ")" else "")
+                withheld = withheld.replace("'", '"')
+                if not args.endswith(withheld):
+                    raise _NotACall("completion suffix not found in arguments")
+                if withheld:
+                    args = args[: -len(withheld)]
+            sent = self._streamed[index]
+            if not sent:
+                deltas.append(
+                    ToolCallDeltaOut(
+                        index=index,
+                        id=random_tool_call_id(),
+                        type="function",
+                        function=FunctionDeltaOut(name=name, arguments=args),
+                    )
+                )
+                self._streamed[index] += args
+            elif len(args) > len(sent):
+                diff = args[len(sent) :]
+                deltas.append(ToolCallDeltaOut(index=index, function=FunctionDeltaOut(arguments=diff)))
+                self._streamed[index] += diff
+        return deltas
+
+    def _commit(self, text: str) -> None:
+        """Drop calls that are finished, streamed and followed by a top-level comma."""
+        boundaries = self._scanner.boundaries
+        while not self._no_commit and self._committed < min(len(boundaries), self._index):
+            end = boundaries[self._committed]
+            if end > len(text):
+                return
+            piece = text[self._committed_at : end - 1]
+            try:
+                module = _parse("[" + piece + "]")
+                elements = _call_list(module)
+            except Exception:
+                elements = []
+            if len(elements) != 1:
+                # Not one plain call between top-level commas (e.g. a lambda):
+                # parse from here on in full, as vLLM does.
+                self._no_commit = True
+                return
+            try:
+                call_of(elements[0])
+            except Exception:
+                self._dead = True
+                return
+            self._committed_has_set = self._committed_has_set or _contains_set(module)
+            self._committed += 1
+            self._committed_at = end
+
+    def remaining_args(self) -> str:
+        """vLLM's end-of-stream fill-up: judged against a placeholder ``{}`` of call 0."""
+        if not self._any_delta:
+            return ""
+        sent = self._streamed[0] if self._streamed else ""
+        return "{}"[len(sent) :] if "{}".startswith(sent) else ""

@@ -1,0 +1,488 @@
+"""``llama3_json`` / ``llama4_json``: vLLM's ``Llama3JsonToolParser``.
+
+Llama 3.x writes ``{"name": ..., "parameters": {...}}`` objects, optionally
+after ``<|python_tag|>``, several joined by ``; ``. The tokenizer must know
+``<|python_tag|>`` (vLLM refuses to start otherwise).
+
+One-shot: every ``{`` not inside an object already read starts a JSON
+object (``raw_decode``); each needs ``name`` and ``arguments`` or
+``parameters``, and any failure keeps the whole output as content. Prose
+around the objects is dropped, so JSON quoted in prose becomes a call.
+
+Streaming only engages when the output starts with ``<|python_tag|>`` or
+``{`` (else every record is content, so quoted JSON stays content). Each
+record re-reads the objects the way vLLM does, with the partial-JSON
+completion of the ``partial_json_parser`` library (re-implemented here:
+incomplete strings are only allowed once the call's name was sent):
+
+* a call's name is sent alone, with its id, once it is complete;
+* arguments stream as the common prefix of the previous and the current
+  completed arguments JSON (so completion closers are not sent early),
+  and in full once the object is complete;
+* when the next object starts, the rest of the previous call's arguments
+  is sent (possibly ``""``), and the record carries nothing else;
+* a record that cannot be read yields nothing and changes nothing.
+
+Like vLLM, each record re-reads all objects (cost grows with the output; the
+calls are short JSON objects in practice).
+Llama has a structural tag, so with strict tool calling ``required``/named
+choices parse the native format like ``auto``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from worker.core.parsing.base import ParserSetupError, ToolParser
+from worker.core.parsing.ids import random_tool_call_id
+from worker.core.parsing.registry import tool_parser
+from worker.core.parsing.types import (
+    DeltaOut,
+    ExtractedCalls,
+    FunctionDeltaOut,
+    ParseRequest,
+    ToolCallDeltaOut,
+    ToolCallOut,
+)
+
+BOT = "<|python_tag|>"
+_DECODER = json.JSONDecoder()
+
+
+class _Partial(Exception):
+    """The text cannot be completed to JSON (any failure of the library)."""
+
+
+# -- partial JSON completion (partial_json_parser's algorithm) ---------------
+#
+# Completion returns (cut, closer): keep text[:cut] and append closer; closer
+# None means the value was already complete. False-like results are raised
+# as _Partial; malformed text raises too (the caller treats both alike).
+
+
+def _skip_blank(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _at(text: str, pos: int) -> str:
+    if pos >= len(text) or pos < 0:
+        raise IndexError(pos)
+    return text[pos]
+
+
+def _complete_str(text: str, start: int, allow_str: bool) -> tuple[int, str | None] | None:
+    """String at ``start`` (a quote): (end offset, closer) or None if partial and not allowed."""
+    if _at(text, start) != '"':
+        raise _Partial("expected a string")
+    length = len(text)
+    i = start + 1
+    last_escaped = -1
+    while i < length:
+        char = text[i]
+        if char == "\\":
+            last_escaped = i + 1
+            if last_escaped == length:
+                break
+            i += 2
+            continue
+        if char == '"':
+            return i + 1, None
+        i += 1
+    if not allow_str:
+        return None
+    # Cut a trailing, truncated \u / \U / \x escape (the library's windows).
+    for marker, window in (("\\u", 5), ("\\U", 9), ("\\x", 3)):
+        found = text.rfind(marker, max(start, i - window), i)
+        if found != -1 and found != last_escaped:
+            return found, '"'
+    return i, '"'
+
+
+def _complete_num(text: str, start: int, top_level: bool) -> tuple[int, str | None]:
+    length = len(text)
+    i = start + 1
+    while i < length and text[i] in "1234567890.-+eE":
+        i += 1
+    # The library walks back over a dangling sign/exponent/point on its slice
+    # of the text; an index below the slice start wraps to the text's end.
+    rel = i - start
+    modified = False
+    while True:
+        back = rel - 1
+        if back >= 0:
+            char = text[start + back]
+        elif -back <= length - start:
+            char = text[length + back]
+        else:
+            raise IndexError(back)
+        if char not in ".-+eE":
+            break
+        modified = True
+        rel -= 1
+    end = start + rel
+    if modified or (end == length and not top_level):
+        return end, ""
+    return end, None
+
+
+_LITERALS = ("null", "true", "false", "Infinity")
+
+
+def _complete_any(
+    text: str, start: int, allow_str: bool, top_level: bool = False
+) -> tuple[int, str | None] | None:
+    char = _at(text, _skip_blank(text, start))
+    if char == '"':
+        return _complete_str(text, start, allow_str)
+    if char in "1234567890":
+        return _complete_num(text, start, top_level)
+    if char == "[":
+        return _complete_arr(text, start, allow_str)
+    if char == "{":
+        return _complete_obj(text, start, allow_str)
+    rest_len = len(text) - start
+    for literal in _LITERALS:
+        if text.startswith(literal, start):
+            return start + len(literal), None
+        if rest_len <= len(literal) and literal.startswith(text[start:]):
+            return start, literal
+    if char == "-":
+        if rest_len == 1:
+            return None
+        if text[start + 1] != "I":
+            return _complete_num(text, start, top_level)
+    for literal in ("-Infinity", "NaN"):
+        if text.startswith(literal, start):
+            return start + len(literal), None
+        if rest_len <= len(literal) and literal.startswith(text[start:]):
+            return start, literal
+    raise _Partial(f"unexpected character {char!r}")
+
+
+def _complete_arr(text: str, start: int, allow_str: bool) -> tuple[int, str | None]:
+    i = j = start + 1
+    try:
+        while True:
+            j = _skip_blank(text, j)
+            if _at(text, j) == "]":
+                return j + 1, None
+            result = _complete_any(text, j, allow_str)
+            if result is None:
+                return i, "]"
+            end, closer = result
+            if closer is not None:
+                return end, closer + "]"
+            i = j = end
+            j = _skip_blank(text, j)
+            char = _at(text, j)
+            if char == ",":
+                j += 1
+            elif char == "]":
+                return j + 1, None
+            else:
+                raise _Partial("expected ',' or ']'")
+    except IndexError:
+        return i, "]"
+
+
+def _complete_obj(text: str, start: int, allow_str: bool) -> tuple[int, str | None]:
+    i = j = start + 1
+    try:
+        while True:
+            j = _skip_blank(text, j)
+            if _at(text, j) == "}":
+                return j + 1, None
+            key = _complete_str(text, j, allow_str)
+            if key is None or key[1] is not None:
+                return i, "}"
+            j = _skip_blank(text, key[0])
+            if _at(text, j) != ":":
+                raise _Partial("expected ':'")
+            j = _skip_blank(text, j + 1)
+            result = _complete_any(text, j, allow_str)
+            if result is None:
+                return i, "}"
+            end, closer = result
+            if closer is not None:
+                return end, closer + "}"
+            i = j = end
+            j = _skip_blank(text, j)
+            char = _at(text, j)
+            if char == ",":
+                j += 1
+            elif char == "}":
+                return j + 1, None
+            else:
+                raise _Partial("expected ',' or '}'")
+    except IndexError:
+        return i, "}"
+
+
+def _fix(text: str, allow_str: bool) -> tuple[str, str]:
+    """The library's slow path: (kept text, appended closer)."""
+    stripped = text.strip()
+    try:
+        result = _complete_any(stripped, 0, allow_str, top_level=True)
+    except IndexError as exc:
+        raise _Partial("malformed") from exc
+    if result is None:
+        raise _Partial("partial value not allowed")
+    end, closer = result
+    return text[:end], closer or ""
+
+
+def _closers(stack: list[tuple[int, str]]) -> str:
+    return "".join("}" if char == "{" else "]" for _, char in reversed(stack))
+
+
+def _escaped(text: str, pos: int) -> bool:
+    count = 0
+    while pos - count - 1 >= 0 and text[pos - count - 1] == "\\":
+        count += 1
+    return count % 2 == 1
+
+
+def _ensure_json(text: str, allow_str: bool) -> str:
+    """The library's fast path: bracket scan, then complete only the last open container."""
+    tokens = [(i, c) for i, c in enumerate(text) if c in '"[]{}']
+    if not tokens or tokens[0][1] == '"':
+        head, tail = _fix(text, allow_str)
+        return head + tail
+    stack: list[tuple[int, str]] = []
+    in_string = False
+    for i, char in tokens:
+        if char == '"':
+            if not in_string or not _escaped(text, i):
+                in_string = not in_string
+        elif not in_string:
+            if char in "]}":
+                if not stack or stack.pop()[1] != ("{" if char == "}" else "["):
+                    raise _Partial("mismatched brackets")
+            else:
+                stack.append((i, char))
+    if not stack:
+        return text
+    last_i, last_char = tokens[-1]
+    if text[-1] in "]}" and not in_string:
+        return text[: last_i + 1] + _closers(stack)
+    if last_char == '"':
+        if in_string:
+            if not allow_str:
+                # Partial strings are not allowed: cut back to the previous token,
+                # unless that closes a string in an object (then read the object).
+                if len(tokens) < 2:
+                    raise _Partial("partial string not allowed")
+                cut, before = tokens[-2]
+                if before != '"' or stack[-1][1] != "{":
+                    return text[: cut + 1] + _closers(stack)
+            if stack[-1][1] != "{":
+                result = _complete_str(text, last_i, allow_str)
+                if result is None or result[1] is None:
+                    raise _Partial("string scan disagrees")  # the library fails here too
+                return text[: result[0]] + result[1] + _closers(stack)
+        if stack[-1][1] == "[":
+            rest = text[last_i + 1 :].rstrip("-").strip().lstrip(",")
+            if rest:
+                head, tail = _fix("[" + rest, allow_str)
+                if not (head.startswith("[") and tail.endswith("]")):
+                    raise _Partial("malformed array tail")
+                return text[: last_i + 1] + "," + head[1:] + tail + _closers(stack[:-1])
+            return text[: last_i + 1] + _closers(stack)
+    index, _ = stack.pop()
+    head, tail = _fix(text[index:], allow_str)
+    return text[:index] + head + tail + _closers(stack)
+
+
+def partial_loads(text: str, allow_str: bool) -> tuple[Any, int]:
+    """vLLM's ``partial_json_loads``: (value, chars consumed); raises on any failure."""
+    try:
+        return json.loads(_ensure_json(text, allow_str)), len(text)
+    except json.JSONDecodeError as exc:
+        if "Extra data" in exc.msg:
+            return _DECODER.raw_decode(text)
+        raise
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+# -- parser ------------------------------------------------------------------
+
+
+@tool_parser("llama3_json", "llama4_json")
+class Llama3JsonToolParser(ToolParser):
+    supports_required_and_named = False
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: list[dict[str, Any]] | None,
+        chat_template_kwargs: dict[str, Any],
+    ) -> None:
+        super().__init__(tokenizer, tools, chat_template_kwargs)
+        if tokenizer.get_vocab().get(BOT) is None:
+            raise ParserSetupError(f"the tokenizer has no {BOT!r} token")
+        self._text = ""
+        self._mode: bool | None = None  # None: undecided, True: calls, False: content
+        self._calls_at = 0  # where the objects start (after the tag)
+        self._prev: list[Any] = []  # vLLM's prev_tool_call_arr
+        self._index = -1  # vLLM's current_tool_id
+        self._name_sent = False
+        self._streamed: list[str] = []
+
+    # -- one-shot ------------------------------------------------------
+
+    def extract_tool_calls(self, text: str, request: ParseRequest) -> ExtractedCalls:
+        if BOT not in text and "{" not in text:
+            return ExtractedCalls(False, [], text)
+        calls: list[ToolCallOut] = []
+        end = -1
+        pos = text.find("{")
+        while pos >= 0:
+            if pos > end:
+                try:
+                    obj, length = _DECODER.raw_decode(text, pos)
+                    end = length  # raw_decode with an offset returns the absolute end
+                    name = obj["name"]
+                    args = obj["arguments"] if "arguments" in obj else obj["parameters"]
+                    call = ToolCallOut(id=random_tool_call_id(), name=name, arguments=_dump(args))
+                except Exception:  # vLLM: any failure keeps the whole output as content
+                    return ExtractedCalls(False, [], text)
+                if not isinstance(call.name, str):
+                    return ExtractedCalls(False, [], text)
+                calls.append(call)
+            pos = text.find("{", pos + 1)
+        if calls:
+            return ExtractedCalls(True, calls, None)
+        return ExtractedCalls(False, [], text)
+
+    # -- streaming -----------------------------------------------------
+
+    def stream(self, delta_text: str, delta_ids: Sequence[int], request: ParseRequest) -> DeltaOut | None:
+        self._text += delta_text
+        if self._mode is None:
+            text = self._text
+            if text.startswith(BOT):
+                self._mode, self._calls_at = True, len(BOT)
+            elif text.startswith("{"):
+                self._mode, self._calls_at = True, 0
+            elif not BOT.startswith(text) or not text:
+                self._mode = False if text else None
+        if not self._mode:
+            return DeltaOut(content=delta_text)
+        try:
+            return self._step()
+        except Exception:  # vLLM skips the record on any failure
+            return None
+
+    def _read(self) -> tuple[list[Any], list[bool]] | None:
+        """All objects so far (re-read every record, as vLLM does) and which are complete."""
+        text = self._text
+        allow_str = self._name_sent
+        objects: list[Any] = []
+        complete: list[bool] = []
+        start = self._calls_at
+        while start < len(text):
+            try:
+                obj, consumed = partial_loads(text[start:], allow_str)
+            except Exception:
+                return None
+            complete.append(_is_json(text[start : start + consumed]))
+            start += consumed + 2  # the "; " between objects
+            if "parameters" in obj:
+                if "arguments" in obj:
+                    return None  # vLLM asserts: both keys given
+                obj["arguments"] = obj["parameters"]
+            objects.append(obj)
+        return objects, complete
+
+    def _step(self) -> DeltaOut | None:
+        read = self._read()
+        if read is None:
+            return None
+        objects, complete = read
+        if not objects:
+            return None
+        current: Any = objects[self._index]
+        delta: DeltaOut | None = None
+        if len(objects) > self._index + 1:
+            # A new object began: flush what completion added to the previous call.
+            if self._index >= 0:
+                args = current.get("arguments")
+                if args:
+                    delta = self._args_delta(_dump(args)[len(self._streamed[self._index]) :])
+            self._index = len(objects) - 1
+            self._name_sent = False
+            self._streamed.append("")
+            return delta  # vLLM returns before remembering this read
+        if not self._name_sent:
+            name = current.get("name")
+            if name:
+                if not isinstance(name, str):
+                    return None  # vLLM's delta model rejects it: the record is skipped
+                delta = DeltaOut(
+                    tool_calls=[
+                        ToolCallDeltaOut(
+                            index=self._index,
+                            id=random_tool_call_id(),
+                            type="function",
+                            function=FunctionDeltaOut(name=name),
+                        )
+                    ]
+                )
+                self._name_sent = True
+        else:
+            args = current.get("arguments")
+            if args:
+                sent = len(self._streamed[self._index])
+                now = _dump(args)
+                before = self._prev[self._index].get("arguments")
+                diff: str | None = None
+                if complete[self._index]:
+                    diff = now[sent:]
+                elif before:
+                    then = _dump(before)
+                    if now != then:
+                        diff = now[: _common_prefix_len(then, now)][sent:]
+                if diff is not None:
+                    delta = self._args_delta(diff)
+        self._prev = objects
+        return delta
+
+    def _args_delta(self, diff: str) -> DeltaOut:
+        self._streamed[self._index] += diff
+        call = ToolCallDeltaOut(index=self._index, function=FunctionDeltaOut(arguments=diff))
+        return DeltaOut(tool_calls=[call])
+
+    def remaining_unstreamed_args(self) -> str:
+        if not self._prev:
+            return ""
+        index = len(self._prev) - 1
+        try:
+            args = self._prev[index].get("arguments", {})
+            expected = args if isinstance(args, str) else _dump(args)
+        except Exception:
+            return ""
+        actual = self._streamed[index] if index < len(self._streamed) else ""
+        return expected[len(actual) :] if expected.startswith(actual) else ""
