@@ -1,0 +1,261 @@
+"""``mistral`` tool parser beyond the golden files.
+
+Tokenizer: the real Mistral-7B-v0.3 tokenizer in ``samples/models/mistral-7b-v0.3``
+(pre-v11: ``[TOOL_CALLS]`` is one token, there is no ``[ARGS]``), so splitting
+the token list at every position covers every marker boundary. The v11+
+``[TOOL_CALLS]name[ARGS]{...}`` engine path has no sample tokenizer; it is
+exercised with a stub vocabulary at the end. Where vLLM's streaming and
+one-shot disagree (``length`` cuts, broken JSON, ``tool_choice: "none"``) the
+tests assert vLLM's behaviour and say so.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from worker.core.model_dir import LoadedTokenizer, load_tokenizer
+from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
+from worker.core.parsing.tools.mistral import MistralToolParser, _JsonEvents, _JsonSyntaxError
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
+]
+CALLS = (
+    '[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
+    '{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}]'
+)
+TEXT = "Let me check.[TOOL_CALLS] " + CALLS
+
+
+@cache
+def tokenizer() -> LoadedTokenizer:
+    return load_tokenizer(ROOT / "samples" / "models" / "mistral-7b-v0.3")
+
+
+def encode(text: str) -> list[int]:
+    ids: list[int] = tokenizer().backend.encode(text, add_special_tokens=False).ids
+    return ids
+
+
+def decode(ids: list[int]) -> str:
+    text: str = tokenizer().backend.decode(ids, skip_special_tokens=False)
+    return text
+
+
+@cache
+def parsing() -> ChatParsing:
+    made = ChatParsing.create(
+        adapter_for(tokenizer()), reasoning_parser=None, tool_parser="mistral", enable_auto_tool_choice=True
+    )
+    assert made is not None
+    return made
+
+
+def request(choice: Any = "auto") -> ParseRequest:
+    return ParseRequest(tools=TOOLS, tool_choice=choice)
+
+
+def stream(chunks: list[list[int]], req: ParseRequest | None = None, last: str = "stop") -> dict[str, Any]:
+    """Records carry the cumulative-decode diff of their ids, like the core's detokenizer."""
+    session = parsing().new_stream(req or request(), [1])
+    seen: list[int] = []
+    emitted = ""
+    content = ""
+    names: dict[int, str] = {}
+    args: dict[int, str] = {}
+    ids: list[str] = []
+    finish = None
+    for n, chunk in enumerate(chunks):
+        seen.extend(chunk)
+        text = decode(seen)
+        new = "" if text.endswith("\ufffd") else text[len(emitted) :]
+        if new:
+            emitted = text
+        delta, finish = session.step(new, chunk, last if n == len(chunks) - 1 else None)
+        if delta is None:
+            continue
+        content += delta.content or ""
+        for call in delta.tool_calls:
+            if call.id is not None:
+                ids.append(call.id)
+            if call.function is not None:
+                if call.function.name is not None:
+                    names[call.index] = call.function.name
+                args[call.index] = args.get(call.index, "") + (call.function.arguments or "")
+    return {
+        "content": content or None,
+        "calls": [(names[i], args.get(i, "")) for i in sorted(names)],
+        "ids": ids,
+        "finish": finish,
+    }
+
+
+def oneshot(text: str, req: ParseRequest | None = None) -> dict[str, Any]:
+    msg = parsing().parse_full(text, encode(text), req or request(), None)
+    return {"content": msg.content, "calls": [(c.name, c.arguments) for c in msg.tool_calls]}
+
+
+def splits(ids: list[int]) -> list[list[list[int]]]:
+    """Every two-record split plus one record per token."""
+    out = [[ids[:k], ids[k:]] for k in range(1, len(ids))]
+    out.append([[i] for i in ids])
+    return out
+
+
+def test_stream_matches_oneshot_at_every_split() -> None:
+    ids = encode(TEXT)
+    want = oneshot(decode(ids))
+    assert want["calls"][0] == ("get_weather", '{"city": "Paris", "unit": "celsius"}')
+    for chunks in splits(ids):
+        got = stream(chunks)
+        assert got["content"] == want["content"], [len(c) for c in chunks]
+        assert got["calls"] == want["calls"], [len(c) for c in chunks]
+        assert got["finish"] == "tool_calls"
+        assert len(got["ids"]) == 2
+        assert all(len(i) == 9 and i.isalnum() for i in got["ids"])
+
+
+def test_streamed_args_are_valid_json_equal_to_oneshot() -> None:
+    got = stream([[i] for i in encode(TEXT)])
+    for (_, streamed), (_, expected) in zip(got["calls"], oneshot(TEXT)["calls"], strict=True):
+        assert json.loads(streamed) == json.loads(expected)
+
+
+def test_marker_spelled_as_text_across_records_is_content() -> None:
+    """vLLM looks for the marker per record (id or text) and never buffers a partial one."""
+    pieces = ["Hi [TOOL_", "CALLS] [{}]"]
+    session = parsing().new_stream(request(), [1])
+    out = [session.step(p, [999], None)[0] for p in pieces]
+    assert [d.content if d else None for d in out] == pieces
+
+
+def test_length_cut_streams_open_arguments_but_oneshot_returns_text() -> None:
+    """vLLM quirk: the stream keeps what it streamed, one-shot gives the JSON back as content."""
+    ids = encode(TEXT)[:-6]
+    got = stream([[i] for i in ids], last="length")
+    assert got["finish"] == "length"
+    assert got["calls"][1][0] == "get_time"
+    assert not got["calls"][1][1].endswith("}")
+    want = oneshot(decode(ids))
+    assert want["calls"] == []
+    assert want["content"] == decode(ids).split("[TOOL_CALLS]")[1].strip()
+
+
+def test_broken_json_silences_the_rest_of_the_stream() -> None:
+    """vLLM's ijson coroutine dies at the first syntax error; later records stream nothing."""
+    text = 'ok[TOOL_CALLS] [{"name": "get_weather", "arguments": {\'city\': \'Paris\'}}] more'
+    ids = encode(text)
+    got = stream([[i] for i in ids])
+    assert got["content"] == "ok"
+    # The record holding "{'" fails as a whole: not even the brace streams.
+    assert got["calls"] == [("get_weather", "")]
+    # One-shot: no usable call, the payload after the marker is the content.
+    assert oneshot(decode(ids)) == {"content": decode(ids).split("[TOOL_CALLS]")[1].strip(), "calls": []}
+
+
+def test_tool_choice_none_stream_drops_markup_oneshot_keeps_it() -> None:
+    """vLLM quirk (golden README): streaming runs the parser and drops the calls."""
+    req = request("none")
+    ids = encode(TEXT)
+    got = stream([[i] for i in ids], req)
+    assert got["content"] == oneshot(TEXT.split("[TOOL_CALLS]")[0])["content"]
+    assert got["calls"] == [] and got["finish"] == "stop"
+    assert oneshot(decode(ids), req) == {"content": decode(ids), "calls": []}
+
+
+def test_bare_object_string_arguments_and_trailing_text() -> None:
+    text = '[TOOL_CALLS] {"name": "get_time", "arguments": "{\\"tz\\": \\"UTC\\"}"} thanks'
+    got = stream([[i] for i in encode(text)])
+    # String-valued arguments stream decoded; text after the object is content.
+    assert got["calls"] == [("get_time", '{"tz": "UTC"}')]
+    assert got["content"] == " thanks"
+    assert oneshot(decode(encode(text)))["calls"] == [("get_time", '{"tz": "UTC"}')]
+
+
+def test_required_bare_array_without_marker() -> None:
+    req = request("required")
+    body = '[{"name": "get_weather", "arguments": {"city": "Lyon"}}]'
+    got = stream([[i] for i in encode(body)], req)
+    assert got["calls"] == [("get_weather", '{"city": "Lyon"}')]
+    assert oneshot(body, req)["calls"] == [("get_weather", '{"city": "Lyon"}')]
+    # Without a forced choice a bare array is just content.
+    assert oneshot(body) == {"content": body, "calls": []}
+
+
+@pytest.mark.parametrize(
+    ("text", "events", "fails_at"),
+    [
+        ('[{"a": 12}]', ["start_array", "start_map", "map_key", "scalar", "end_map", "end_array"], None),
+        ("[01]", ["start_array", "scalar"], 3),  # yajl rejects the second number when it ends
+        ('[{"a" 1}]', ["start_array", "start_map", "map_key"], 7),
+        ("[tru}", ["start_array"], 4),
+        ('"a\nb"', [], 2),
+    ],
+)
+def test_json_events_follow_yajl_timing(text: str, events: list[str], fails_at: int | None) -> None:
+    parser = _JsonEvents()
+    seen: list[str] = []
+    for i, ch in enumerate(text):
+        try:
+            seen += [name for _, name, _ in parser.feed(ch)]
+        except _JsonSyntaxError:
+            assert i == fails_at
+            break
+    else:
+        assert fails_at is None
+    assert seen == events
+
+
+class _StubTokenizer:
+    """A v11+ vocabulary: [TOOL_CALLS] and [ARGS] are special tokens."""
+
+    model_type = "mistral"
+    special_ids = frozenset({1, 2})
+    _vocab: ClassVar[dict[str, int]] = {"<s>": 1, "</s>": 2, "[TOOL_CALLS]": 9, "[ARGS]": 32}
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._vocab.get(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return {v: k for k, v in self._vocab.items()}.get(token_id)
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self._vocab)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(self.id_to_token(i) or "" for i in ids)
+
+
+def test_v11_engine_path_streams_name_then_arguments() -> None:
+    parser = MistralToolParser(_StubTokenizer(), TOOLS, {})
+    req = request()
+    records: list[tuple[str, list[int]]] = [
+        ("Sure.", [100]),
+        ("[TOOL_CALLS]", [9]),
+        ("get_weather", [101]),
+        ("[ARGS]", [32]),
+        ('{"city": "Paris"', [102]),
+        ("}", [103]),
+    ]
+    deltas = [parser.stream(text, ids, req) for text, ids in records]
+    final = parser.finish_stream()
+    assert deltas[0] is not None and deltas[0].content == "Sure."
+    named = deltas[4]
+    assert named is not None and named.tool_calls[0].function is not None
+    assert named.tool_calls[0].function.name == "get_weather"
+    assert named.tool_calls[0].function.arguments == '{"city": "Paris"'
+    assert deltas[5] is None  # the closing brace waits for the end
+    assert final is not None and final.tool_calls[0].function is not None
+    assert final.tool_calls[0].function.arguments == "}"
+    one = MistralToolParser(_StubTokenizer(), TOOLS, {}).extract_tool_calls(
+        'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"} trailing', req
+    )
+    assert one.content == "Sure."
+    assert [(c.name, c.arguments) for c in one.calls] == [("get_weather", '{"city": "Paris"}')]
