@@ -90,8 +90,14 @@ def bench_model(model: str) -> dict[str, float]:
         start = time.perf_counter()
         for body in bodies:
             chunk, state = derenderer.chat_stream(body, state)
-            outputs.append({"request_id": "bench", "seq": 0, "endpoint": "chat",
-                            "body": {"chunk": chunk, "stream_state": state.to_wire()}})
+            outputs.append(
+                {
+                    "request_id": "bench",
+                    "seq": 0,
+                    "endpoint": "chat",
+                    "body": {"chunk": chunk, "stream_state": state.to_wire()},
+                }
+            )
         figures["derender"].append(_us_per(time.perf_counter() - start, len(records)))
 
         start = time.perf_counter()
@@ -116,7 +122,9 @@ def bench_model(model: str) -> dict[str, float]:
 
 def main(argv: list[str]) -> None:
     models = argv or list(MODEL_PROMPTS)
-    print(f"derender core, {TOKENS}-token answer in 1-token records, median of {ROUNDS} rounds (µs per record)")
+    print(
+        f"derender core, {TOKENS}-token answer in 1-token records, median of {ROUNDS} rounds (µs per record)"
+    )
     header = f"{'tokenizer':<18}{'parse':>9}{'derender':>10}{'serialize':>11}{'total':>9}{'floor':>8}"
     print(header + f"{'vs vLLM 267 µs':>17}")
     for model in models:

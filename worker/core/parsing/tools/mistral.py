@@ -28,7 +28,7 @@ One-shot (pre-v11): the first non-blank segment after a marker is decoded with
 that segment, stripped, as content.
 
 Tokenizers with ``[ARGS]`` (v11+) run the parser engine's
-``[TOOL_CALLS]name[ARGS]{...}`` grammar; see :mod:`.kimi_k2` for the engine.
+``[TOOL_CALLS]name[ARGS]{...}`` grammar; see :mod:`._tool_engine` for the engine.
 Mistral has no structural tag but vLLM marks it
 ``supports_required_and_named = False``: ``required``/named choices are parsed
 like ``auto``.
@@ -45,12 +45,25 @@ from typing import Any
 
 from worker.core.parsing.base import ParserSetupError, ToolParser
 from worker.core.parsing.registry import tool_parser
-from worker.core.parsing.tools.kimi_k2 import EngineToolParser, MistralEngineToolParser
+from worker.core.parsing.tools._tool_engine import (
+    ARG,
+    CALL_END,
+    CALL_START,
+    CONTENT,
+    NAME,
+    REASONING,
+    THINK_END,
+    EngineToolParser,
+    Slot,
+    ToolGrammar,
+)
+from worker.core.parsing.tools._tool_engine import ARGS as ARGS_STATE
 from worker.core.parsing.types import (
     DeltaOut,
     ExtractedCalls,
     FunctionDeltaOut,
     ParseRequest,
+    ParserTokenizer,
     ToolCallDeltaOut,
     ToolCallOut,
 )
@@ -333,6 +346,75 @@ def _function_calls(parsed: Any) -> list[tuple[str, str]]:
 
 def _forced(request: ParseRequest) -> bool:
     return request.tool_choice == "required" or request.named_function is not None
+
+
+# -- Mistral v11+ (``[TOOL_CALLS]name[ARGS]{...}``): the engine path ----------------------
+
+MISTRAL_THINK_START = "[THINK]"
+MISTRAL_THINK_END = "[/THINK]"
+
+
+def mistral_grammar(special_think: bool) -> ToolGrammar:
+    markers = {"TOOL_CALLS": "[TOOL_CALLS]", "ARGS": "[ARGS]", "OPEN_BRACE": "{"}
+    ids = {"TOOL_CALLS", "ARGS"}
+    transitions: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
+        (CONTENT, "TOOL_CALLS"): (NAME, (THINK_END, CALL_START) if special_think else (CALL_START,)),
+        (NAME, "ARGS"): (ARGS_STATE, ()),
+        # ``name{...}`` without [ARGS]: the brace is the first argument text
+        (NAME, "OPEN_BRACE"): (ARGS_STATE, (ARG,)),
+        (ARGS_STATE, "TOOL_CALLS"): (NAME, (CALL_END, CALL_START)),
+    }
+    if special_think:
+        markers = {"THINK_START": MISTRAL_THINK_START, "THINK_END": MISTRAL_THINK_END, **markers}
+        ids |= {"THINK_START", "THINK_END"}
+        transitions.update(
+            {
+                (CONTENT, "THINK_START"): (REASONING, ()),
+                (REASONING, "THINK_START"): (REASONING, ()),
+                (REASONING, "THINK_END"): (CONTENT, (THINK_END,)),
+                (CONTENT, "THINK_END"): (CONTENT, ()),
+                (REASONING, "TOOL_CALLS"): (NAME, (THINK_END, CALL_START)),
+            }
+        )
+    return ToolGrammar(markers=markers, id_markers=frozenset(ids), transitions=transitions)
+
+
+class MistralEngineToolParser(EngineToolParser):
+    """vLLM's ``MistralParser`` engine path (tokenizers with ``[ARGS]``); not registered itself."""
+
+    @classmethod
+    def grammar(
+        cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]
+    ) -> tuple[ToolGrammar, str]:
+        # Hugging Face tokenizers have no Mistral grammar support: reasoning is
+        # only recognised through [THINK] special tokens.
+        return mistral_grammar(MISTRAL_THINK_START in tokenizer.get_vocab()), CONTENT
+
+    def _ensure_id(self, slot: Slot, name: str) -> None:
+        if not slot.id:
+            slot.id = mistral_tool_call_id()
+
+    def _accept_name(self, name: str) -> bool:
+        # Once [ARGS] or "{" ended the name it is final, even when empty.
+        return True
+
+    def _name_from_args(self, slot: Slot) -> str | None:
+        return slot.name
+
+    def _name_and_args(self, body: str) -> tuple[str, str]:
+        # never a {"name", "arguments"} envelope: a "name" argument stays an argument
+        return "", self._args_json(body)
+
+    def _args_json(self, body: str) -> str:
+        # The first JSON value; the model may write text after it.
+        stripped = body.strip()
+        if not stripped:
+            return "{}"
+        try:
+            _, end = json.JSONDecoder().raw_decode(stripped)
+        except ValueError:
+            return stripped
+        return stripped[:end]
 
 
 @tool_parser("mistral")
