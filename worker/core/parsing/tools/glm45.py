@@ -1,0 +1,162 @@
+"""``glm45`` (and ``glm47``): vLLM's ``Glm47MoeModelToolParser`` (GLM-4.5/4.6/4.7).
+
+Format, served in vLLM 0.33.0 by the GLM-4.7 parser engine
+(``Glm47MoeParserToolAdapter``)::
+
+    <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...</tool_call>
+
+(newlines between the parts are common). Behaviour matched (engine pieces in
+``_xml_engine``):
+
+* ``<tool_call>``/``</tool_call>`` (and ``<think>``/``</think>``) are cut by
+  token id while streaming; the ``<arg_key>``/``<arg_value>`` tags by text,
+  partial tags held back.
+* Everything between ``<tool_call>`` and the first ``<arg_key>`` is the name,
+  whitespace-stripped; it is streamed when the first ``<arg_key>`` arrives,
+  or with the closing ``</tool_call>`` (and ``{}``) for a call without
+  arguments. Names not among the request's tools are rejected
+  (``validate_tool_names``): such a call vanishes entirely.
+* Values are kept verbatim (no newline trimming, stripped keys), typed by the
+  tool schema; string values stream as they grow, the closing ``"}`` or
+  ``}`` comes with ``</tool_call>``. A call cut inside a value leaves the
+  streamed JSON open; one-shot drops the unfinished argument. As with
+  qwen3, when calls are found one-shot keeps only content before the
+  first tool markup.
+* ``<think>`` in content reopens reasoning inside the tool phase (when a
+  reasoning parser runs; else it is text), with trailing reasoning
+  whitespace held back; ``thinking``/``enable_thinking`` false removes the
+  think markers from the grammar (then special think tokens are dropped).
+* With ``tool_choice: "none"`` (and tools) the markup is parsed and dropped.
+* Strict tool calling: ``required`` and named choices parse like ``auto``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from worker.core.parsing.registry import tool_parser
+from worker.core.parsing.tools._xml_engine import WS, EngineToolParser, Ev, Extender, St, ToolGrammar
+from worker.core.parsing.types import ParserTokenizer
+
+ARG_VALUE_END = "</arg_value>"
+_ARG_RE = re.compile(rf"<arg_key>(.*?)</arg_key>{WS}*<arg_value>(.*?)</arg_value>", re.DOTALL)
+_OPEN_ARG_RE = re.compile(rf"<arg_key>(.*?)</arg_key>{WS}*<arg_value>(.*)$", re.DOTALL)
+
+
+def _parse_args(raw: str, partial: bool) -> tuple[dict[str, Any], str | None]:
+    """The arguments, and the key of a still-open trailing value."""
+    params: dict[str, Any] = {}
+    for match in _ARG_RE.finditer(raw):
+        params[match.group(1).strip()] = match.group(2)
+    open_key = None
+    if partial:
+        open_match = _OPEN_ARG_RE.search(_ARG_RE.sub("", raw))
+        if open_match:
+            key = open_match.group(1).strip()
+            if key:
+                params[key] = open_match.group(2)
+                open_key = key
+    return params, open_key
+
+
+def convert_args(raw: str, partial: bool) -> str:
+    return json.dumps(_parse_args(raw, partial)[0], ensure_ascii=False)
+
+
+def value_extender(raw: str) -> Extender | None:
+    """Stream the open trailing value verbatim until ``</arg_value>`` shows up."""
+    params, open_key = _parse_args(raw, partial=True)
+    if open_key is None or next(reversed(params)) != open_key:
+        return None
+    keep = len(ARG_VALUE_END) - 1
+    tail = raw[-keep:]
+
+    def extend(delta: str) -> str | None:
+        nonlocal tail
+        text = tail + delta
+        if ARG_VALUE_END in text:
+            return None
+        tail = text[-keep:]
+        return json.dumps(delta, ensure_ascii=False)[1:-1]
+
+    return extend
+
+
+R, C = St.REASONING, St.CONTENT
+NAME, ARGS = St.TOOL_NAME, St.TOOL_ARGS
+
+
+def glm_tool_grammar(thinking: bool) -> ToolGrammar:
+    think = {"THINK_START": "<think>", "THINK_END": "</think>"} if thinking else {}
+    transitions: dict[tuple[St, str], tuple[St, tuple[Ev, ...]]] = {}
+    if thinking:
+        transitions.update(
+            {
+                (C, "THINK_START"): (R, (Ev.REASONING_START,)),
+                (R, "THINK_END"): (C, (Ev.REASONING_END,)),
+                (C, "THINK_END"): (C, ()),
+            }
+        )
+    transitions.update(
+        {
+            (R, "THINK_START"): (R, ()),
+            (R, "TOOL_START"): (NAME, (Ev.REASONING_END, Ev.CALL_START)),
+            (C, "TOOL_START"): (NAME, (Ev.CALL_START,)),
+            (NAME, "ARG_KEY_START"): (ARGS, (Ev.ARG,)),
+            (NAME, "TOOL_END"): (C, (Ev.CALL_END,)),
+            (ARGS, "TOOL_END"): (C, (Ev.CALL_END,)),
+        }
+    )
+    for marker in ("ARG_KEY_START", "ARG_KEY_END", "ARG_VALUE_START", "ARG_VALUE_END"):
+        transitions[(ARGS, marker)] = (ARGS, (Ev.ARG,))
+    return ToolGrammar(
+        terminals={
+            **think,
+            "TOOL_START": "<tool_call>",
+            "TOOL_END": "</tool_call>",
+            "ARG_KEY_START": "<arg_key>",
+            "ARG_KEY_END": "</arg_key>",
+            "ARG_VALUE_START": "<arg_value>",
+            "ARG_VALUE_END": ARG_VALUE_END,
+        },
+        id_terminals=(*think, "TOOL_START", "TOOL_END"),
+        transitions=transitions,
+        initial=R if thinking else C,
+        convert_args=convert_args,
+        value_extender=value_extender,
+        validate_tool_names=True,
+        strip_trailing_reasoning_ws=True,
+        strip_names=True,
+    )
+
+
+def _always_thinks(tokenizer: ParserTokenizer) -> bool:
+    """GLM-5.3 templates have no thinking switch: reasoning is always on."""
+    template = getattr(tokenizer, "chat_template", None)
+    return (
+        isinstance(template, str)
+        and all(
+            marker in template
+            for marker in ("[gMASK]<sop>", "Reasoning Effort:", "<tool_call>", "<arg_key>", "<arg_value>")
+        )
+        and "enable_thinking" not in template
+    )
+
+
+def thinking_enabled(tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> bool:
+    thinking = chat_template_kwargs.get("thinking")
+    enable = chat_template_kwargs.get("enable_thinking")
+    if (thinking is False or enable is False) and _always_thinks(tokenizer):
+        thinking = enable = None
+    if thinking is None and enable is None:
+        return True
+    return bool(thinking) or bool(enable)
+
+
+@tool_parser("glm45", "glm47")
+class Glm47MoeToolParser(EngineToolParser):
+    @classmethod
+    def make_grammar(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> ToolGrammar:
+        return glm_tool_grammar(thinking_enabled(tokenizer, chat_template_kwargs))
