@@ -1,24 +1,87 @@
 """``derender-worker demo``: derender a bundled recorded stream and show the result.
 
-Offline: the bundled sample stream (real Qwen3 token ids) goes through the same
-core as the Kafka worker, printing every OpenAI chunk and then each assembled
-response.
+Default (Kafka): start the local broker (``deploy/local/kafka start``) unless a bootstrap address
+is given, create a fresh set of topics, start two ``derender-worker run`` processes in one consumer
+group and wait until the group is stable and every partition has served a readiness probe, produce
+the recorded stream (plus two deliberately invalid records) at a visible pace, and show each
+response assembling live from the output topic, with the worker and partition that served it.
+Everything it started is stopped at the end, also on failure or Ctrl-C. The last stdout line is
+``demo: S sequences, C chunks, D dead-lettered, R chunks/s``. The terminal rendering lives in
+``worker.demo_view``.
+
+Offline (``--offline``): the bundled sample stream (real Qwen3 token ids) goes through the same
+core as the Kafka worker in-process, printing every OpenAI chunk and then each assembled response.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
 import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import orjson
 
 from worker.assembly import Assembler, render_text
+from worker.demo_view import DeadLetterSeen, DemoState, DemoView, RequestProgress, make_view
+from worker.errors import ConfigurationError
 from worker.settings import ModelSettings
 
-SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = REPO_ROOT / "samples"
 DEMO_STREAM = SAMPLES / "streams" / "demo-qwen3.jsonl"
 DEMO_MODEL_NAME = "qwen3-demo"
+LOCAL_KAFKA_SCRIPT = REPO_ROOT / "deploy" / "local" / "kafka"
+BOOTSTRAP_ENVS = ("DERENDER_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS")
+
+WORKERS = 2
+PARTITIONS = 6
+# Readiness probes: one unparseable record per input partition. Dead-lettered like any bad record,
+# each proves its partition is open and served end to end; the demo's counts leave them out.
+PROBE_KEY_PREFIX = "derender-demo-readiness-probe-"
+PACE_MS = 50  # between produced records: ~85 records in ~4 s, slow enough to watch
+COMMIT_INTERVAL_MS = 50  # outputs become visible (read_committed) at most this long after processing
+# Heartbeats every session/4: the second worker's join is noticed by the first within ~1.5 s.
+SESSION_TIMEOUT_MS = 6000  # the broker minimum (group.min.session.timeout.ms)
+WORKER_SHUTDOWN_TIMEOUT_S = 10.0
+BROKER_START_TIMEOUT_S = 600.0  # the first start fetches Kafka's jars with Maven
+BROKER_ANSWER_TIMEOUT_S = 30.0
+GROUP_JOIN_TIMEOUT_S = 60.0  # tokenizer load + join + one rebalance
+OUTPUT_WAIT_S = 30.0  # after the last record is produced
+STOP_GRACE_S = 20.0  # SIGTERM, then SIGKILL
+
+
+class DemoError(Exception):
+    """A step of the demo failed; the message says which and why."""
+
+
+def _worker_model_args(model_dir: str) -> list[str]:
+    return [
+        "--tokenizer",
+        model_dir,
+        "--served-model-name",
+        DEMO_MODEL_NAME,
+        "--reasoning-parser",
+        "qwen3",
+        "--tool-parser",
+        "hermes",
+        "--enable-auto-tool-choice",
+    ]
+
+
+# --- offline -------------------------------------------------------------------------------------
 
 
 def run_offline_demo(args: argparse.Namespace) -> int:
@@ -53,9 +116,621 @@ def run_offline_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- the records the Kafka demo produces ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DemoRecord:
+    key: bytes
+    value: bytes
+    invalid: str | None = None  # why it is invalid (None: a real envelope)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoPlan:
+    records: list[DemoRecord]  # in produce order
+    expected: dict[str, tuple[str, int]]  # request_id -> (endpoint, output chunks expected)
+
+    @property
+    def invalid(self) -> list[str]:
+        return [r.invalid for r in self.records if r.invalid is not None]
+
+
+def build_plan(stream: Path) -> DemoPlan:
+    """The stream's records, interleaved across requests, plus two invalid ones.
+
+    Each request's records are spread evenly over the run (record i of n sits at (i + 0.5) / n),
+    so all requests stream at once and finish together, as concurrent clients would.
+    """
+    per_request: dict[str, list[bytes]] = {}
+    endpoints: dict[str, str] = {}
+    for number, line in enumerate(stream.read_bytes().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            envelope = orjson.loads(line)
+            request_id, endpoint = str(envelope["request_id"]), str(envelope["endpoint"])
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise DemoError(f"{stream}:{number} is not an input envelope: {exc}") from exc
+        per_request.setdefault(request_id, []).append(line)
+        endpoints.setdefault(request_id, endpoint)
+    if not per_request:
+        raise DemoError(f"{stream} holds no records")
+
+    placed: list[tuple[float, int, DemoRecord]] = []
+    for order, (request_id, lines) in enumerate(per_request.items()):
+        for i, line in enumerate(lines):
+            placed.append(((i + 0.5) / len(lines), order, DemoRecord(request_id.encode(), line)))
+
+    # A poison record inside a live stream: the worker dead-letters it and the stream carries on.
+    victim = list(per_request)[min(2, len(per_request) - 1)]
+    middle = per_request[victim][len(per_request[victim]) // 2]
+    truncated = DemoRecord(victim.encode(), middle[: len(middle) // 2], "a truncated JSON line")
+    placed.append((0.5, len(per_request), truncated))
+    # Well-formed JSON but no envelope (an endpoint the worker does not serve), under its own key.
+    not_envelope = orjson.dumps(
+        {"request_id": "demo-invalid", "seq": 0, "endpoint": "embeddings", "body": {"input": "hi"}}
+    )
+    placed.append((0.3, len(per_request), DemoRecord(b"demo-invalid", not_envelope, "a non-envelope record")))
+
+    placed.sort(key=lambda item: (item[0], item[1]))
+    expected = {rid: (endpoints[rid], len(lines)) for rid, lines in per_request.items()}
+    return DemoPlan([record for _, _, record in placed], expected)
+
+
+# --- processes: broker, workers --------------------------------------------------------------------
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join("    " + line for line in text.splitlines()[-lines:])
+
+
+def _last_line(path: Path) -> str:
+    """The last line of a growing log (Maven's output can be long: read only its end)."""
+    with path.open("rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+        lines = f.read().decode("utf-8", errors="replace").strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def _run_quiet(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _start_local_broker(view: DemoView, cleanup: contextlib.ExitStack, log_dir: Path) -> str:
+    """``deploy/local/kafka start`` with progress; stopped at the end only if it was not running."""
+    was_running = _run_quiet([str(LOCAL_KAFKA_SCRIPT), "status"], 30).returncode == 0
+    if not was_running:
+        # Registered before starting: a start that fails half-way is still stopped.
+        cleanup.callback(_cleanup_step("stopping Kafka", lambda: _stop_local_broker(view)))
+    stdout_path, stderr_path = log_dir / "kafka-start.out", log_dir / "kafka-start.err"
+    title = "using the running local Kafka" if was_running else "starting Kafka (deploy/local/kafka start)"
+    with view.stage(title) as stage, stdout_path.open("w") as stdout, stderr_path.open("w") as stderr:
+        proc = subprocess.Popen(
+            [str(LOCAL_KAFKA_SCRIPT), "start"], stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr
+        )
+        try:
+            deadline = time.monotonic() + BROKER_START_TIMEOUT_S
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    raise DemoError(
+                        f"{LOCAL_KAFKA_SCRIPT} start did not finish in {BROKER_START_TIMEOUT_S:.0f} s"
+                    )
+                stage.update(_last_line(stderr_path))
+                time.sleep(0.1)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if proc.returncode != 0:
+        raise DemoError(
+            f"the local Kafka broker did not start ({LOCAL_KAFKA_SCRIPT} start exited with "
+            f"{proc.returncode}):\n{_tail(stderr_path)}"
+        )
+    lines = stdout_path.read_text().strip().splitlines()
+    if not lines:
+        raise DemoError(f"{LOCAL_KAFKA_SCRIPT} start printed no bootstrap address")
+    return lines[-1].strip()
+
+
+def _stop_local_broker(view: DemoView) -> None:
+    with view.stage("stopping Kafka (deploy/local/kafka stop)"):
+        done = _run_quiet([str(LOCAL_KAFKA_SCRIPT), "stop"], 120)
+    if done.returncode != 0:
+        print(f"demo: warning: {LOCAL_KAFKA_SCRIPT} stop failed: {done.stderr.strip()}", file=sys.stderr)
+
+
+@dataclass
+class WorkerProcess:
+    label: str
+    client_id: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+class Workers:
+    """The demo's ``derender-worker run`` processes: started, watched, stopped."""
+
+    def __init__(self) -> None:
+        self.processes: list[WorkerProcess] = []
+
+    def start(self, label: str, client_id: str, argv: list[str], log: Path) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with log.open("wb") as log_file:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO_ROOT,
+            )
+        self.processes.append(WorkerProcess(label, client_id, proc, log))
+
+    def check_alive(self) -> None:
+        """Raise if a worker has exited: the demo cannot finish without it."""
+        for worker in self.processes:
+            code = worker.proc.poll()
+            if code is not None:
+                raise DemoError(
+                    f"{worker.label} (pid {worker.proc.pid}) exited early with status {code}; "
+                    f"the end of its log:\n{_tail(worker.log)}"
+                )
+
+    def stop(self, view: DemoView) -> None:
+        """SIGTERM all (a graceful stop: commit, leave the group), SIGKILL what outlives the grace."""
+        alive = [w for w in self.processes if w.proc.poll() is None]
+        if not alive:
+            return
+        with view.stage(f"stopping {len(alive)} worker{'s' if len(alive) != 1 else ''} (SIGTERM)") as stage:
+            for worker in alive:
+                worker.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for worker in alive:
+                try:
+                    worker.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    stage.update(f"{worker.label} ignored SIGTERM for {STOP_GRACE_S:.0f} s: SIGKILL")
+                    print(f"demo: warning: {worker.label} did not stop in time, killed", file=sys.stderr)
+                    worker.proc.kill()
+                    worker.proc.wait()
+
+
+@dataclass(frozen=True, slots=True)
+class DemoTopics:
+    input: str
+    output: str
+    state: str
+    dlq: str
+
+    @property
+    def all(self) -> list[str]:
+        return [self.input, self.output, self.state, self.dlq]
+
+    def flags(self) -> list[str]:
+        return [
+            *("--input-topic", self.input, "--output-topic", self.output),
+            *("--state-topic", self.state, "--dlq-topic", self.dlq),
+        ]
+
+
+# --- Kafka clients -------------------------------------------------------------------------------
+
+
+async def _broker_answers(bootstrap: str) -> str | None:
+    """None when a client can bootstrap and sees a broker, else why not."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    try:
+        await admin.start()
+        cluster = await admin.describe_cluster()
+        return None if cluster.get("brokers") else "no brokers in the cluster metadata"
+    except Exception as exc:  # any connection error means "not (yet)"
+        return repr(exc)
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+
+def _wait_for_broker(bootstrap: str, origin: str) -> None:
+    deadline = time.monotonic() + BROKER_ANSWER_TIMEOUT_S
+    while (problem := asyncio.run(_broker_answers(bootstrap))) is not None:
+        if time.monotonic() > deadline:
+            raise DemoError(f"no Kafka broker answers at {bootstrap} ({origin}): {problem}")
+        time.sleep(0.5)
+
+
+def _decode_assignment(raw: bytes) -> list[int]:
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+    if not raw:
+        return []
+    assignment = ConsumerProtocolMemberAssignment.decode(raw)
+    return sorted(p for _topic, partitions in assignment.assignment for p in partitions)
+
+
+async def _group_members(admin: Any, group: str) -> tuple[str, dict[str, list[int]]]:
+    """The group's state and each member's client id -> assigned partitions."""
+    response = (await admin.describe_consumer_groups([group]))[0]
+    # DescribeGroupsResponse group: (error_code, group, state, protocol_type, protocol, members, ...)
+    _error, _name, state, _ptype, _protocol, members = response.groups[0][:6]
+    # member: (member_id, client_id, client_host, member_metadata, member_assignment)
+    return str(state), {str(m[1]): _decode_assignment(m[4]) for m in members}
+
+
+async def _wait_for_group(
+    bootstrap: str, group: str, workers: Workers, update: Callable[[str], None]
+) -> dict[str, list[int]]:
+    """Wait until every worker is a member and the group is stable with all partitions assigned.
+
+    The runtime exposes no readiness signal, so the broker's view of the group is the signal:
+    once it is Stable with every worker holding partitions, produced records will be served.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    expected = {w.client_id for w in workers.processes}
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    await admin.start()
+    try:
+        deadline = time.monotonic() + GROUP_JOIN_TIMEOUT_S
+        while True:
+            workers.check_alive()
+            try:
+                state, members = await _group_members(admin, group)
+            except Exception:  # the coordinator may not be ready for a brand-new group yet
+                state, members = "without a coordinator yet", {}
+            joined = expected & set(members)
+            assigned = sorted(p for ps in members.values() for p in ps)
+            if (
+                state == "Stable"
+                and joined == expected
+                and all(members[c] for c in expected)
+                and assigned == list(range(PARTITIONS))
+            ):
+                return members
+            update(f"{len(joined)}/{len(expected)} joined, group {state.lower()}")
+            if time.monotonic() > deadline:
+                raise DemoError(
+                    f"the workers did not all join group {group} in {GROUP_JOIN_TIMEOUT_S:.0f} s "
+                    f"(state {state}, members {sorted(members)})"
+                )
+            await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+
+
+async def _probe_partitions(
+    bootstrap: str, topics: DemoTopics, workers: Workers, update: Callable[[str], None]
+) -> None:
+    """Send a probe to every input partition and wait for all of them on the dead-letter topic.
+
+    A Stable group is not yet a serving one: each new owner still fences its transactional
+    producers and restores state before it reads. Records produced before that would arrive in
+    a burst; after the probes, the demo's records are served as they come.
+    """
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    reader = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await reader.start()
+    try:
+        await producer.start()
+        try:
+            reader.assign([TopicPartition(topics.dlq, p) for p in range(PARTITIONS)])
+            for p in range(PARTITIONS):
+                await producer.send_and_wait(
+                    topics.input, b"readiness probe", key=f"{PROBE_KEY_PREFIX}{p}".encode(), partition=p
+                )
+            seen: set[str] = set()
+            deadline = time.monotonic() + GROUP_JOIN_TIMEOUT_S
+            while len(seen) < PARTITIONS:
+                workers.check_alive()
+                if time.monotonic() > deadline:
+                    raise DemoError(
+                        f"only {len(seen)} of {PARTITIONS} input partitions answered a probe within "
+                        f"{GROUP_JOIN_TIMEOUT_S:.0f} s of the group forming"
+                    )
+                update(f"{len(seen)}/{PARTITIONS} partitions served a probe")
+                for records in (await reader.getmany(timeout_ms=100)).values():
+                    seen.update(str(_dead_letter(r.value).key) for r in records)
+        finally:
+            await producer.stop()
+    finally:
+        await reader.stop()
+
+
+async def _delete_topics(bootstrap: str, topics: list[str], group: str) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    await admin.start()
+    try:
+        await admin.delete_topics(topics, timeout_ms=10_000)
+        # The empty group would otherwise linger on a kept local broker for days. aiokafka has
+        # no public delete_consumer_groups, hence the raw request; a failure is harmless.
+        with contextlib.suppress(Exception):
+            from aiokafka.protocol.admin import DeleteGroupsRequest
+
+            await admin._send_request(DeleteGroupsRequest([group]), await admin.find_coordinator(group))
+    finally:
+        await admin.close()
+
+
+async def _stream(
+    bootstrap: str,
+    topics: DemoTopics,
+    plan: DemoPlan,
+    state: DemoState,
+    worker_of_partition: dict[int, str],
+    workers: Workers,
+    refresh: Callable[[], None],
+    pace_s: float,
+) -> None:
+    """Produce the plan at ``pace_s`` and read outputs and dead letters until all have arrived."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    assembler = Assembler()
+    reader = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        # Outputs are written in transactions: only committed ones are real.
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await reader.start()
+    try:
+        await producer.start()
+        try:
+            reader.assign(
+                [TopicPartition(t, p) for t in (topics.output, topics.dlq) for p in range(PARTITIONS)]
+            )
+
+            async def produce() -> None:
+                state.first_produce_at = time.monotonic()
+                for i, record in enumerate(plan.records):
+                    await producer.send_and_wait(topics.input, record.value, key=record.key)
+                    state.produced += 1
+                    # Paced from the start, so send latency does not slow the demo down.
+                    delay = state.first_produce_at + (i + 1) * pace_s - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+
+            producing = asyncio.create_task(produce())
+            try:
+                total = sum(n for _, n in plan.expected.values())
+                produced_at: float | None = None
+                while state.chunks < total or len(state.dead_letters) < len(plan.invalid):
+                    if producing.done():
+                        producing.result()  # a failed send fails the demo
+                        produced_at = produced_at or time.monotonic()
+                        if time.monotonic() - produced_at > OUTPUT_WAIT_S:
+                            raise DemoError(
+                                f"only {state.chunks} of {total} output chunks and {len(state.dead_letters)} "
+                                f"of {len(plan.invalid)} dead letters arrived within {OUTPUT_WAIT_S:.0f} s "
+                                "of the last record produced"
+                            )
+                    workers.check_alive()
+                    batches = await reader.getmany(timeout_ms=100)
+                    for tp, records in batches.items():
+                        for record in records:
+                            if tp.topic == topics.dlq:
+                                letter = _dead_letter(record.value)
+                                if not (letter.key or "").startswith(PROBE_KEY_PREFIX):
+                                    state.dead_letters.append(letter)
+                            else:
+                                _add_output(state, assembler, orjson.loads(record.value), worker_of_partition)
+                    refresh()
+                await producing
+            finally:
+                producing.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await producing
+        finally:
+            await producer.stop()
+    finally:
+        await reader.stop()
+
+
+def _add_output(
+    state: DemoState, assembler: Assembler, envelope: dict[str, Any], worker_of_partition: dict[int, str]
+) -> None:
+    response = assembler.add(envelope)
+    request = state.requests.setdefault(
+        response.request_id, RequestProgress(response.request_id, response.endpoint, expected=0)
+    )
+    request.response = response
+    source = envelope.get("source") or {}
+    if isinstance(source.get("partition"), int):
+        request.partitions.add(source["partition"])
+        request.workers.add(worker_of_partition.get(source["partition"], "unknown worker"))
+    state.chunks += 1
+    state.last_output_at = time.monotonic()
+
+
+def _dead_letter(value: bytes) -> DeadLetterSeen:
+    try:
+        letter = orjson.loads(value)
+        source = letter.get("source") or {}
+        return DeadLetterSeen(
+            letter.get("key"), str(letter.get("reason")), source.get("partition"), source.get("offset")
+        )
+    except (orjson.JSONDecodeError, AttributeError):
+        return DeadLetterSeen(None, f"unreadable dead letter: {value[:80]!r}", None, None)
+
+
+# --- the Kafka demo ------------------------------------------------------------------------------
+
+
+def _given_bootstrap(args: argparse.Namespace) -> tuple[str, str] | None:
+    if args.bootstrap_servers:
+        return args.bootstrap_servers.strip(), "--bootstrap-servers"
+    for env in BOOTSTRAP_ENVS:
+        if os.environ.get(env, "").strip():
+            return os.environ[env].strip(), env
+    return None
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # SIGTERM takes the same cleanup path as Ctrl-C
+
+
+def _cleanup_step(what: str, step: Callable[[], None]) -> Callable[[], None]:
+    """A cleanup callback that warns instead of raising, so the later steps still run."""
+
+    def run() -> None:
+        try:
+            step()
+        except Exception as exc:
+            print(f"demo: warning: {what} failed: {exc!r}", file=sys.stderr)
+
+    return run
+
+
+def run_kafka_demo(args: argparse.Namespace) -> int:
+    view = make_view()
+    # aiokafka logs every failed connection attempt; the demo says itself what went wrong.
+    logging.getLogger("aiokafka").addHandler(logging.NullHandler())
+    logging.getLogger("aiokafka").propagate = False
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        with tempfile.TemporaryDirectory(prefix="derender-demo-") as tmp:
+            _kafka_demo(args, view, Path(tmp))
+    except DemoError as exc:
+        print(f"demo: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("demo: interrupted; everything it started was stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+def _kafka_demo(args: argparse.Namespace, view: DemoView, tmp: Path) -> None:
+    stream = Path(args.stream) if args.stream else DEMO_STREAM
+    model_dir = args.tokenizer or str(SAMPLES / "models" / "qwen3")
+    plan = build_plan(stream)
+    run_id = uuid.uuid4().hex[:8]
+    prefix = f"derender-demo-{run_id}"  # fresh topics and group per run: reruns never mix
+    topics = DemoTopics(
+        f"{prefix}-requests", f"{prefix}-responses", f"{prefix}-state", f"{prefix}-dead-letters"
+    )
+    state = DemoState(group=prefix, to_produce=len(plan.records), invalid_injected=plan.invalid)
+    for rid, (endpoint, count) in plan.expected.items():
+        state.requests[rid] = RequestProgress(rid, endpoint, expected=count)
+
+    # LIFO: workers stop first, then the topics go, then the broker (only if this run started it).
+    with contextlib.ExitStack() as cleanup:
+        given = _given_bootstrap(args)
+        if given is not None:
+            state.bootstrap, state.broker_origin = given
+        else:
+            state.bootstrap = _start_local_broker(view, cleanup, tmp)
+            state.broker_origin = "deploy/local/kafka"
+        _wait_for_broker(state.bootstrap, state.broker_origin)
+        view.note(f"Kafka at {state.bootstrap} (from {state.broker_origin})")
+
+        bootstrap_flag = ["--bootstrap-servers", state.bootstrap]
+        cli = [sys.executable, "-m", "worker.cli"]
+        cleanup.callback(
+            _cleanup_step(
+                "deleting the demo topics",
+                lambda: asyncio.run(_delete_topics(state.bootstrap, topics.all, prefix)),
+            )
+        )
+        with view.stage(f"creating topics {prefix}-* ({PARTITIONS} partitions)"):
+            created = _run_quiet(
+                [*cli, "topics", "create", *bootstrap_flag, *topics.flags(), "--partitions", str(PARTITIONS)],
+                120,
+            )
+        if created.returncode != 0:
+            raise DemoError(f"`derender-worker topics create` failed:\n{created.stderr.strip()}")
+
+        workers = Workers()
+        cleanup.callback(_cleanup_step("stopping the workers", lambda: workers.stop(view)))
+        with view.stage(f"starting {WORKERS} workers (group {prefix})") as stage:
+            for n in range(1, WORKERS + 1):
+                client_id = f"{prefix}-worker-{n}"
+                argv = [
+                    *cli,
+                    "run",
+                    *bootstrap_flag,
+                    *topics.flags(),
+                    *("--group-id", prefix, "--client-id", client_id),
+                    *("--commit-interval-ms", str(COMMIT_INTERVAL_MS)),
+                    *("--session-timeout-ms", str(SESSION_TIMEOUT_MS)),
+                    *("--shutdown-timeout-s", str(WORKER_SHUTDOWN_TIMEOUT_S)),
+                    *_worker_model_args(model_dir),
+                ]
+                workers.start(f"worker {n}", client_id, argv, tmp / f"worker-{n}.log")
+            members = asyncio.run(_wait_for_group(state.bootstrap, prefix, workers, stage.update))
+            asyncio.run(_probe_partitions(state.bootstrap, topics, workers, stage.update))
+        labels = {w.client_id: w.label for w in workers.processes}
+        state.worker_partitions = {
+            labels[c]: ps for c, ps in sorted(members.items(), key=lambda m: labels[m[0]])
+        }
+        worker_of_partition = {p: label for label, ps in state.worker_partitions.items() for p in ps}
+        for worker in workers.processes:
+            view.note(
+                f"{worker.label} (pid {worker.proc.pid}): input partitions "
+                f"{', '.join(map(str, state.worker_partitions[worker.label]))}"
+            )
+
+        with view.streaming(state) as refresh:
+            asyncio.run(
+                _stream(
+                    state.bootstrap,
+                    topics,
+                    plan,
+                    state,
+                    worker_of_partition,
+                    workers,
+                    refresh,
+                    args.pace_ms / 1000,
+                )
+            )
+        view.report(state)
+    # After cleanup, so the summary line really is the last one.
+    sys.stdout.write(state.final_line() + "\n")
+    sys.stdout.flush()
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    if args.offline:
+        return run_offline_demo(args)
+    if args.pace_ms < 0:
+        raise ConfigurationError(f"--pace-ms must not be negative, got {args.pace_ms}")
+    return run_kafka_demo(args)
+
+
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    demo = commands.add_parser("demo", help="derender a bundled recorded stream and show the responses")
+    demo = commands.add_parser(
+        "demo",
+        help="run the recorded Qwen3 streams through a local Kafka and two workers, showing them live",
+    )
     demo.add_argument("--stream", help="input envelopes (default: the bundled Qwen3 sample)")
     demo.add_argument("--tokenizer", help="model directory (default: the bundled Qwen3 tokenizer)")
     demo.add_argument("--offline", action="store_true", help="derender in-process, without Kafka")
-    demo.set_defaults(handler=run_offline_demo)
+    demo.add_argument(
+        "--bootstrap-servers",
+        help="use this Kafka instead of starting deploy/local/kafka "
+        "(env DERENDER_BOOTSTRAP_SERVERS, else KAFKA_BOOTSTRAP_SERVERS)",
+    )
+    demo.add_argument(
+        "--pace-ms", type=float, default=PACE_MS, help=f"pause between produced records (default {PACE_MS})"
+    )
+    demo.set_defaults(handler=run_demo)
