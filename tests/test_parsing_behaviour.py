@@ -3,37 +3,18 @@
 from __future__ import annotations
 
 import json
-from functools import cache
-from pathlib import Path
 
 import pytest
 
-from worker.core.model_dir import LoadedTokenizer, load_tokenizer
-from worker.core.parsing import ChatParsing, ParseRequest, TokenizerAdapter, adapter_for
+from tests.parsing_helpers import PROMPT, qwen3, splits
+from tests.parsing_helpers import qwen3_encode as encode
+from tests.parsing_helpers import qwen3_make as make
+from tests.parsing_helpers import qwen3_oneshot as oneshot
+from tests.parsing_helpers import qwen3_stream as stream
+from worker.core.parsing import ChatParsing, ParseRequest
 from worker.errors import ConfigurationError
 
-ROOT = Path(__file__).resolve().parents[1]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-
-
-@cache
-def qwen3() -> tuple[LoadedTokenizer, TokenizerAdapter]:
-    lt = load_tokenizer(ROOT / "samples" / "models" / "qwen3")
-    return lt, adapter_for(lt)
-
-
-def encode(text: str) -> list[int]:
-    ids: list[int] = qwen3()[0].backend.encode(text, add_special_tokens=False).ids
-    return ids
-
-
-def make(reasoning: str | None, tool: str | None) -> ChatParsing:
-    parsing = ChatParsing.create(
-        qwen3()[1], reasoning_parser=reasoning, tool_parser=tool, enable_auto_tool_choice=tool is not None
-    )
-    assert parsing is not None
-    return parsing
 
 
 def request(tools: bool) -> ParseRequest:
@@ -47,50 +28,6 @@ def request(tools: bool) -> ParseRequest:
     )
 
 
-def stream(parsing: ChatParsing, req: ParseRequest, chunks: list[list[int]]) -> dict[str, object]:
-    """Run records through a session; text per record is the cumulative-decode diff."""
-    lt = qwen3()[0]
-    session = parsing.new_stream(req, encode(PROMPT))
-    seen: list[int] = []
-    emitted = ""
-    reasoning, content = "", ""
-    args: dict[int, str] = {}
-    names: dict[int, str] = {}
-    finish = None
-    for n, chunk in enumerate(chunks):
-        seen.extend(chunk)
-        text = lt.backend.decode(seen, skip_special_tokens=False)
-        new = "" if text.endswith("\ufffd") else text[len(emitted) :]
-        if new:
-            emitted = text
-        last = n == len(chunks) - 1
-        delta, finish = session.step(new, chunk, "stop" if last else None)
-        if delta is None:
-            continue
-        reasoning += delta.reasoning or ""
-        content += delta.content or ""
-        for call in delta.tool_calls:
-            if call.function is not None:
-                if call.function.name is not None:
-                    names[call.index] = call.function.name
-                args[call.index] = args.get(call.index, "") + (call.function.arguments or "")
-    return {
-        "reasoning": reasoning or None,
-        "content": content or None,
-        "calls": [(names[i], args.get(i, "")) for i in sorted(names)],
-        "finish": finish,
-    }
-
-
-def oneshot(parsing: ChatParsing, req: ParseRequest, text: str) -> dict[str, object]:
-    msg = parsing.parse_full(text, encode(text), req, encode(PROMPT))
-    return {
-        "reasoning": msg.reasoning,
-        "content": msg.content,
-        "calls": [(c.name, c.arguments) for c in msg.tool_calls],
-    }
-
-
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
 SCENARIOS = {
     "qwen3": ("qwen3", None, "<think>\nplan a < b\n</think>\n\nThe answer is 4.", False),
@@ -99,13 +36,6 @@ SCENARIOS = {
     "hermes": (None, "hermes", "Let me check.\n" + CALL, True),
     "qwen3+hermes": ("qwen3", "hermes", "<think>\nneed weather\n</think>\n\n" + CALL, True),
 }
-
-
-def splits(ids: list[int]) -> list[list[list[int]]]:
-    """Every two-record split plus one record per token."""
-    out = [[ids[:k], ids[k:]] for k in range(1, len(ids))]
-    out.append([[i] for i in ids])
-    return out
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

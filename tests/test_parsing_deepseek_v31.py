@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from pathlib import Path
 from typing import Any
 
-from worker.core.model_dir import LoadedTokenizer, load_tokenizer
+from tests.parsing_helpers import create_parsing, encode_with, records, sample_tokenizer, stream_summary
+from worker.core.model_dir import LoadedTokenizer
 from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
 
-ROOT = Path(__file__).resolve().parents[1]
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
@@ -34,26 +33,17 @@ CALLS = (
 TEXT = "我来查询。" + CALLS
 
 
-@cache
 def tokenizer() -> LoadedTokenizer:
-    return load_tokenizer(ROOT / "samples" / "models" / "deepseek-v3")
+    return sample_tokenizer("deepseek-v3")
 
 
 def encode(text: str) -> list[int]:
-    ids: list[int] = tokenizer().backend.encode(text, add_special_tokens=False).ids
-    return ids
+    return encode_with(tokenizer(), text)
 
 
 @cache
 def parsing() -> ChatParsing:
-    made = ChatParsing.create(
-        adapter_for(tokenizer()),
-        reasoning_parser=None,
-        tool_parser="deepseek_v31",
-        enable_auto_tool_choice=True,
-    )
-    assert made is not None
-    return made
+    return create_parsing(adapter_for(tokenizer()), None, "deepseek_v31")
 
 
 def request(choice: str = "auto") -> ParseRequest:
@@ -61,37 +51,10 @@ def request(choice: str = "auto") -> ParseRequest:
 
 
 def stream(chunks: list[list[int]], req: ParseRequest | None = None, last: str = "stop") -> dict[str, Any]:
-    """Records carry the cumulative-decode diff of their ids, like the core's detokenizer."""
+    """Records carry the cumulative-decode diff of their ids (U+FFFD kept as text)."""
     session = parsing().new_stream(req or request(), [0])
-    seen: list[int] = []
-    emitted = ""
-    content = ""
-    names: dict[int, str] = {}
-    args: dict[int, str] = {}
-    ids_seen: list[str] = []
-    finish = None
-    for n, chunk in enumerate(chunks):
-        seen.extend(chunk)
-        text = tokenizer().backend.decode(seen, skip_special_tokens=False)
-        new = text[len(emitted) :]
-        emitted = text
-        delta, finish = session.step(new, chunk, last if n == len(chunks) - 1 else None)
-        if delta is None:
-            continue
-        content += delta.content or ""
-        for call in delta.tool_calls:
-            if call.id is not None:
-                ids_seen.append(call.id)
-            if call.function is not None:
-                if call.function.name is not None:
-                    names[call.index] = call.function.name
-                args[call.index] = args.get(call.index, "") + (call.function.arguments or "")
-    return {
-        "content": content or None,
-        "calls": [(names[i], args.get(i, "")) for i in sorted(names)],
-        "ids": ids_seen,
-        "finish": finish,
-    }
+    got = stream_summary(session, records(tokenizer(), chunks, hold_partial_utf8=False), last)
+    return {"content": got.content, "calls": got.calls, "ids": [i for _, i in got.ids], "finish": got.finish}
 
 
 def oneshot(text: str, req: ParseRequest | None = None) -> dict[str, Any]:

@@ -21,7 +21,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.test_parsing_qwen3_coder import encode, make, oneshot, qwen3, request, splits, stream
+from tests.parsing_helpers import qwen3, splits
+from tests.parsing_helpers import qwen3_encode as encode
+from tests.parsing_helpers import qwen3_make as make
+from tests.parsing_helpers import qwen3_oneshot as oneshot
+from tests.parsing_helpers import xml_request as request
+from tests.parsing_helpers import xml_stream as stream
 from worker.core.parsing import DeltaOut, ParseRequest
 from worker.core.parsing.registry import tool_parsers
 

@@ -12,14 +12,20 @@ Where vLLM's streaming and one-shot disagree, the tests say so.
 from __future__ import annotations
 
 import json
-from functools import cache
-from pathlib import Path
 from typing import Any
 
-from worker.core.model_dir import LoadedTokenizer, load_tokenizer
+from tests.parsing_helpers import (
+    create_parsing,
+    decode_with,
+    encode_with,
+    records,
+    sample_tokenizer,
+    splits,
+    stream_summary,
+)
+from worker.core.model_dir import LoadedTokenizer
 from worker.core.parsing import ChatParsing, ParseRequest, TokenizerAdapter, adapter_for
 
-ROOT = Path(__file__).resolve().parents[1]
 TOOLS = [
     {
         "type": "function",
@@ -50,30 +56,23 @@ CALLS = (
 TEXT = "Let me look.\n" + CALLS
 
 
-@cache
 def loaded() -> LoadedTokenizer:
-    return load_tokenizer(ROOT / "samples" / "models" / "qwen3")
+    return sample_tokenizer("qwen3")
 
 
 def encode(text: str) -> list[int]:
-    ids: list[int] = loaded().backend.encode(text, add_special_tokens=False).ids
-    return ids
+    return encode_with(loaded(), text)
 
 
 def decode(ids: list[int]) -> str:
-    text: str = loaded().backend.decode(ids, skip_special_tokens=False)
-    return text
+    return decode_with(loaded(), ids)
 
 
 def parsing(model_type: str | None = None, reasoning: str | None = None) -> ChatParsing:
     adapter: TokenizerAdapter = adapter_for(loaded())
     if model_type is not None:
         adapter.model_type = model_type
-    made = ChatParsing.create(
-        adapter, reasoning_parser=reasoning, tool_parser="kimi_k2", enable_auto_tool_choice=True
-    )
-    assert made is not None
-    return made
+    return create_parsing(adapter, reasoning, "kimi_k2")
 
 
 PARSING = parsing()
@@ -91,47 +90,18 @@ def stream(
 ) -> dict[str, Any]:
     """Records carry the cumulative-decode diff of their ids, like the core's detokenizer."""
     session = chat.new_stream(req or request(), encode("<|im_start|>assistant\n"))
-    seen: list[int] = []
-    emitted = ""
-    content = ""
-    names: dict[int, str] = {}
-    args: dict[int, str] = {}
-    ids: dict[int, str] = {}
-    finish = None
-    for n, chunk in enumerate(chunks):
-        seen.extend(chunk)
-        text = decode(seen)
-        new = "" if text.endswith("\ufffd") else text[len(emitted) :]
-        if new:
-            emitted = text
-        delta, finish = session.step(new, chunk, last if n == len(chunks) - 1 else None)
-        if delta is None:
-            continue
-        content += delta.content or ""
-        for tc in delta.tool_calls:
-            if tc.id is not None:
-                ids[tc.index] = tc.id
-            if tc.function is not None:
-                if tc.function.name is not None:
-                    names[tc.index] = tc.function.name
-                args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+    got = stream_summary(session, records(loaded(), chunks), last)
+    ids = dict(got.ids)  # the last id sent per call
     return {
-        "content": content or None,
-        "calls": [(ids.get(i), names[i], args.get(i, "")) for i in sorted(names)],
-        "finish": finish,
+        "content": got.content,
+        "calls": [(ids.get(i), got.names[i], got.args.get(i, "")) for i in sorted(got.names)],
+        "finish": got.finish,
     }
 
 
 def oneshot(text: str, req: ParseRequest | None = None, chat: ChatParsing = PARSING) -> dict[str, Any]:
     msg = chat.parse_full(text, encode(text), req or request(), None)
     return {"content": msg.content, "calls": [(c.id, c.name, c.arguments) for c in msg.tool_calls]}
-
-
-def splits(ids: list[int]) -> list[list[list[int]]]:
-    """Every two-record split plus one record per token."""
-    out = [[ids[:k], ids[k:]] for k in range(1, len(ids))]
-    out.append([[i] for i in ids])
-    return out
 
 
 def test_stream_matches_oneshot_at_every_split() -> None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_parsing_pythonic import adapter_for, encode, run_oneshot, run_stream, splits, tokenizer
-from worker.core.parsing import ChatParsing
+from tests.parsing_helpers import run_oneshot, run_stream, sample_tokenizer, splits
+from tests.parsing_helpers import sample_encode as encode
+from worker.core.parsing import ChatParsing, adapter_for
 from worker.core.parsing.tools.llama3_json import partial_loads
 from worker.errors import ConfigurationError
 
@@ -28,7 +29,7 @@ CALLS = [
 def test_needs_python_tag_token() -> None:
     with pytest.raises(ConfigurationError):
         ChatParsing.create(
-            adapter_for(tokenizer("llama-3")),
+            adapter_for(sample_tokenizer("llama-3")),
             reasoning_parser=None,
             tool_parser=NAME,
             enable_auto_tool_choice=True,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 
-from tests.test_parsing_pythonic import encode, run_oneshot, run_stream, splits
+from tests.parsing_helpers import run_oneshot, run_stream, splits
+from tests.parsing_helpers import sample_encode as encode
 
 NAME = "llama4_pythonic"
 WRAPPED = "<|python_start|>[get_weather(city='Zürich'), get_time(tz='Asia/Tokyo')]<|python_end|>"

@@ -13,16 +13,23 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-from worker.core.model_dir import LoadedTokenizer, load_tokenizer
+from tests.parsing_helpers import (
+    create_parsing,
+    decode_with,
+    encode_with,
+    records,
+    sample_tokenizer,
+    splits,
+    stream_summary,
+)
+from worker.core.model_dir import LoadedTokenizer
 from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
 from worker.core.parsing.tools.mistral import MistralToolParser, _JsonEvents, _JsonSyntaxError
 
-ROOT = Path(__file__).resolve().parents[1]
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
@@ -34,28 +41,21 @@ CALLS = (
 TEXT = "Let me check.[TOOL_CALLS] " + CALLS
 
 
-@cache
 def tokenizer() -> LoadedTokenizer:
-    return load_tokenizer(ROOT / "samples" / "models" / "mistral-7b-v0.3")
+    return sample_tokenizer("mistral-7b-v0.3")
 
 
 def encode(text: str) -> list[int]:
-    ids: list[int] = tokenizer().backend.encode(text, add_special_tokens=False).ids
-    return ids
+    return encode_with(tokenizer(), text)
 
 
 def decode(ids: list[int]) -> str:
-    text: str = tokenizer().backend.decode(ids, skip_special_tokens=False)
-    return text
+    return decode_with(tokenizer(), ids)
 
 
 @cache
 def parsing() -> ChatParsing:
-    made = ChatParsing.create(
-        adapter_for(tokenizer()), reasoning_parser=None, tool_parser="mistral", enable_auto_tool_choice=True
-    )
-    assert made is not None
-    return made
+    return create_parsing(adapter_for(tokenizer()), None, "mistral")
 
 
 def request(choice: Any = "auto") -> ParseRequest:
@@ -64,49 +64,13 @@ def request(choice: Any = "auto") -> ParseRequest:
 
 def stream(chunks: list[list[int]], req: ParseRequest | None = None, last: str = "stop") -> dict[str, Any]:
     """Records carry the cumulative-decode diff of their ids, like the core's detokenizer."""
-    session = parsing().new_stream(req or request(), [1])
-    seen: list[int] = []
-    emitted = ""
-    content = ""
-    names: dict[int, str] = {}
-    args: dict[int, str] = {}
-    ids: list[str] = []
-    finish = None
-    for n, chunk in enumerate(chunks):
-        seen.extend(chunk)
-        text = decode(seen)
-        new = "" if text.endswith("\ufffd") else text[len(emitted) :]
-        if new:
-            emitted = text
-        delta, finish = session.step(new, chunk, last if n == len(chunks) - 1 else None)
-        if delta is None:
-            continue
-        content += delta.content or ""
-        for call in delta.tool_calls:
-            if call.id is not None:
-                ids.append(call.id)
-            if call.function is not None:
-                if call.function.name is not None:
-                    names[call.index] = call.function.name
-                args[call.index] = args.get(call.index, "") + (call.function.arguments or "")
-    return {
-        "content": content or None,
-        "calls": [(names[i], args.get(i, "")) for i in sorted(names)],
-        "ids": ids,
-        "finish": finish,
-    }
+    got = stream_summary(parsing().new_stream(req or request(), [1]), records(tokenizer(), chunks), last)
+    return {"content": got.content, "calls": got.calls, "ids": [i for _, i in got.ids], "finish": got.finish}
 
 
 def oneshot(text: str, req: ParseRequest | None = None) -> dict[str, Any]:
     msg = parsing().parse_full(text, encode(text), req or request(), None)
     return {"content": msg.content, "calls": [(c.name, c.arguments) for c in msg.tool_calls]}
-
-
-def splits(ids: list[int]) -> list[list[list[int]]]:
-    """Every two-record split plus one record per token."""
-    out = [[ids[:k], ids[k:]] for k in range(1, len(ids))]
-    out.append([[i] for i in ids])
-    return out
 
 
 def test_stream_matches_oneshot_at_every_split() -> None:

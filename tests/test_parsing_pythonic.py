@@ -1,93 +1,18 @@
 """``pythonic`` tool parser beyond the golden files.
 
 Uses the real llama-3 tokenizer from ``samples/models`` (its calls are plain
-text tokens). Also holds the small stream harness the llama3_json and
-llama4_pythonic tests share.
+text tokens), through the tool-only harness of ``tests.parsing_helpers``.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from functools import cache
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from worker.core.model_dir import LoadedTokenizer, load_tokenizer
-from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
-
-ROOT = Path(__file__).resolve().parents[1]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-REQUEST = ParseRequest(tools=TOOLS, tool_choice="auto", parallel_tool_calls=None)
-
-
-@cache
-def tokenizer(model_dir: str) -> LoadedTokenizer:
-    return load_tokenizer(ROOT / "samples" / "models" / model_dir)
-
-
-def encode(model_dir: str, text: str) -> list[int]:
-    ids: list[int] = tokenizer(model_dir).backend.encode(text, add_special_tokens=False).ids
-    return ids
-
-
-def parsing(model_dir: str, name: str) -> ChatParsing:
-    made = ChatParsing.create(
-        adapter_for(tokenizer(model_dir)),
-        reasoning_parser=None,
-        tool_parser=name,
-        enable_auto_tool_choice=True,
-    )
-    assert made is not None
-    return made
-
-
-def run_stream(model_dir: str, name: str, chunks: list[list[int]], finish: str = "stop") -> dict[str, Any]:
-    """Records through a session (text = cumulative-decode diff); the summed output."""
-    lt = tokenizer(model_dir)
-    session = parsing(model_dir, name).new_stream(REQUEST, [1])
-    seen: list[int] = []
-    emitted = ""
-    content = ""
-    names: dict[int, str] = {}
-    args: dict[int, str] = {}
-    reason = None
-    for n, chunk in enumerate(chunks):
-        seen.extend(chunk)
-        text = lt.backend.decode(seen, skip_special_tokens=False)
-        new = "" if text.endswith("\ufffd") else text[len(emitted) :]
-        if new:
-            emitted = text
-        delta, reason = session.step(new, chunk, finish if n == len(chunks) - 1 else None)
-        if delta is None:
-            continue
-        content += delta.content or ""
-        for call in delta.tool_calls:
-            assert call.function is not None
-            if call.function.name is not None:
-                assert call.index not in names, "a call's name is sent once"
-                names[call.index] = call.function.name
-            args[call.index] = args.get(call.index, "") + (call.function.arguments or "")
-    return {
-        "content": content or None,
-        "calls": [(names[i], args.get(i, "")) for i in sorted(names)],
-        "finish": reason,
-    }
-
-
-def run_oneshot(model_dir: str, name: str, text: str) -> dict[str, Any]:
-    message = parsing(model_dir, name).parse_full(text, encode(model_dir, text), REQUEST, [1])
-    return {"content": message.content, "calls": [(c.name, c.arguments) for c in message.tool_calls]}
-
-
-def splits(ids: list[int]) -> list[list[list[int]]]:
-    """The id list cut in two at every position (plus one record per id)."""
-    out = [[ids[:k], ids[k:]] for k in range(1, len(ids))]
-    out.append([[i] for i in ids])
-    return out
-
+from tests.parsing_helpers import run_oneshot, run_stream, splits
+from tests.parsing_helpers import sample_encode as encode
 
 CALLS = "[get_weather(city='Paris', unit=\"celsius\"), get_time(tz='Europe/Paris', n=-2, ok=true)]"
 

@@ -11,166 +11,25 @@ behaviour, checked against vLLM's own parser-engine code (its
 ``Qwen3Parser``/``Glm47MoeParser`` run under the tool adapter's calls) on
 these and on thousands of generated outputs.
 
-The helpers here are shared with the ``qwen3_xml`` and ``glm45`` test modules.
+The harness (shared with the ``qwen3_xml`` and ``glm45`` tests) is the
+XML-tool one of ``tests.parsing_helpers``.
 """
 
 from __future__ import annotations
 
 import json
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from worker.core.model_dir import LoadedTokenizer, load_tokenizer
-from worker.core.parsing import ChatParsing, DeltaOut, ParseRequest, TokenizerAdapter, adapter_for
+from tests.parsing_helpers import qwen3_encode as encode
+from tests.parsing_helpers import qwen3_make as make
+from tests.parsing_helpers import qwen3_oneshot as oneshot
+from tests.parsing_helpers import qwen3_stream_deltas as stream_deltas
+from tests.parsing_helpers import splits
+from tests.parsing_helpers import xml_request as request
+from tests.parsing_helpers import xml_stream as stream
 from worker.core.parsing.registry import tool_parsers
-
-ROOT = Path(__file__).resolve().parents[1]
-PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "write_file",
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "run_tests",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string"},
-                    "max_failures": {"type": "integer"},
-                    "verbose": {"type": "boolean"},
-                },
-            },
-        },
-    },
-]
-
-
-@cache
-def qwen3() -> tuple[LoadedTokenizer, TokenizerAdapter]:
-    lt = load_tokenizer(ROOT / "samples" / "models" / "qwen3")
-    return lt, adapter_for(lt)
-
-
-def encode(text: str) -> list[int]:
-    ids: list[int] = qwen3()[0].backend.encode(text, add_special_tokens=False).ids
-    return ids
-
-
-def make(reasoning: str | None, tool: str | None) -> ChatParsing:
-    parsing = ChatParsing.create(
-        qwen3()[1], reasoning_parser=reasoning, tool_parser=tool, enable_auto_tool_choice=tool is not None
-    )
-    assert parsing is not None
-    return parsing
-
-
-def request(
-    tools: list[dict[str, Any]] | None = TOOLS,
-    choice: str | dict[str, Any] = "auto",
-    kwargs: dict[str, Any] | None = None,
-) -> ParseRequest:
-    return ParseRequest(
-        tools=tools,
-        tool_choice=choice,
-        parallel_tool_calls=None,
-        include_reasoning=True,
-        chat_template_kwargs=kwargs or {},
-        messages=[],
-    )
-
-
-def records(chunks: list[list[int]]) -> list[tuple[str, list[int]]]:
-    """(text, ids) per record; text is the cumulative-decode difference (partial UTF-8 held)."""
-    lt = qwen3()[0]
-    out: list[tuple[str, list[int]]] = []
-    seen: list[int] = []
-    emitted = ""
-    for chunk in chunks:
-        seen.extend(chunk)
-        text = lt.backend.decode(seen, skip_special_tokens=False)
-        new = "" if text.endswith("\ufffd") else text[len(emitted) :]
-        if new:
-            emitted = text
-        out.append((new, chunk))
-    return out
-
-
-def stream_deltas(
-    parsing: ChatParsing, req: ParseRequest, chunks: list[list[int]], finish: str = "stop"
-) -> tuple[list[DeltaOut | None], str | None]:
-    session = parsing.new_stream(req, encode(PROMPT))
-    deltas: list[DeltaOut | None] = []
-    resolved = None
-    recs = records(chunks)
-    for n, (text, ids) in enumerate(recs):
-        delta, resolved = session.step(text, ids, finish if n == len(recs) - 1 else None)
-        deltas.append(delta)
-    return deltas, resolved
-
-
-def summarize(deltas: list[DeltaOut | None]) -> dict[str, Any]:
-    """Concatenated reasoning/content and per-call (name, arguments); ids must be unique per call."""
-    reasoning, content = "", ""
-    names: dict[int, str] = {}
-    args: dict[int, str] = {}
-    ids: dict[int, str] = {}
-    for delta in deltas:
-        if delta is None:
-            continue
-        reasoning += delta.reasoning or ""
-        content += delta.content or ""
-        for call in delta.tool_calls:
-            if call.id is not None:
-                assert call.index not in ids, "a call id is sent once"
-                ids[call.index] = call.id
-            if call.function is not None:
-                if call.function.name is not None:
-                    names[call.index] = call.function.name
-                args[call.index] = args.get(call.index, "") + (call.function.arguments or "")
-    assert set(ids) == set(names)
-    return {
-        "reasoning": reasoning or None,
-        "content": content or None,
-        "calls": [(names[i], args.get(i, "")) for i in sorted(names)],
-    }
-
-
-def stream(
-    parsing: ChatParsing, req: ParseRequest, chunks: list[list[int]], finish: str = "stop"
-) -> dict[str, Any]:
-    deltas, resolved = stream_deltas(parsing, req, chunks, finish)
-    out = summarize(deltas)
-    out["finish"] = resolved
-    return out
-
-
-def oneshot(parsing: ChatParsing, req: ParseRequest, text: str) -> dict[str, Any]:
-    msg = parsing.parse_full(text, encode(text), req, encode(PROMPT))
-    return {
-        "reasoning": msg.reasoning,
-        "content": msg.content,
-        "calls": [(c.name, c.arguments) for c in msg.tool_calls],
-    }
-
-
-def splits(ids: list[int]) -> list[list[list[int]]]:
-    """Every two-record split plus one record per token."""
-    out = [[ids[:k], ids[k:]] for k in range(1, len(ids))]
-    out.append([[i] for i in ids])
-    return out
-
 
 # -- qwen3_coder ---------------------------------------------------------------
 

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_parsing_qwen3_coder import encode, make, oneshot, request, splits, stream
+from tests.parsing_helpers import qwen3_encode as encode
+from tests.parsing_helpers import qwen3_make as make
+from tests.parsing_helpers import qwen3_oneshot as oneshot
+from tests.parsing_helpers import splits
+from tests.parsing_helpers import xml_request as request
+from tests.parsing_helpers import xml_stream as stream
 
 THINK_THEN_CALL = (
     "<think>\nI need the tests.\n</think>\n\nRunning them.\n"

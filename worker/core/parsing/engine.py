@@ -10,14 +10,14 @@ optional deferral of trailing reasoning whitespace).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from worker.core.parsing.base import ReasoningParser
-from worker.core.parsing.lexer import MarkerLexer
-from worker.core.parsing.scanner import DROP, IdMarker, IdScanner
+from worker.core.parsing.lexer import Piece
+from worker.core.parsing.scanner import DROP, MarkerSplitter
 from worker.core.parsing.types import DeltaOut, ParserTokenizer
 
 
@@ -62,6 +62,107 @@ class Grammar:
         )
 
 
+S = TypeVar("S")
+E = TypeVar("E")
+
+
+def reasoning_only_markers(
+    transitions: Mapping[tuple[S, str], tuple[S, tuple[E, ...]]],
+    reasoning: S,
+    plain_states: frozenset[S],
+    tool_states: frozenset[S],
+    marker_events: frozenset[E],
+) -> frozenset[str]:
+    """Tool grammars: the markers that only open/close reasoning (text when no reasoning parser runs).
+
+    A marker qualifies when it leads into or out of ``reasoning`` (not into
+    a tool state); the set is empty when any of them also does anything
+    else: a transition outside ``plain_states`` or events beyond ``marker_events``.
+    """
+    items = transitions.items()
+    markers = frozenset(
+        marker for (state, marker), (nxt, _) in items if reasoning in (state, nxt) and nxt not in tool_states
+    )
+    for (state, marker), (nxt, events) in items:
+        if marker in markers and (
+            state not in plain_states or nxt not in plain_states or not marker_events.issuperset(events)
+        ):
+            return frozenset()
+    return markers
+
+
+class ContentHold:
+    """The parser engine's content shaping, shared by the reasoning and the tool adapters.
+
+    ``held`` is content not sent yet: text that followed a tool event in its
+    record (the tool adapters add it themselves) and, until non-whitespace
+    content has been sent, whitespace-only content, which waits for what
+    follows (or is dropped once tool calls exist, where the grammar says so).
+    """
+
+    __slots__ = ("held", "seen_text")
+
+    def __init__(self) -> None:
+        self.held = ""
+        self.seen_text = False  # non-whitespace content sent
+
+    def take(
+        self,
+        parts: list[str],
+        carried: str,
+        *,
+        release: bool,
+        calls_exist: bool = False,
+        drop_ws_with_calls: bool = True,
+        finished: bool,
+    ) -> str:
+        """This record's content from its text ``parts``.
+
+        ``carried`` is what was held when the record began; with ``release``
+        held text goes out now: the carried part first, text held during
+        this record last.
+        """
+        if self.held and release:
+            fresh = self.held[len(carried) :]
+            if carried:
+                parts.insert(0, carried)
+            if fresh:
+                parts.append(fresh)
+            self.held = ""
+        text = "".join(parts)
+        if not self.seen_text and text:
+            if text.strip():
+                self.seen_text = True
+            elif calls_exist:
+                if drop_ws_with_calls:
+                    text = ""
+            elif not finished:
+                self.held = text
+                text = ""
+        return text
+
+
+def hold_trailing_reasoning_ws(
+    delta: DeltaOut | None, held: str, *, reasoning_ended: bool
+) -> tuple[DeltaOut | None, str]:
+    """The parser engine's output shaping: trailing reasoning whitespace waits for more reasoning.
+
+    ``held`` is the whitespace held so far; returns the delta to send (None
+    when nothing is left of it) and the whitespace now held. Held whitespace
+    is dropped by a delta without reasoning once ``reasoning_ended``.
+    """
+    if delta is not None and delta.reasoning is not None:
+        combined = held + delta.reasoning
+        trimmed = combined.rstrip()
+        held = combined[len(trimmed) :]
+        delta.reasoning = trimmed or None
+        if delta.reasoning is None and delta.content is None and not delta.tool_calls:
+            return None, held
+    elif held and reasoning_ended:
+        held = ""
+    return delta, held
+
+
 class EngineReasoningParser(ReasoningParser):
     """Shared implementation; subclasses pick a :class:`Grammar` in :meth:`grammar`."""
 
@@ -71,23 +172,8 @@ class EngineReasoningParser(ReasoningParser):
         super().__init__(tokenizer, chat_template_kwargs)
         self.g = self.grammar(tokenizer, chat_template_kwargs)
         vocab = tokenizer.get_vocab()
-        configured = set(self.g.markers.values())
-        id_markers: dict[int, str] = {}
-        for name in self.g.id_markers:
-            token_id = vocab.get(self.g.markers[name])
-            if token_id is not None:
-                id_markers[token_id] = name
         # Special tokens outside the grammar are dropped by the engine.
-        drop_literals: list[tuple[str, str]] = []
-        for token_id in sorted(tokenizer.special_ids):
-            text = tokenizer.id_to_token(token_id)
-            if text is None or text in configured:
-                continue
-            id_markers.setdefault(token_id, DROP)
-            drop_literals.append((DROP, text))
-        self._id_marker_names = frozenset(id_markers.values())
-        self._lexer = MarkerLexer([*self.g.markers.items(), *drop_literals])
-        self._scanner = IdScanner(tokenizer, id_markers)
+        self._splitter = MarkerSplitter(tokenizer, self.g.markers, self.g.id_markers)
         self._start_id = self._marker_id(vocab, "THINK_START")
         self._end_id = self._marker_id(vocab, "THINK_END")
         self._end_ids = self._resolve_end_ids(vocab)
@@ -125,12 +211,9 @@ class EngineReasoningParser(ReasoningParser):
     def _reset(self) -> None:
         self.state = State.CONTENT if self._prompt_closes else self.g.initial
         self.ended = not self.g.has_reasoning or self._prompt_closes
-        self._had_ids = False
-        self._lexer.reset()
-        self._scanner.reset()
-        self._deferred_content = ""
+        self._splitter.reset()
+        self._content = ContentHold()
         self._deferred_reasoning = ""
-        self._content_seen = False
 
     def set_prompt_token_ids(self, prompt_token_ids: Sequence[int]) -> None:
         # Only grammars with turn boundaries can tell this turn's closed block
@@ -179,37 +262,22 @@ class EngineReasoningParser(ReasoningParser):
 
     def _feed(self, text: str, ids: Sequence[int]) -> list[tuple[str, str]]:
         """Events: ("reasoning"|"content", text) and ("end", "")."""
-        if ids:
-            self._had_ids = True
         events: list[tuple[str, str]] = []
-        for item in self._scanner.scan(text, ids):
-            if isinstance(item, IdMarker):
-                self._lexed(self._lexer.flush(), events)
-                self._marker(item.name, item.text, events)
-            else:
-                self._lexed(self._lexer.feed(item), events)
+        self._pieces(self._splitter.feed(text, ids), events)
         return events
 
     def _finish(self) -> list[tuple[str, str]]:
         events: list[tuple[str, str]] = []
-        for item in self._scanner.flush():
-            if isinstance(item, IdMarker):
-                self._lexed(self._lexer.flush(), events)
-                self._marker(item.name, item.text, events)
-            elif item:
-                self._lexed(self._lexer.feed(item), events)
-        self._lexed(self._lexer.flush(), events)
+        self._pieces(self._splitter.finish(), events)
         if self.state is State.REASONING:
             events.append(("end", ""))
             self.state = State.CONTENT
         return events
 
-    def _lexed(self, pieces: list[tuple[str | None, str]], events: list[tuple[str, str]]) -> None:
+    def _pieces(self, pieces: list[Piece], events: list[tuple[str, str]]) -> None:
         for name, text in pieces:
-            # With ids, only the id scanner may produce the id-matched markers.
-            if name is None or (self._had_ids and name in self._id_marker_names):
-                if text:
-                    events.append((self.state.value, text))
+            if name is None:
+                events.append((self.state.value, text))
             else:
                 self._marker(name, text, events)
 
@@ -235,8 +303,9 @@ class EngineReasoningParser(ReasoningParser):
     # -- output shaping ------------------------------------------------
 
     def _to_delta(self, events: list[tuple[str, str]], finished: bool = False) -> DeltaOut | None:
-        if not events and not self._deferred_content:
+        if not events and not self._content.held:
             return None
+        carried = self._content.held
         content: list[str] = []
         reasoning: list[str] = []
         for kind, text in events:
@@ -246,17 +315,7 @@ class EngineReasoningParser(ReasoningParser):
                 reasoning.append(text)
             else:
                 self.ended = True
-        if self._deferred_content:
-            content.insert(0, self._deferred_content)
-            self._deferred_content = ""
-        content_text = "".join(content)
-        if not self._content_seen and content_text:
-            if content_text.strip():
-                self._content_seen = True
-            elif not finished:
-                # Whitespace-only content waits until something else shows.
-                self._deferred_content = content_text
-                content_text = ""
+        content_text = self._content.take(content, carried, release=True, finished=finished)
         reasoning_text = "".join(reasoning)
         if content_text or reasoning_text:
             return DeltaOut(reasoning=reasoning_text or None, content=content_text or None)
@@ -265,15 +324,9 @@ class EngineReasoningParser(ReasoningParser):
     def _strip_trailing(self, delta: DeltaOut | None) -> DeltaOut | None:
         if not self.g.strip_trailing_reasoning_ws:
             return delta
-        if delta is not None and delta.reasoning is not None:
-            combined = self._deferred_reasoning + delta.reasoning
-            trimmed = combined.rstrip()
-            self._deferred_reasoning = combined[len(trimmed) :]
-            delta.reasoning = trimmed or None
-            if delta.reasoning is None and delta.content is None and not delta.tool_calls:
-                return None
-        elif self._deferred_reasoning and self.ended:
-            self._deferred_reasoning = ""
+        delta, self._deferred_reasoning = hold_trailing_reasoning_ws(
+            delta, self._deferred_reasoning, reasoning_ended=self.ended
+        )
         return delta
 
     # -- ReasoningParser -----------------------------------------------
@@ -301,6 +354,6 @@ class EngineReasoningParser(ReasoningParser):
 
     def finish_stream(self) -> DeltaOut | None:
         events = self._finish()
-        if events or self._deferred_content:
+        if events or self._content.held:
             return self._to_delta(events, finished=True)
         return None

@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from worker.core.parsing.ids import random_tool_call_id
-from worker.core.parsing.types import DeltaOut, FunctionDeltaOut, ToolCallDeltaOut
+from worker.core.parsing.deltas import args_delta, name_delta
+from worker.core.parsing.types import DeltaOut, ToolCallDeltaOut
 
 
 def parse_required_array(content: str) -> list[tuple[str, str]] | None:
@@ -43,15 +43,7 @@ def parse_required_array(content: str) -> list[tuple[str, str]] | None:
 
 def named_stream_delta(delta_text: str, function_name: str, name_sent: bool) -> tuple[DeltaOut, bool]:
     """Forced named call: the whole output is the arguments of one call."""
-    if name_sent:
-        call = ToolCallDeltaOut(index=0, function=FunctionDeltaOut(arguments=delta_text))
-    else:
-        call = ToolCallDeltaOut(
-            index=0,
-            id=random_tool_call_id(),
-            type="function",
-            function=FunctionDeltaOut(name=function_name, arguments=delta_text),
-        )
+    call = args_delta(0, delta_text) if name_sent else name_delta(0, function_name, delta_text)
     return DeltaOut(tool_calls=[call]), True
 
 
@@ -191,15 +183,8 @@ def required_stream_delta(previous_text: str, current_text: str) -> tuple[DeltaO
         if span.ready_at(sent):
             new = current_text[min(end, sent) : end]
             if new:
-                calls.append(ToolCallDeltaOut(index=index, function=FunctionDeltaOut(arguments=new)))
+                calls.append(args_delta(index, new))
             continue
-        calls.append(
-            ToolCallDeltaOut(
-                index=index,
-                id=random_tool_call_id(),
-                type="function",
-                function=FunctionDeltaOut(name=span.name, arguments=current_text[span.args_start : end]),
-            )
-        )
+        calls.append(name_delta(index, span.name, current_text[span.args_start : end]))
     announced = any(span.ready for span in spans)
     return (DeltaOut(tool_calls=calls) if calls else None), announced

@@ -8,9 +8,10 @@ detokenizer) waits for a later record.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from worker.core.parsing.lexer import MarkerLexer, Piece
 from worker.core.parsing.types import ParserTokenizer
 
 DROP = "__drop__"
@@ -23,6 +24,32 @@ class IdMarker:
 
 
 Item = str | IdMarker
+
+
+def engine_id_markers(
+    tokenizer: ParserTokenizer, markers: Mapping[str, str], by_id: Iterable[str]
+) -> tuple[dict[int, str], list[tuple[str, str]]]:
+    """The parser engine's token-id map and its extra lexer literals.
+
+    ``by_id`` names the markers recognised by token id. Every other special
+    token the grammar does not spell vanishes: it maps to :data:`DROP` by id
+    and comes back as a ``(DROP, text)`` literal for the lexer.
+    """
+    vocab = tokenizer.get_vocab()
+    id_map: dict[int, str] = {}
+    for name in by_id:
+        token_id = vocab.get(markers[name])
+        if token_id is not None:
+            id_map[token_id] = name
+    configured = set(markers.values())
+    drops: list[tuple[str, str]] = []
+    for token_id in sorted(tokenizer.special_ids):
+        text = tokenizer.id_to_token(token_id)
+        if text is None or text in configured:
+            continue
+        id_map.setdefault(token_id, DROP)
+        drops.append((DROP, text))
+    return id_map, drops
 
 
 class IdScanner:
@@ -141,3 +168,60 @@ class IdScanner:
         if used < len(text):
             out.append(text[used:])
         return out
+
+
+class MarkerSplitter:
+    """The engine front end of ``engine`` and ``_tool_engine``: :class:`IdScanner`, then :class:`MarkerLexer`.
+
+    Records come out as pieces ``(marker name, text)``, name None for plain
+    text (never empty). Once a record has carried ids, a marker that has a
+    token id only counts when it came as that id: spelled out, it is text.
+    (``_xml_engine`` keeps its own id splitter: it also counts the ids behind
+    each text run, which its tool events need.)
+    """
+
+    def __init__(self, tokenizer: ParserTokenizer, markers: Mapping[str, str], by_id: Iterable[str]) -> None:
+        id_map, drops = engine_id_markers(tokenizer, markers, by_id)
+        #: whether special tokens outside the grammar are dropped (as :data:`DROP` markers)
+        self.has_drops = bool(drops)
+        self._by_id = frozenset(id_map.values())
+        self._lexer = MarkerLexer([*markers.items(), *drops])
+        self._scanner = IdScanner(tokenizer, id_map)
+        self._had_ids = False
+
+    def reset(self) -> None:
+        self._had_ids = False
+        self._lexer.reset()
+        self._scanner.reset()
+
+    def feed(self, text: str, ids: Sequence[int]) -> list[Piece]:
+        if ids:
+            self._had_ids = True
+        out: list[Piece] = []
+        for item in self._scanner.scan(text, ids):
+            if isinstance(item, IdMarker):
+                self._lexed(self._lexer.flush(), out)
+                out.append((item.name, item.text))
+            else:
+                self._lexed(self._lexer.feed(item), out)
+        return out
+
+    def finish(self) -> list[Piece]:
+        """Everything held back (markers waiting for their text, partial markers)."""
+        out: list[Piece] = []
+        for item in self._scanner.flush():
+            if isinstance(item, IdMarker):
+                self._lexed(self._lexer.flush(), out)
+                out.append((item.name, item.text))
+            elif item:
+                self._lexed(self._lexer.feed(item), out)
+        self._lexed(self._lexer.flush(), out)
+        return out
+
+    def _lexed(self, pieces: list[Piece], out: list[Piece]) -> None:
+        for name, text in pieces:
+            if name is None or (self._had_ids and name in self._by_id):
+                if text:
+                    out.append((None, text))
+            else:
+                out.append((name, text))

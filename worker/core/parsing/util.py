@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def partial_tag_overlap(text: str, tag: str) -> int:
     """Length of the longest proper prefix of ``tag`` that ends ``text``."""
@@ -9,3 +11,12 @@ def partial_tag_overlap(text: str, tag: str) -> int:
         if text.endswith(tag[:k]):
             return k
     return 0
+
+
+def thinking_requested(chat_template_kwargs: dict[str, Any]) -> bool:
+    """The ``thinking``/``enable_thinking`` switches of GLM and Kimi: on unless set, else either one."""
+    thinking = chat_template_kwargs.get("thinking")
+    enable = chat_template_kwargs.get("enable_thinking")
+    if thinking is None and enable is None:
+        return True
+    return bool(thinking) or bool(enable)

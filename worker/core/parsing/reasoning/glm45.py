@@ -13,10 +13,14 @@ from typing import Any
 from worker.core.parsing.engine import Action, EngineReasoningParser, Grammar, State
 from worker.core.parsing.registry import reasoning_parser
 from worker.core.parsing.types import ParserTokenizer
+from worker.core.parsing.util import thinking_requested
 
 R, C = State.REASONING, State.CONTENT
 
-_TOOL_LITERALS = {
+#: vLLM's ``Glm47MoeParser`` markup, shared with the ``glm45`` tool grammar
+#: (the think markers only exist while thinking is on).
+GLM_THINK_MARKERS = {"THINK_START": "<think>", "THINK_END": "</think>"}
+GLM_TOOL_MARKERS = {
     "TOOL_START": "<tool_call>",
     "TOOL_END": "</tool_call>",
     "ARG_KEY_START": "<arg_key>",
@@ -27,7 +31,7 @@ _TOOL_LITERALS = {
 
 
 def glm45_grammar(thinking: bool) -> Grammar:
-    think = {"THINK_START": "<think>", "THINK_END": "</think>"} if thinking else {}
+    think = dict(GLM_THINK_MARKERS) if thinking else {}
     actions = {(R, "TOOL_START"): Action.CLOSE_KEEP}
     if thinking:
         actions.update(
@@ -39,7 +43,7 @@ def glm45_grammar(thinking: bool) -> Grammar:
             }
         )
     return Grammar(
-        markers={**think, **_TOOL_LITERALS},
+        markers={**think, **GLM_TOOL_MARKERS},
         id_markers=(*think, "TOOL_START", "TOOL_END"),
         actions=actions,
         initial=R if thinking else C,
@@ -50,19 +54,12 @@ def glm45_grammar(thinking: bool) -> Grammar:
     )
 
 
-def _thinking(chat_template_kwargs: dict[str, Any]) -> bool:
-    thinking = chat_template_kwargs.get("thinking")
-    enable = chat_template_kwargs.get("enable_thinking")
-    if thinking is None and enable is None:
-        return True
-    return bool(thinking) or bool(enable)
-
-
 @reasoning_parser("glm45", "glm47")
 class Glm45ReasoningParser(EngineReasoningParser):
     @classmethod
     def grammar(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> Grammar:
-        return glm45_grammar(_thinking(chat_template_kwargs))
+        return glm45_grammar(thinking_requested(chat_template_kwargs))
 
     def thinking_enabled(self) -> bool:
-        return _thinking(self.chat_template_kwargs)
+        # Unlike tools/glm45.thinking_enabled, no "template always thinks" override here.
+        return thinking_requested(self.chat_template_kwargs)

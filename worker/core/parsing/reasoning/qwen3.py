@@ -16,22 +16,27 @@ from worker.core.parsing.types import ParserTokenizer
 
 R, C = State.REASONING, State.CONTENT
 
+#: vLLM's ``Qwen3Parser`` markup, shared with the ``qwen3_coder`` tool grammar.
+QWEN3_MARKERS = {
+    "THINK_START": "<think>",
+    "THINK_END": "</think>",
+    "TOOL_START": "<tool_call>",
+    "TOOL_END": "</tool_call>",
+    # Tool-call grammar literals (with tools off only their hold-back is visible).
+    "FUNC_PREFIX": "<function=",
+    "FUNC_END": "</function>",
+    "PARAM_START": "<parameter=",
+    "PARAM_END": "</parameter>",
+    "CLOSE_ANGLE": ">",
+}
+#: the markers matched by token id
+QWEN3_ID_MARKERS = ("THINK_START", "THINK_END", "TOOL_START", "TOOL_END")
+
 
 def qwen3_grammar(thinking: bool) -> Grammar:
     return Grammar(
-        markers={
-            "THINK_START": "<think>",
-            "THINK_END": "</think>",
-            "TOOL_START": "<tool_call>",
-            "TOOL_END": "</tool_call>",
-            # Tool-call grammar literals: only their hold-back is visible here.
-            "FUNC_PREFIX": "<function=",
-            "FUNC_END": "</function>",
-            "PARAM_START": "<parameter=",
-            "PARAM_END": "</parameter>",
-            "CLOSE_ANGLE": ">",
-        },
-        id_markers=("THINK_START", "THINK_END", "TOOL_START", "TOOL_END"),
+        markers=dict(QWEN3_MARKERS),
+        id_markers=QWEN3_ID_MARKERS,
         actions={
             (R, "THINK_START"): Action.CONSUME,
             (R, "THINK_END"): Action.CLOSE,

@@ -19,8 +19,9 @@ import re
 import warnings
 from typing import Any
 
+from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
-from worker.core.parsing.types import DeltaOut, FunctionDeltaOut, ToolCallDeltaOut, ToolCallOut
+from worker.core.parsing.types import DeltaOut, ToolCallDeltaOut, ToolCallOut
 
 _NAME_RE = re.compile(r"[a-zA-Z]+\w*")
 _CLOSE_LIST_RE = re.compile(r"\)\s*\]")
@@ -298,18 +299,11 @@ class PythonicStream:
                     args = args[: -len(withheld)]
             sent = self._streamed[index]
             if not sent:
-                deltas.append(
-                    ToolCallDeltaOut(
-                        index=index,
-                        id=random_tool_call_id(),
-                        type="function",
-                        function=FunctionDeltaOut(name=name, arguments=args),
-                    )
-                )
+                deltas.append(name_delta(index, name, args))
                 self._streamed[index] += args
             elif len(args) > len(sent):
                 diff = args[len(sent) :]
-                deltas.append(ToolCallDeltaOut(index=index, function=FunctionDeltaOut(arguments=diff)))
+                deltas.append(args_delta(index, diff))
                 self._streamed[index] += diff
         return deltas
 

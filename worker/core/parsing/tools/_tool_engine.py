@@ -14,20 +14,21 @@ not (vLLM disagrees with itself there, and so do we).
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from worker.core.parsing.base import ToolParser
+from worker.core.parsing.deltas import args_delta, coalesce, name_delta
+from worker.core.parsing.engine import ContentHold, hold_trailing_reasoning_ws, reasoning_only_markers
 from worker.core.parsing.ids import kimi_tool_call_id, random_tool_call_id
-from worker.core.parsing.lexer import MarkerLexer
-from worker.core.parsing.scanner import DROP, IdMarker, IdScanner
+from worker.core.parsing.lexer import Piece
+from worker.core.parsing.scanner import DROP, MarkerSplitter
+from worker.core.parsing.tools._schema import fix_arg_types
 from worker.core.parsing.types import (
     DeltaOut,
     ExtractedCalls,
-    FunctionDeltaOut,
     ParseRequest,
     ParserTokenizer,
     ToolCallDeltaOut,
@@ -79,76 +80,31 @@ class _ToolEngine:
 
     def __init__(self, tokenizer: ParserTokenizer, grammar: ToolGrammar, initial: str) -> None:
         self.g = grammar
-        vocab = tokenizer.get_vocab()
-        id_map: dict[int, str] = {}
-        for name in grammar.id_markers:
-            token_id = vocab.get(grammar.markers[name])
-            if token_id is not None:
-                id_map[token_id] = name
-        configured = set(grammar.markers.values())
-        drops: list[tuple[str, str]] = []
-        for token_id in sorted(tokenizer.special_ids):
-            text = tokenizer.id_to_token(token_id)
-            if text is None or text in configured:
-                continue
-            id_map.setdefault(token_id, DROP)
-            drops.append((DROP, text))
-        self._has_drops = bool(drops)
-        self._strict = frozenset(id_map.values())
-        self._lexer = MarkerLexer([*grammar.markers.items(), *drops])
-        self._scanner = IdScanner(tokenizer, id_map)
-        self._reasoning_markup = self._reasoning_markers()
+        self._splitter = MarkerSplitter(tokenizer, grammar.markers, grammar.id_markers)
+        # Only markers purely about reasoning pass through as text without a reasoning parser.
+        self._reasoning_markup = reasoning_only_markers(
+            grammar.transitions, REASONING, _PLAIN_STATES, _TOOL_STATES, frozenset({THINK_END})
+        )
         self.skip_reasoning_parsing = False
         self.reset(initial)
-
-    def _reasoning_markers(self) -> frozenset[str]:
-        # Only markers that are purely about reasoning may be passed through
-        # as text when no reasoning parser is configured.
-        items = self.g.transitions.items()
-        markers = frozenset(
-            marker
-            for (state, marker), (nxt, _) in items
-            if REASONING in (state, nxt) and nxt not in _TOOL_STATES
-        )
-        for (state, marker), (nxt, events) in items:
-            if marker in markers and (
-                state not in _PLAIN_STATES or nxt not in _PLAIN_STATES or not set(events) <= {THINK_END}
-            ):
-                return frozenset()
-        return markers
 
     def reset(self, state: str) -> None:
         self.state = state
         self.tool_index = -1
-        self._had_ids = False
-        self._lexer.reset()
-        self._scanner.reset()
+        self._splitter.reset()
         self._args = ""  # argument text not released yet
         self._depth = 0
         self._in_string = False
         self._escape = False
 
     def feed(self, text: str, ids: Sequence[int]) -> list[Event]:
-        if ids:
-            self._had_ids = True
         events: list[Event] = []
-        for item in self._scanner.scan(text, ids):
-            if isinstance(item, IdMarker):
-                self._pieces(self._lexer.flush(), events)
-                self._terminal(item.name, item.text, events)
-            else:
-                self._pieces(self._lexer.feed(item), events)
+        self._pieces(self._splitter.feed(text, ids), events)
         return events
 
     def finish(self) -> list[Event]:
         events: list[Event] = []
-        for item in self._scanner.flush():
-            if isinstance(item, IdMarker):
-                self._pieces(self._lexer.flush(), events)
-                self._terminal(item.name, item.text, events)
-            elif item:
-                self._pieces(self._lexer.feed(item), events)
-        self._pieces(self._lexer.flush(), events)
+        self._pieces(self._splitter.finish(), events)
         if self._args:
             events.append((ARG, self._args, self.tool_index))
             self._args = ""
@@ -161,19 +117,17 @@ class _ToolEngine:
             self.state = CONTENT
         return events
 
-    def _pieces(self, pieces: list[tuple[str | None, str]], events: list[Event]) -> None:
+    def _pieces(self, pieces: list[Piece], events: list[Event]) -> None:
         for name, text in pieces:
-            # With ids, a marker that has a token id only counts when it came as that id.
-            if name is None or (self._had_ids and name in self._strict):
-                if text:
-                    self._emit(text, events)
+            if name is None:
+                self._emit(text, events)
             else:
                 self._terminal(name, text, events)
 
     def _terminal(self, name: str, text: str, events: list[Event]) -> None:
         transition = self.g.transitions.get((self.state, name))
         if transition is None:
-            if not (self._has_drops and name == DROP):
+            if not (self._splitter.has_drops and name == DROP):
                 self._emit(text, events)
             return
         if self.skip_reasoning_parsing and name in self._reasoning_markup:
@@ -226,163 +180,6 @@ class _ToolEngine:
             self._args = ""
 
 
-# -- schema-driven type correction (one-shot only) ----------------------------
-
-_TYPE_ALIASES = {
-    **dict.fromkeys(("str", "text", "varchar", "char", "enum"), "string"),
-    **dict.fromkeys(
-        ("int", "int32", "int64", "uint", "uint32", "uint64", "long", "short", "unsigned"), "integer"
-    ),
-    **dict.fromkeys(("float", "float32", "float64", "double"), "number"),
-    "bool": "boolean",
-    "dict": "object",
-    **dict.fromkeys(("arr", "list", "sequence"), "array"),
-}
-_TYPE_ORDER = ("null", "integer", "number", "boolean", "object", "array", "string")
-
-
-def _schema_types(schema: Any) -> set[str]:
-    """JSON types a schema allows (``type``, ``enum`` values, any/one/allOf); string when unknown."""
-    if not isinstance(schema, dict):
-        return {"string"}
-    types: set[str] = set()
-    declared = schema.get("type")
-    if isinstance(declared, str):
-        types.add(declared)
-    elif isinstance(declared, list):
-        types.update(t for t in declared if isinstance(t, str))
-    enum = schema.get("enum")
-    if isinstance(enum, list):
-        for value in enum:
-            types.add(_json_type(value))
-    for key in ("anyOf", "oneOf", "allOf"):
-        choices = schema.get(key)
-        if isinstance(choices, list):
-            for choice in choices:
-                types.update(_schema_types(choice))
-    return types or {"string"}
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return "string"
-
-
-def _finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, list):
-        return all(_finite(v) for v in value)
-    if isinstance(value, dict):
-        return all(_finite(v) for v in value.values())
-    return True
-
-
-def _coerce_text(value: str, types: set[str]) -> Any:
-    """Best-effort conversion of a raw string to the first type that accepts it."""
-    wanted = {_TYPE_ALIASES.get(t.strip().lower(), t.strip().lower()) for t in types}
-    for kind in _TYPE_ORDER:
-        if kind not in wanted:
-            continue
-        if kind == "null":
-            if value.lower() == "null":
-                return None
-        elif kind == "string":
-            return value
-        elif kind == "integer":
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        elif kind == "number":
-            try:
-                return int(value)
-            except ValueError:
-                pass
-            try:
-                number = float(value)
-            except ValueError:
-                continue
-            if math.isfinite(number):
-                return number if number != int(number) else int(number)
-        elif kind == "boolean":
-            lowered = value.lower().strip()
-            if lowered in ("true", "1"):
-                return True
-            if lowered in ("false", "0"):
-                return False
-        else:  # object / array
-            try:
-                parsed = json.loads(value)
-            except ValueError:
-                continue
-            if _finite(parsed):
-                return parsed
-    try:
-        parsed = json.loads(value)
-    except ValueError:
-        return value
-    return parsed if _finite(parsed) else value
-
-
-def _coerce_value(value: Any, schema: dict[str, Any]) -> tuple[Any, bool]:
-    if isinstance(value, str):
-        coerced = _coerce_text(value, _schema_types(schema))
-        return coerced, coerced is not value
-    if isinstance(value, dict):
-        nested = schema.get("properties")
-        return value, isinstance(nested, dict) and _coerce_props(value, nested)
-    if isinstance(value, list):
-        items = schema.get("items")
-        changed = False
-        if isinstance(items, dict):
-            for i, item in enumerate(value):
-                new, item_changed = _coerce_value(item, items)
-                if item_changed:
-                    value[i] = new
-                    changed = True
-        return value, changed
-    coerced = _coerce_text(json.dumps(value, ensure_ascii=False), _schema_types(schema))
-    if type(coerced) is not type(value) or coerced != value:
-        return coerced, True
-    return value, False
-
-
-def _coerce_props(args: dict[str, Any], properties: dict[str, Any]) -> bool:
-    changed = False
-    for key, value in args.items():
-        schema = properties.get(key)
-        if isinstance(schema, dict):
-            new, value_changed = _coerce_value(value, schema)
-            if value_changed:
-                args[key] = new
-                changed = True
-    return changed
-
-
-def _tool_properties(tools: list[dict[str, Any]] | None, name: str) -> dict[str, Any]:
-    for tool in tools or []:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if tool.get("type", "function") != "function" or not isinstance(function, dict):
-            continue
-        if function.get("name") == name:
-            params = function.get("parameters") or {}
-            props = params.get("properties", {}) if isinstance(params, dict) else {}
-            return props if isinstance(props, dict) else {}
-    return {}
-
-
 # -- the engine-backed tool parser --------------------------------------------
 
 
@@ -427,9 +224,8 @@ class EngineToolParser(ToolParser):
         self._id_count = 0  # generated Kimi-style ids, counted by this engine from 0
         self._tools = tools
         self._slots: list[Slot] = []
-        self._deferred_content = ""
+        self._content = ContentHold()
         self._deferred_reasoning = ""
-        self._content_seen = False  # non-whitespace content emitted
         self._suppress = False
         self._streaming = False
 
@@ -452,9 +248,8 @@ class EngineToolParser(ToolParser):
     def _reset(self) -> None:
         self._engine.reset(CONTENT)
         self._slots.clear()
-        self._deferred_content = ""
+        self._content = ContentHold()
         self._deferred_reasoning = ""
-        self._content_seen = False
 
     # -- one-shot ------------------------------------------------------
 
@@ -493,22 +288,10 @@ class EngineToolParser(ToolParser):
                 args = "{}"
             if self._accept_name(name):
                 self._ensure_id(slot, name)
-                calls.append(ToolCallOut(id=slot.id, name=name, arguments=self._fix_types(args, name)))
+                calls.append(
+                    ToolCallOut(id=slot.id, name=name, arguments=fix_arg_types(args, self._tools, name))
+                )
         return calls
-
-    def _fix_types(self, args_json: str, name: str) -> str:
-        if not self._tools or not name:
-            return args_json
-        try:
-            args = json.loads(args_json)
-        except ValueError:
-            return args_json
-        if not isinstance(args, dict):
-            return args_json
-        properties = _tool_properties(self._tools, name)
-        if properties and _coerce_props(args, properties):
-            return json.dumps(args, ensure_ascii=False)
-        return args_json
 
     # -- hooks (vLLM's overridable ParserEngine methods) ----------------------
 
@@ -556,9 +339,7 @@ class EngineToolParser(ToolParser):
         slot.name = name
         slot.name_sent = True
         self._ensure_id(slot, name)
-        deltas.append(
-            ToolCallDeltaOut(index=idx, id=slot.id, type="function", function=FunctionDeltaOut(name=name))
-        )
+        deltas.append(name_delta(idx, name, call_id=slot.id))
 
     def _on_arg(self, idx: int, value: str, deltas: list[ToolCallDeltaOut]) -> None:
         slot = self._slots[idx]
@@ -571,9 +352,9 @@ class EngineToolParser(ToolParser):
                 self._announce(idx, deltas, self._name_from_args(slot))
             if value and slot.name_sent:
                 # Kimi and Mistral re-send the chunk that announced the name.
-                deltas.append(ToolCallDeltaOut(index=idx, function=FunctionDeltaOut(arguments=value)))
+                deltas.append(args_delta(idx, value))
         elif value:
-            deltas.append(ToolCallDeltaOut(index=idx, function=FunctionDeltaOut(arguments=value)))
+            deltas.append(args_delta(idx, value))
 
     def _on_end(self, idx: int, deltas: list[ToolCallDeltaOut]) -> None:
         if idx >= len(self._slots):
@@ -586,11 +367,7 @@ class EngineToolParser(ToolParser):
             slot.name = name
             slot.name_sent = True
             self._ensure_id(slot, name)
-            deltas.append(
-                ToolCallDeltaOut(
-                    index=idx, id=slot.id, type="function", function=FunctionDeltaOut(name=name, arguments="")
-                )
-            )
+            deltas.append(name_delta(idx, name, "", call_id=slot.id))
 
     # -- streaming -----------------------------------------------------
 
@@ -604,33 +381,30 @@ class EngineToolParser(ToolParser):
 
     def finish_stream(self) -> DeltaOut | None:
         events = self._engine.finish()
-        if events or self._deferred_content:
+        if events or self._content.held:
             return self._to_delta(events, finished=True)
         return None
 
     def _strip_trailing_reasoning(self, delta: DeltaOut | None) -> DeltaOut | None:
-        # Trailing reasoning whitespace waits until more reasoning shows.
-        if delta is not None and delta.reasoning is not None:
-            combined = self._deferred_reasoning + delta.reasoning
-            trimmed = combined.rstrip()
-            self._deferred_reasoning = combined[len(trimmed) :]
-            delta.reasoning = trimmed or None
-            if delta.reasoning is None and delta.content is None and not delta.tool_calls:
-                return None
+        # Trailing reasoning whitespace waits until more reasoning shows. Unlike
+        # _xml_engine, held whitespace is never dropped (the end of reasoning is not tracked here).
+        delta, self._deferred_reasoning = hold_trailing_reasoning_ws(
+            delta, self._deferred_reasoning, reasoning_ended=False
+        )
         return delta
 
     def _to_delta(self, events: list[Event], finished: bool = False) -> DeltaOut | None:
-        if not events and not self._deferred_content:
+        if not events and not self._content.held:
             return None
         deltas: list[ToolCallDeltaOut] = []
         content: list[str] = []
         reasoning: list[str] = []
-        carried = self._deferred_content
+        carried = self._content.held
         saw_tool = False
         for kind, value, idx in events:
             if kind == TEXT:
                 if saw_tool:
-                    self._deferred_content += value
+                    self._content.held += value
                 else:
                     content.append(value)
             elif kind == THINK:
@@ -649,49 +423,16 @@ class EngineToolParser(ToolParser):
                 else:
                     self._on_end(idx, deltas)
         if len(deltas) > 1:
-            deltas = _coalesce(deltas)
-        if self._deferred_content and (not saw_tool or not deltas):
-            # Carried-over text goes first, text deferred in this record last.
-            now = self._deferred_content[len(carried) :]
-            if carried:
-                content.insert(0, carried)
-            if now:
-                content.append(now)
-            self._deferred_content = ""
-        text = "".join(content)
-        if not self._content_seen and text:
-            if text.strip():
-                self._content_seen = True
-            elif self._slots:
-                if self._engine.g.drop_ws_only_content_before_tools:
-                    text = ""
-            elif not finished:
-                self._deferred_content = text
-                text = ""
+            deltas = coalesce(deltas)
+        text = self._content.take(
+            content,
+            carried,
+            release=not saw_tool or not deltas,
+            calls_exist=bool(self._slots),
+            drop_ws_with_calls=self._engine.g.drop_ws_only_content_before_tools,
+            finished=finished,
+        )
         thought = "".join(reasoning)
         if text or deltas or thought:
             return DeltaOut(reasoning=thought or None, content=text or None, tool_calls=deltas)
         return None
-
-
-def _coalesce(deltas: list[ToolCallDeltaOut]) -> list[ToolCallDeltaOut]:
-    """One entry per call index, as vLLM merges a record's tool-call deltas."""
-    merged: dict[int, ToolCallDeltaOut] = {}
-    for delta in deltas:
-        first = merged.get(delta.index)
-        if first is None:
-            merged[delta.index] = delta
-            continue
-        if delta.id is not None and first.id is None:
-            first.id = delta.id
-        if delta.type is not None and first.type is None:
-            first.type = delta.type
-        if delta.function is not None:
-            if first.function is None:
-                first.function = delta.function
-            else:
-                if delta.function.name is not None and first.function.name is None:
-                    first.function.name = delta.function.name
-                if delta.function.arguments is not None:
-                    first.function.arguments = (first.function.arguments or "") + delta.function.arguments
-    return deltas if len(merged) == len(deltas) else list(merged.values())

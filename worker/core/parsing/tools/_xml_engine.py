@@ -24,9 +24,12 @@ from enum import Enum
 from typing import Any
 
 from worker.core.parsing.base import ToolParser
+from worker.core.parsing.deltas import args_delta, coalesce, name_delta
+from worker.core.parsing.engine import ContentHold, hold_trailing_reasoning_ws, reasoning_only_markers
 from worker.core.parsing.ids import random_tool_call_id
 from worker.core.parsing.lexer import MarkerLexer
-from worker.core.parsing.tools._xml_schema import (
+from worker.core.parsing.scanner import DROP, engine_id_markers
+from worker.core.parsing.tools._schema import (
     find_tool_properties,
     fix_arg_types,
     has_tool,
@@ -35,7 +38,6 @@ from worker.core.parsing.tools._xml_schema import (
 from worker.core.parsing.types import (
     DeltaOut,
     ExtractedCalls,
-    FunctionDeltaOut,
     ParseRequest,
     ParserTokenizer,
     ToolCallDeltaOut,
@@ -81,7 +83,6 @@ Event = tuple[Ev, str, int]
 #: None once the delta may change anything else.
 Extender = Callable[[str], "str | None"]
 Transition = tuple[St, tuple[Ev, ...]]
-DROP = "__drop__"
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,10 @@ class ToolGrammar:
     reasoning_markup: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "reasoning_markup", self._reasoning_markup())
+        markup = reasoning_only_markers(
+            self.transitions, St.REASONING, _PLAIN_STATES, TOOL_STATES, _REASONING_MARKER_EVENTS
+        )
+        object.__setattr__(self, "reasoning_markup", markup)
 
     @property
     def has_reasoning(self) -> bool:
@@ -113,22 +117,6 @@ class ToolGrammar:
             or "THINK_END" in self.terminals
             or self.initial is St.REASONING
         )
-
-    def _reasoning_markup(self) -> frozenset[str]:
-        """Markers that only open/close reasoning: plain text when no reasoning parser runs."""
-        markers = frozenset(
-            name
-            for (state, name), (nxt, _) in self.transitions.items()
-            if St.REASONING in (state, nxt) and nxt not in TOOL_STATES
-        )
-        for (state, name), (nxt, events) in self.transitions.items():
-            if name in markers and (
-                state not in _PLAIN_STATES
-                or nxt not in _PLAIN_STATES
-                or not _REASONING_MARKER_EVENTS.issuperset(events)
-            ):
-                return frozenset()
-        return markers
 
 
 # -- token-id scanner -------------------------------------------------------
@@ -153,7 +141,9 @@ class _IdSplitter:
     """Cuts a record's text at marker tokens found by id (vLLM's ``TokenIDScanner``).
 
     A marker whose text has not reached the record text yet waits, and so
-    does the text after it, until the marker text shows up.
+    does the text after it, until the marker text shows up. Kept apart from
+    ``scanner.IdScanner`` on purpose: it counts the ids behind each text run
+    (ids with no text yet still make an empty event, which can announce a call).
     """
 
     def __init__(self, tokenizer: ParserTokenizer, id_map: dict[int, str]) -> None:
@@ -314,21 +304,8 @@ class _Machine:
 
     def __init__(self, grammar: ToolGrammar, tokenizer: ParserTokenizer) -> None:
         self.g = grammar
-        vocab = tokenizer.get_vocab()
-        id_map: dict[int, str] = {}
-        for name in grammar.id_terminals:
-            token_id = vocab.get(grammar.terminals[name])
-            if token_id is not None:
-                id_map[token_id] = name
         # Special tokens the grammar does not name vanish (by id and by text).
-        configured = set(grammar.terminals.values())
-        drops: list[tuple[str, str]] = []
-        for token_id in sorted(tokenizer.special_ids):
-            text = tokenizer.id_to_token(token_id)
-            if text is None or text in configured:
-                continue
-            id_map[token_id] = DROP
-            drops.append((DROP, text))
+        id_map, drops = engine_id_markers(tokenizer, grammar.terminals, grammar.id_terminals)
         self._id_names = frozenset(id_map.values())
         self._scanner = _IdSplitter(tokenizer, id_map)
         self._lexer = MarkerLexer([*grammar.terminals.items(), *drops])
@@ -412,6 +389,7 @@ class _Machine:
 # -- events → deltas --------------------------------------------------------
 
 
+# Not _tool_engine.Slot: these calls stream converted JSON (safe prefix, extender), not raw text.
 class _Slot:
     __slots__ = ("args", "extend", "id", "name", "name_sent", "streamed", "string_keys", "value_streams")
 
@@ -486,30 +464,6 @@ def safe_arg_prefix(text: str, string_keys: set[str] | None) -> tuple[str, bool]
     return text, True
 
 
-def _coalesce(calls: list[ToolCallDeltaOut]) -> list[ToolCallDeltaOut]:
-    """One entry per call index, in first-appearance order."""
-    merged: dict[int, ToolCallDeltaOut] = {}
-    for call in calls:
-        seen = merged.get(call.index)
-        if seen is None:
-            merged[call.index] = call
-            continue
-        if call.id is not None and seen.id is None:
-            seen.id = call.id
-        if call.type is not None and seen.type is None:
-            seen.type = call.type
-        if call.function is None:
-            continue
-        if seen.function is None:
-            seen.function = call.function
-            continue
-        if call.function.name is not None and seen.function.name is None:
-            seen.function.name = call.function.name
-        if call.function.arguments is not None:
-            seen.function.arguments = (seen.function.arguments or "") + call.function.arguments
-    return calls if len(merged) == len(calls) else list(merged.values())
-
-
 class EngineToolParser(ToolParser):
     """Base of the parser-engine tool adapters; subclasses provide :meth:`make_grammar`."""
 
@@ -538,9 +492,8 @@ class EngineToolParser(ToolParser):
     def _reset(self, state: St | None = None) -> None:
         self._machine.reset(state if state is not None else self.g.initial)
         self._slots: list[_Slot] = []
-        self._deferred_content = ""
+        self._content = ContentHold()
         self._deferred_reasoning = ""
-        self._content_has_text = False
         self._reasoning_ended = not self.g.has_reasoning
 
     def _see_request(self, request: ParseRequest) -> None:
@@ -575,26 +528,27 @@ class EngineToolParser(ToolParser):
 
     def finish_stream(self) -> DeltaOut | None:
         events = self._machine.finish()
-        if events or self._deferred_content:
+        if events or self._content.held:
             return self._to_delta(events, finished=True)
         return None
 
     # -- events → delta ----------------------------------------------------
 
+    # Mirrors _tool_engine's _to_delta except that the end of reasoning is tracked here.
     def _to_delta(self, events: list[Event], finished: bool = False) -> DeltaOut | None:
-        if not events and not self._deferred_content:
+        if not events and not self._content.held:
             return None
         calls: list[ToolCallDeltaOut] = []
         content_parts: list[str] = []
         reasoning_parts: list[str] = []
-        carried = self._deferred_content
+        carried = self._content.held
         seen_tool = False
         live = not self._suppress
         for kind, value, index in events:
             if kind is Ev.TEXT:
                 # Text after tool markup in the same record waits for the next one.
                 if seen_tool:
-                    self._deferred_content += value
+                    self._content.held += value
                 else:
                     content_parts.append(value)
             elif kind is Ev.REASONING:
@@ -617,23 +571,15 @@ class EngineToolParser(ToolParser):
                 seen_tool = True
                 self._on_call_end(index, calls)
         if len(calls) > 1:
-            calls = _coalesce(calls)
-        if self._deferred_content and (not seen_tool or not calls):
-            fresh = self._deferred_content[len(carried) :]
-            if carried:
-                content_parts.insert(0, carried)
-            if fresh:
-                content_parts.append(fresh)
-            self._deferred_content = ""
-        content = "".join(content_parts)
-        if not self._content_has_text and content:
-            if content.strip():
-                self._content_has_text = True
-            elif self._slots:
-                content = ""  # whitespace-only content next to tool calls is dropped
-            elif not finished:
-                self._deferred_content = content  # whitespace waits for what follows
-                content = ""
+            calls = coalesce(calls)
+        # Whitespace-only content next to tool calls is always dropped here.
+        content = self._content.take(
+            content_parts,
+            carried,
+            release=not seen_tool or not calls,
+            calls_exist=bool(self._slots),
+            finished=finished,
+        )
         reasoning = "".join(reasoning_parts)
         if content or calls or reasoning:
             return DeltaOut(reasoning=reasoning or None, content=content or None, tool_calls=calls)
@@ -642,15 +588,9 @@ class EngineToolParser(ToolParser):
     def _hold_reasoning_ws(self, delta: DeltaOut | None) -> DeltaOut | None:
         if not self.g.strip_trailing_reasoning_ws:
             return delta
-        if delta is not None and delta.reasoning is not None:
-            combined = self._deferred_reasoning + delta.reasoning
-            trimmed = combined.rstrip()
-            self._deferred_reasoning = combined[len(trimmed) :]
-            delta.reasoning = trimmed or None
-            if delta.reasoning is None and delta.content is None and not delta.tool_calls:
-                return None
-        elif self._deferred_reasoning and self._reasoning_ended:
-            self._deferred_reasoning = ""
+        delta, self._deferred_reasoning = hold_trailing_reasoning_ws(
+            delta, self._deferred_reasoning, reasoning_ended=self._reasoning_ended
+        )
         return delta
 
     # -- tool calls --------------------------------------------------------
@@ -678,9 +618,7 @@ class EngineToolParser(ToolParser):
         slot.name_sent = True
         slot.string_keys = streamable_string_keys(find_tool_properties(self.tools, name))
         self._ensure_id(slot)
-        calls.append(
-            ToolCallDeltaOut(index=index, id=slot.id, type="function", function=FunctionDeltaOut(name=name))
-        )
+        calls.append(name_delta(index, name, call_id=slot.id))
 
     def _on_arg(self, index: int, value: str, calls: list[ToolCallDeltaOut]) -> None:
         slot = self._slots[index]
@@ -695,7 +633,7 @@ class EngineToolParser(ToolParser):
         elif value:
             diff = self._arg_delta(slot, value)
             if diff:
-                calls.append(ToolCallDeltaOut(index=index, function=FunctionDeltaOut(arguments=diff)))
+                calls.append(args_delta(index, diff))
 
     def _on_call_end(self, index: int, calls: list[ToolCallDeltaOut]) -> None:
         if index >= len(self._slots):
@@ -711,17 +649,10 @@ class EngineToolParser(ToolParser):
                 slot.name_sent = True
                 slot.string_keys = streamable_string_keys(find_tool_properties(self.tools, name))
                 self._ensure_id(slot)
-                calls.append(
-                    ToolCallDeltaOut(
-                        index=index,
-                        id=slot.id,
-                        type="function",
-                        function=FunctionDeltaOut(name=name, arguments=remaining or ""),
-                    )
-                )
+                calls.append(name_delta(index, name, remaining or "", call_id=slot.id))
                 remaining = None
         if remaining and slot.name_sent:
-            calls.append(ToolCallDeltaOut(index=index, function=FunctionDeltaOut(arguments=remaining)))
+            calls.append(args_delta(index, remaining))
 
     def _arg_delta(self, slot: _Slot, raw_delta: str) -> str | None:
         if slot.extend is not None:
@@ -790,6 +721,7 @@ class EngineToolParser(ToolParser):
         return calls
 
 
+# Like _tool_engine.EngineToolParser._name_and_args but a non-string name counts as none here.
 def _name_and_args_from_json(raw: str) -> tuple[str, str]:
     """A JSON-object body (``{"name": ..., "arguments": ...}``) when markup is missing."""
     raw = raw.strip()

@@ -32,14 +32,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from worker.core.parsing.base import ParserSetupError, ToolParser
+from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
 from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.types import (
     DeltaOut,
     ExtractedCalls,
-    FunctionDeltaOut,
     ParseRequest,
-    ToolCallDeltaOut,
     ToolCallOut,
 )
 
@@ -199,13 +198,7 @@ class DeepSeekV31ToolParser(ToolParser):
             if not name:
                 return None
             self._name_sent = True
-            call = ToolCallDeltaOut(
-                index=self._tool_id,
-                id=random_tool_call_id(),
-                type="function",
-                function=FunctionDeltaOut(name=name),
-            )
-            return DeltaOut(tool_calls=[call])
+            return DeltaOut(tool_calls=[name_delta(self._tool_id, name)])
         if portion is None:
             return DeltaOut(content=delta) if text_portion is not None else None
         if len(self._prev_args) <= self._tool_id:
@@ -226,9 +219,7 @@ class DeepSeekV31ToolParser(ToolParser):
         return out
 
     def _args_delta(self, text: str) -> DeltaOut:
-        return DeltaOut(
-            tool_calls=[ToolCallDeltaOut(index=self._tool_id, function=FunctionDeltaOut(arguments=text))]
-        )
+        return DeltaOut(tool_calls=[args_delta(self._tool_id, text)])
 
     def remaining_unstreamed_args(self) -> str:
         if not self._prev_args:

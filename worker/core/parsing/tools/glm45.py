@@ -36,9 +36,11 @@ import json
 import re
 from typing import Any
 
+from worker.core.parsing.reasoning.glm45 import GLM_THINK_MARKERS, GLM_TOOL_MARKERS
 from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.tools._xml_engine import WS, EngineToolParser, Ev, Extender, St, ToolGrammar
 from worker.core.parsing.types import ParserTokenizer
+from worker.core.parsing.util import thinking_requested
 
 ARG_VALUE_END = "</arg_value>"
 _ARG_RE = re.compile(rf"<arg_key>(.*?)</arg_key>{WS}*<arg_value>(.*?)</arg_value>", re.DOTALL)
@@ -89,7 +91,7 @@ NAME, ARGS = St.TOOL_NAME, St.TOOL_ARGS
 
 
 def glm_tool_grammar(thinking: bool) -> ToolGrammar:
-    think = {"THINK_START": "<think>", "THINK_END": "</think>"} if thinking else {}
+    think = dict(GLM_THINK_MARKERS) if thinking else {}
     transitions: dict[tuple[St, str], tuple[St, tuple[Ev, ...]]] = {}
     if thinking:
         transitions.update(
@@ -112,15 +114,7 @@ def glm_tool_grammar(thinking: bool) -> ToolGrammar:
     for marker in ("ARG_KEY_START", "ARG_KEY_END", "ARG_VALUE_START", "ARG_VALUE_END"):
         transitions[(ARGS, marker)] = (ARGS, (Ev.ARG,))
     return ToolGrammar(
-        terminals={
-            **think,
-            "TOOL_START": "<tool_call>",
-            "TOOL_END": "</tool_call>",
-            "ARG_KEY_START": "<arg_key>",
-            "ARG_KEY_END": "</arg_key>",
-            "ARG_VALUE_START": "<arg_value>",
-            "ARG_VALUE_END": ARG_VALUE_END,
-        },
+        terminals={**think, **GLM_TOOL_MARKERS},
         id_terminals=(*think, "TOOL_START", "TOOL_END"),
         transitions=transitions,
         initial=R if thinking else C,
@@ -146,13 +140,11 @@ def _always_thinks(tokenizer: ParserTokenizer) -> bool:
 
 
 def thinking_enabled(tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> bool:
-    thinking = chat_template_kwargs.get("thinking")
-    enable = chat_template_kwargs.get("enable_thinking")
-    if (thinking is False or enable is False) and _always_thinks(tokenizer):
-        thinking = enable = None
-    if thinking is None and enable is None:
-        return True
-    return bool(thinking) or bool(enable)
+    kwargs = chat_template_kwargs
+    switched_off = kwargs.get("thinking") is False or kwargs.get("enable_thinking") is False
+    if switched_off and _always_thinks(tokenizer):
+        return True  # the switches are ignored, as if unset
+    return thinking_requested(chat_template_kwargs)
 
 
 @tool_parser("glm45", "glm47")

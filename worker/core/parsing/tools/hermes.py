@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from worker.core.parsing.base import ToolParser
+from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
 from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.types import (
     DeltaOut,
     ExtractedCalls,
-    FunctionDeltaOut,
     ParseRequest,
     ToolCallDeltaOut,
     ToolCallOut,
@@ -157,14 +157,7 @@ class HermesToolParser(ToolParser):
             if not match:
                 return False
             call.name = match.group(1)
-            deltas.append(
-                ToolCallDeltaOut(
-                    index=index,
-                    id=random_tool_call_id(),
-                    type="function",
-                    function=FunctionDeltaOut(name=call.name),
-                )
-            )
+            deltas.append(name_delta(index, call.name))
         args_match = _ARGS_RE.search(body)
         if args_match:
             args = body[args_match.end() :]
@@ -176,7 +169,7 @@ class HermesToolParser(ToolParser):
                 diff = args[len(call.streamed) :]
                 call.streamed = args
                 call.args = args
-                deltas.append(ToolCallDeltaOut(index=index, function=FunctionDeltaOut(arguments=diff)))
+                deltas.append(args_delta(index, diff))
         return True
 
     def remaining_unstreamed_args(self) -> str:

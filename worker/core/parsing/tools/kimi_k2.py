@@ -37,6 +37,7 @@ from worker.core.parsing.tools._tool_engine import (
     ToolGrammar,
 )
 from worker.core.parsing.types import ParserTokenizer, ToolCallDeltaOut
+from worker.core.parsing.util import thinking_requested
 
 # -- Kimi K2 -------------------------------------------------------------------
 
@@ -106,10 +107,7 @@ class KimiK2ToolParser(EngineToolParser):
     def grammar(
         cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]
     ) -> tuple[ToolGrammar, str]:
-        thinking = chat_template_kwargs.get("thinking")
-        enable = chat_template_kwargs.get("enable_thinking")
-        enabled = True if thinking is None and enable is None else bool(thinking) or bool(enable)
-        return kimi_grammar(enabled)
+        return kimi_grammar(thinking_requested(chat_template_kwargs))
 
     def _announce(self, idx: int, deltas: list[ToolCallDeltaOut], name: str | None) -> None:
         call_id, tool_name = _kimi_header(name) if name is not None else (None, None)

@@ -36,14 +36,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from worker.core.parsing.base import ParserSetupError, ToolParser
+from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
 from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.types import (
     DeltaOut,
     ExtractedCalls,
-    FunctionDeltaOut,
     ParseRequest,
-    ToolCallDeltaOut,
     ToolCallOut,
 )
 
@@ -441,16 +440,7 @@ class Llama3JsonToolParser(ToolParser):
             if name:
                 if not isinstance(name, str):
                     return None  # vLLM's delta model rejects it: the record is skipped
-                delta = DeltaOut(
-                    tool_calls=[
-                        ToolCallDeltaOut(
-                            index=self._index,
-                            id=random_tool_call_id(),
-                            type="function",
-                            function=FunctionDeltaOut(name=name),
-                        )
-                    ]
-                )
+                delta = DeltaOut(tool_calls=[name_delta(self._index, name)])
                 self._name_sent = True
         else:
             args = current.get("arguments")
@@ -472,8 +462,7 @@ class Llama3JsonToolParser(ToolParser):
 
     def _args_delta(self, diff: str) -> DeltaOut:
         self._streamed[self._index] += diff
-        call = ToolCallDeltaOut(index=self._index, function=FunctionDeltaOut(arguments=diff))
-        return DeltaOut(tool_calls=[call])
+        return DeltaOut(tool_calls=[args_delta(self._index, diff)])
 
     def remaining_unstreamed_args(self) -> str:
         if not self._prev:

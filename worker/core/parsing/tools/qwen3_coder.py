@@ -46,6 +46,7 @@ import json
 import re
 from typing import Any
 
+from worker.core.parsing.reasoning.qwen3 import QWEN3_ID_MARKERS, QWEN3_MARKERS
 from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.tools._xml_engine import WS, EngineToolParser, Ev, Extender, St, ToolGrammar
 from worker.core.parsing.types import ParserTokenizer
@@ -158,18 +159,8 @@ _END, _START = Ev.CALL_END, Ev.CALL_START
 
 def qwen3_tool_grammar(thinking: bool) -> ToolGrammar:
     return ToolGrammar(
-        terminals={
-            "THINK_START": "<think>",
-            "THINK_END": "</think>",
-            "TOOL_START": "<tool_call>",
-            "TOOL_END": "</tool_call>",
-            "FUNC_PREFIX": "<function=",
-            "FUNC_END": "</function>",
-            "PARAM_START": "<parameter=",
-            "PARAM_END": "</parameter>",
-            "CLOSE_ANGLE": ">",
-        },
-        id_terminals=("THINK_START", "THINK_END", "TOOL_START", "TOOL_END"),
+        terminals=dict(QWEN3_MARKERS),
+        id_terminals=QWEN3_ID_MARKERS,
         transitions={
             (R, "THINK_START"): (R, ()),
             (R, "THINK_END"): (C, (Ev.REASONING_END,)),

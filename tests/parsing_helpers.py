@@ -1,0 +1,304 @@
+"""Shared harness of the parsing tests: sample tokenizers, stream records, delta summaries.
+
+A stream record carries the cumulative-decode difference of its ids, like the
+core's detokenizer (partial UTF-8 held back unless told otherwise).
+
+Ready-made harnesses sit on top: the Qwen3 one (``samples/models/qwen3``, a
+user turn as prompt; the behaviour tests), the XML-tool one on top of it
+(its tools, ids checked; the qwen3_coder, qwen3_xml and glm45 tests) and the
+tool-only one over any sample tokenizer with a one-tool request (the
+pythonic, llama3_json and llama4_pythonic tests). The deepseek_v31, mistral
+and kimi_k2 tests build on the generic pieces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from worker.core.model_dir import LoadedTokenizer, load_tokenizer
+from worker.core.parsing import (
+    ChatParsing,
+    ChatStreamSession,
+    DeltaOut,
+    ParseRequest,
+    ParserTokenizer,
+    TokenizerAdapter,
+    adapter_for,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# -- tokenizers and records ------------------------------------------------------
+
+
+@cache
+def sample_tokenizer(model_dir: str) -> LoadedTokenizer:
+    """A tokenizer from ``samples/models`` (loaded once per test run)."""
+    return load_tokenizer(ROOT / "samples" / "models" / model_dir)
+
+
+def encode_with(lt: LoadedTokenizer, text: str) -> list[int]:
+    ids: list[int] = lt.backend.encode(text, add_special_tokens=False).ids
+    return ids
+
+
+def decode_with(lt: LoadedTokenizer, ids: list[int]) -> str:
+    text: str = lt.backend.decode(ids, skip_special_tokens=False)
+    return text
+
+
+def create_parsing(tokenizer: ParserTokenizer, reasoning: str | None, tool: str | None) -> ChatParsing:
+    """``ChatParsing.create`` with auto tool choice on exactly when a tool parser is named."""
+    made = ChatParsing.create(
+        tokenizer, reasoning_parser=reasoning, tool_parser=tool, enable_auto_tool_choice=tool is not None
+    )
+    assert made is not None
+    return made
+
+
+def splits(ids: list[int]) -> list[list[list[int]]]:
+    """Every two-record split plus one record per token."""
+    out = [[ids[:k], ids[k:]] for k in range(1, len(ids))]
+    out.append([[i] for i in ids])
+    return out
+
+
+def records(
+    lt: LoadedTokenizer, chunks: list[list[int]], *, hold_partial_utf8: bool = True
+) -> list[tuple[str, list[int]]]:
+    """(text, ids) per record; text is the cumulative-decode difference.
+
+    With ``hold_partial_utf8`` a decode ending in U+FFFD yields no text (it
+    comes with a later record); without, the replacement character is text.
+    """
+    out: list[tuple[str, list[int]]] = []
+    seen: list[int] = []
+    emitted = ""
+    for chunk in chunks:
+        seen.extend(chunk)
+        text = decode_with(lt, seen)
+        if hold_partial_utf8:
+            new = "" if text.endswith("\ufffd") else text[len(emitted) :]
+            if new:
+                emitted = text
+        else:
+            new = text[len(emitted) :]
+            emitted = text
+        out.append((new, chunk))
+    return out
+
+
+def drive(
+    session: ChatStreamSession, recs: Sequence[tuple[str, list[int]]], finish: str = "stop"
+) -> tuple[list[DeltaOut | None], str | None]:
+    """Step a session through the records (``finish`` on the last); the deltas and the resolved reason."""
+    deltas: list[DeltaOut | None] = []
+    resolved = None
+    for n, (text, ids) in enumerate(recs):
+        delta, resolved = session.step(text, ids, finish if n == len(recs) - 1 else None)
+        deltas.append(delta)
+    return deltas, resolved
+
+
+@dataclass
+class Summary:
+    """What a client would assemble from a stream's deltas."""
+
+    reasoning: str | None = None
+    content: str | None = None
+    names: dict[int, str] = field(default_factory=dict)
+    args: dict[int, str] = field(default_factory=dict)
+    #: every (index, id) sent, in order
+    ids: list[tuple[int, str]] = field(default_factory=list)
+    finish: str | None = None
+
+    @property
+    def calls(self) -> list[tuple[str, str]]:
+        """(name, arguments) per named call, by index."""
+        return [(self.names[i], self.args.get(i, "")) for i in sorted(self.names)]
+
+
+def summarize(
+    deltas: Sequence[DeltaOut | None], *, ids_once: bool = False, names_once: bool = False
+) -> Summary:
+    """Concatenate the deltas.
+
+    ``ids_once``: each call's id is sent once, and every named call has one.
+    ``names_once``: every tool-call delta has a function and each name is sent once.
+    """
+    reasoning, content = "", ""
+    out = Summary()
+    id_indexes: set[int] = set()
+    for delta in deltas:
+        if delta is None:
+            continue
+        reasoning += delta.reasoning or ""
+        content += delta.content or ""
+        for call in delta.tool_calls:
+            if names_once:
+                assert call.function is not None
+            if call.id is not None:
+                if ids_once:
+                    assert call.index not in id_indexes, "a call id is sent once"
+                id_indexes.add(call.index)
+                out.ids.append((call.index, call.id))
+            if call.function is not None:
+                if call.function.name is not None:
+                    if names_once:
+                        assert call.index not in out.names, "a call's name is sent once"
+                    out.names[call.index] = call.function.name
+                out.args[call.index] = out.args.get(call.index, "") + (call.function.arguments or "")
+    if ids_once:
+        assert id_indexes == set(out.names)
+    out.reasoning = reasoning or None
+    out.content = content or None
+    return out
+
+
+def stream_summary(
+    session: ChatStreamSession,
+    recs: Sequence[tuple[str, list[int]]],
+    finish: str = "stop",
+    *,
+    ids_once: bool = False,
+    names_once: bool = False,
+) -> Summary:
+    """:func:`drive` then :func:`summarize`, with the resolved finish reason."""
+    deltas, resolved = drive(session, recs, finish)
+    out = summarize(deltas, ids_once=ids_once, names_once=names_once)
+    out.finish = resolved
+    return out
+
+
+# -- the Qwen3 harness -----------------------------------------------------------
+
+PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@cache
+def qwen3() -> tuple[LoadedTokenizer, TokenizerAdapter]:
+    lt = sample_tokenizer("qwen3")
+    return lt, adapter_for(lt)
+
+
+def qwen3_encode(text: str) -> list[int]:
+    return encode_with(qwen3()[0], text)
+
+
+def qwen3_make(reasoning: str | None, tool: str | None) -> ChatParsing:
+    """A Qwen3-tokenizer configuration."""
+    return create_parsing(qwen3()[1], reasoning, tool)
+
+
+def qwen3_stream_deltas(
+    parsing: ChatParsing, req: ParseRequest, chunks: list[list[int]], finish: str = "stop"
+) -> tuple[list[DeltaOut | None], str | None]:
+    return drive(parsing.new_stream(req, qwen3_encode(PROMPT)), records(qwen3()[0], chunks), finish)
+
+
+def qwen3_stream(
+    parsing: ChatParsing,
+    req: ParseRequest,
+    chunks: list[list[int]],
+    finish: str = "stop",
+    *,
+    ids_once: bool = False,
+) -> dict[str, Any]:
+    """The summed stream (reasoning, content, (name, arguments) calls, finish reason)."""
+    got = stream_summary(
+        parsing.new_stream(req, qwen3_encode(PROMPT)), records(qwen3()[0], chunks), finish, ids_once=ids_once
+    )
+    return {"reasoning": got.reasoning, "content": got.content, "calls": got.calls, "finish": got.finish}
+
+
+def qwen3_oneshot(parsing: ChatParsing, req: ParseRequest, text: str) -> dict[str, Any]:
+    msg = parsing.parse_full(text, qwen3_encode(text), req, qwen3_encode(PROMPT))
+    return {
+        "reasoning": msg.reasoning,
+        "content": msg.content,
+        "calls": [(c.name, c.arguments) for c in msg.tool_calls],
+    }
+
+
+# -- the XML tool-format harness (qwen3_coder, qwen3_xml, glm45) ---------------
+
+XML_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "write_file",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "run_tests",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string"},
+                    "max_failures": {"type": "integer"},
+                    "verbose": {"type": "boolean"},
+                },
+            },
+        },
+    },
+]
+
+
+def xml_request(
+    tools: list[dict[str, Any]] | None = XML_TOOLS,
+    choice: str | dict[str, Any] = "auto",
+    kwargs: dict[str, Any] | None = None,
+) -> ParseRequest:
+    return ParseRequest(
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=None,
+        include_reasoning=True,
+        chat_template_kwargs=kwargs or {},
+        messages=[],
+    )
+
+
+def xml_stream(
+    parsing: ChatParsing, req: ParseRequest, chunks: list[list[int]], finish: str = "stop"
+) -> dict[str, Any]:
+    """The summed Qwen3 stream; each call's id must come once."""
+    return qwen3_stream(parsing, req, chunks, finish, ids_once=True)
+
+
+# -- the tool-only harness (one tool, prompt ``[1]``) -----------------------------
+
+WEATHER_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+WEATHER_REQUEST = ParseRequest(tools=WEATHER_TOOLS, tool_choice="auto", parallel_tool_calls=None)
+
+
+def sample_encode(model_dir: str, text: str) -> list[int]:
+    return encode_with(sample_tokenizer(model_dir), text)
+
+
+def tool_parsing(model_dir: str, name: str) -> ChatParsing:
+    return create_parsing(adapter_for(sample_tokenizer(model_dir)), None, name)
+
+
+def run_stream(model_dir: str, name: str, chunks: list[list[int]], finish: str = "stop") -> dict[str, Any]:
+    """Records through a session; the summed output (names must come once per call)."""
+    session = tool_parsing(model_dir, name).new_stream(WEATHER_REQUEST, [1])
+    got = stream_summary(session, records(sample_tokenizer(model_dir), chunks), finish, names_once=True)
+    return {"content": got.content, "calls": got.calls, "finish": got.finish}
+
+
+def run_oneshot(model_dir: str, name: str, text: str) -> dict[str, Any]:
+    message = tool_parsing(model_dir, name).parse_full(
+        text, sample_encode(model_dir, text), WEATHER_REQUEST, [1]
+    )
+    return {"content": message.content, "calls": [(c.name, c.arguments) for c in message.tool_calls]}
