@@ -32,11 +32,10 @@ from worker.core.logprobs import (
     to_completion_logprobs,
 )
 from worker.core.model_dir import LoadedTokenizer
-from worker.core.parsing import ChatParsing, DeltaOut, ParserSetupError, ParseRequest
+from worker.core.parsing import ChatParsing, DeltaOut, ParseRequest, ParserSetupError
 from worker.core.sequence_state import LiveParser, SequenceState
 from worker.core.stopping import StopPolicy, drop_stop_token, find_stop_string
 from worker.errors import ModelNotFoundError, RequestError
-
 
 JsonDict = dict[str, Any]
 
