@@ -1,0 +1,45 @@
+"""Every metric the runtime emits, named in one place (as getsentry/arroyo does).
+
+Counters end in a plural noun, timings in ``_ms``, gauges describe a current level.
+A Prometheus endpoint can export ``Metrics.snapshot()`` under these names later.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- records in ---------------------------------------------------------------------------
+RECORDS_CONSUMED: Final = "derender.records.consumed"
+RECORDS_DUPLICATE: Final = "derender.records.duplicate"
+RECORDS_DEAD_LETTERED: Final = "derender.records.dead_lettered"
+RECORDS_SKIPPED_STALE: Final = "derender.records.skipped_stale"
+PROCESS_ERRORS: Final = "derender.process.errors"
+
+# --- records out --------------------------------------------------------------------------
+OUTPUTS_PRODUCED: Final = "derender.outputs.produced"
+REQUESTS_CLOSED: Final = "derender.requests.closed"
+REQUESTS_EXPIRED: Final = "derender.requests.expired"
+REQUESTS_OPEN: Final = "derender.requests.open"  # gauge
+
+# --- state topic --------------------------------------------------------------------------
+STATE_SNAPSHOTS_WRITTEN: Final = "derender.state.snapshots_written"
+STATE_TOMBSTONES_WRITTEN: Final = "derender.state.tombstones_written"
+STATE_RESTORED_REQUESTS: Final = "derender.state.restored_requests"
+STATE_RESTORE_MS: Final = "derender.state.restore_ms"
+
+# --- commits ------------------------------------------------------------------------------
+COMMITS: Final = "derender.commits"
+COMMITS_FAILED: Final = "derender.commits.failed"
+COMMITS_FORCED: Final = "derender.commits.forced_by_backpressure"
+COMMIT_MS: Final = "derender.commit_ms"
+COMMIT_FLUSH_MS: Final = "derender.commit.flush_ms"  # outputs + state acknowledged
+COMMIT_OFFSETS_MS: Final = "derender.commit.offsets_ms"  # AddOffsetsToTxn + TxnOffsetCommit
+COMMIT_END_TXN_MS: Final = "derender.commit.end_txn_ms"  # EndTxn
+COMMIT_LAG_MS: Final = "derender.commit.lag_ms"  # oldest input's create time -> its commit
+UNCOMMITTED_RECORDS: Final = "derender.uncommitted_records"  # gauge
+
+# --- group membership ---------------------------------------------------------------------
+PARTITIONS_ASSIGNED: Final = "derender.partitions.assigned"
+PARTITIONS_REVOKED: Final = "derender.partitions.revoked"
+PARTITION_RESETS: Final = "derender.partitions.resets"
+PARTITIONS_OWNED: Final = "derender.partitions.owned"  # gauge

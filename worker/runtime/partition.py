@@ -1,0 +1,146 @@
+"""One owned input partition: its processor, its sink and its not-yet-committed work.
+
+State updates are batched per commit like Kafka Streams' record cache: a request touched
+by several records in one commit interval gets one snapshot (its latest), a request that
+opens and closes within one interval never reaches the state topic, and a tombstone is
+written only for a request whose snapshot was written before (``persisted``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.errors import MessageSizeTooLargeError
+
+from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult
+from worker.runtime import metrics_names as m
+from worker.runtime.config import TopicNames
+from worker.runtime.delivery import Sink
+from worker.runtime.metrics import Metrics
+from worker.runtime.records import OutgoingRecord, Source, records_for
+from worker.runtime.state_store import encode_snapshot
+
+log = logging.getLogger(__name__)
+
+
+class PartitionTask:
+    def __init__(
+        self,
+        tp: TopicPartition,
+        processor: EnvelopeProcessor,
+        sink: Sink,
+        topics: TopicNames,
+        metrics: Metrics,
+        *,
+        position: int,
+        persisted: set[str],
+        epoch: int = 0,
+    ) -> None:
+        self.tp = tp
+        self.epoch = epoch  # the worker's open counter when this task was made
+        self.processor = processor
+        self.sink = sink
+        self.topics = topics
+        self.metrics = metrics
+        self.position = position  # next input offset to process
+        self.committed_position = position
+        self.persisted = persisted  # request ids with a live snapshot in the state topic
+        self.dirty: set[str] = set()
+        self.uncommitted_records = 0
+        self.has_pending_output = False
+        self.oldest_timestamp_ms: int | None = None  # create time of the first uncommitted input
+
+    @property
+    def needs_commit(self) -> bool:
+        return self.position != self.committed_position or self.has_pending_output or bool(self.dirty)
+
+    async def handle(self, record: Any) -> None:
+        """Process one consumed record (``aiokafka.ConsumerRecord``) and send what it yields."""
+        if record.offset < self.position:
+            # Fetched before this partition was reset/re-opened: already processed and committed.
+            self.metrics.increment(m.RECORDS_SKIPPED_STALE)
+            return
+        value: bytes = record.value if record.value is not None else b""
+        try:
+            result = self.processor.process(value, record.key)
+        except Exception as exc:
+            # A bug in the core must not stall the partition forever (poison pill): the record
+            # is dead-lettered with the error, processing goes on.
+            log.exception("processing %s offset %d failed", self.tp, record.offset)
+            self.metrics.increment(m.PROCESS_ERRORS)
+            result = ProcessResult(dead_letter=DeadLetter(f"processing failed: {exc!r}", value, record.key))
+        source = Source(record.topic, record.partition, record.offset)
+        try:
+            await self._emit(result, source, record.headers)
+        except MessageSizeTooLargeError as exc:
+            # Retrying cannot help (the partition would stall on it): dead-letter the input.
+            reason = f"the output for this record is too large to produce: {exc}"
+            await self._emit(
+                ProcessResult(dead_letter=DeadLetter(reason, value, record.key)), source, record.headers
+            )
+        self.position = record.offset + 1
+        self.uncommitted_records += 1
+        if self.oldest_timestamp_ms is None:
+            self.oldest_timestamp_ms = record.timestamp
+        self.metrics.increment(m.RECORDS_CONSUMED)
+
+    async def expire(self, ttl_seconds: float) -> int:
+        results = self.processor.expire_idle(ttl_seconds)
+        for result in results:
+            await self._emit(result, None, None)
+        self.metrics.increment(m.REQUESTS_EXPIRED, len(results))
+        return len(results)
+
+    async def _emit(self, result: ProcessResult, source: Source | None, headers: Any) -> None:
+        if result.duplicate:
+            self.metrics.increment(m.RECORDS_DUPLICATE)
+            return
+        if result.dead_letter is not None:
+            self.metrics.increment(m.RECORDS_DEAD_LETTERED)
+        for out in records_for(result, self.topics, source, headers):
+            await self.sink.send(out)
+            self.has_pending_output = True
+        if result.output is not None:
+            self.metrics.increment(m.OUTPUTS_PRODUCED)
+        if result.request_id is not None and result.output is not None:
+            self.dirty.add(result.request_id)
+        if result.closed:
+            self.metrics.increment(m.REQUESTS_CLOSED)
+
+    def state_records(self) -> list[OutgoingRecord]:
+        """The latest snapshot or a tombstone for every request touched since the last commit."""
+        out = []
+        requests = self.processor.requests
+        partition = self.tp.partition
+        for rid in self.dirty:
+            key = rid.encode("utf-8")
+            ctx = requests.get(rid)
+            if ctx is not None:
+                out.append(OutgoingRecord(self.topics.state, key, encode_snapshot(ctx), partition))
+                self.persisted.add(rid)
+            elif rid in self.persisted:
+                out.append(OutgoingRecord(self.topics.state, key, None, partition))
+                self.persisted.discard(rid)
+        return out
+
+    async def commit(self) -> None:
+        """Commit outputs, state and the input position together (one transaction in EOS mode)."""
+        started = time.perf_counter()
+        state = self.state_records()
+        snapshots = sum(1 for r in state if r.value is not None)
+        await self.sink.commit(state, {self.tp: self.position})
+        self.metrics.increment(m.STATE_SNAPSHOTS_WRITTEN, snapshots)
+        self.metrics.increment(m.STATE_TOMBSTONES_WRITTEN, len(state) - snapshots)
+        self.metrics.increment(m.COMMITS)
+        self.metrics.timing(m.COMMIT_MS, (time.perf_counter() - started) * 1000)
+        if self.oldest_timestamp_ms is not None:
+            # Input create time to committed output: the worker's share of end-to-end latency.
+            self.metrics.timing(m.COMMIT_LAG_MS, time.time() * 1000 - self.oldest_timestamp_ms)
+            self.oldest_timestamp_ms = None
+        self.committed_position = self.position
+        self.dirty.clear()
+        self.uncommitted_records = 0
+        self.has_pending_output = False

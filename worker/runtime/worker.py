@@ -1,0 +1,373 @@
+"""The worker: poll a bounded batch, process it, commit at the interval; rebalances; shutdown.
+
+One asyncio lock serialises the three things that touch partition tasks: a loop step
+(poll + process + maybe commit), the rebalance listener and shutdown. A revocation thus
+waits for the current step (at most one poll timeout plus one batch) and then finds no
+half-processed batch, only committed or committable work.
+
+Backpressure, step by step: ``getmany(max_records=...)`` bounds a batch; awaiting
+``producer.send`` blocks while the producer's buffer is full; and a commit is forced once
+``max_uncommitted_records`` inputs are processed but not committed, so unflushed output
+never grows without bound even when the commit interval is long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import IllegalStateError
+
+from worker.core.derenderer import Derenderer
+from worker.core.envelope_processor import EnvelopeProcessor
+from worker.runtime import metrics_names as m
+from worker.runtime.config import KafkaSettings
+from worker.runtime.delivery import AtLeastOnceSink, Sink, TransactionalSink
+from worker.runtime.lifecycle import Lifecycle, WorkerState
+from worker.runtime.metrics import Metrics
+from worker.runtime.partition import PartitionTask
+from worker.runtime.rebalance import RebalanceListener
+from worker.runtime.state_store import StateRestorer, install_snapshots
+from worker.runtime.topics import check_layout, partition_counts
+
+log = logging.getLogger(__name__)
+
+MAX_POLL_TIMEOUT_MS = 100
+HEAL_BACKOFF_S = 1.0
+METRICS_LOG_INTERVAL_S = 30.0
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        derenderer: Derenderer,
+        *,
+        max_record_bytes: int,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.derenderer = derenderer
+        self.max_record_bytes = max_record_bytes
+        self.metrics = metrics or Metrics()
+        self.lifecycle = Lifecycle()
+        self.tasks: dict[TopicPartition, PartitionTask] = {}
+        self._lock = asyncio.Lock()
+        self._stop = asyncio.Event()
+        self._consumer: Any = None
+        self._restorer: StateRestorer | None = None
+        self._commit_due_at: float | None = None
+        self._next_expiry_at = 0.0
+        self._next_heal_at = 0.0
+        self._next_metrics_log_at = 0.0
+        self._epoch = 0  # bumped whenever partitions are opened; see _step
+
+    # --- public ------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Ask for a graceful stop (SIGTERM): commit, leave the group, return from ``run``."""
+        self._stop.set()
+
+    async def run(self) -> int:
+        """Run until ``request_stop``; the process exit status."""
+        self.lifecycle.to(WorkerState.STARTING)
+        try:
+            await self._start_clients()
+            self.lifecycle.to(WorkerState.RUNNING)
+            while not self._stop.is_set():
+                await self._step()
+        except BaseException:
+            self.lifecycle.to(WorkerState.FAILED)
+            await self._close_clients()
+            self.lifecycle.to(WorkerState.STOPPED)
+            raise
+        self.lifecycle.to(WorkerState.STOPPING)
+        try:
+            await asyncio.wait_for(self._shutdown(), self.settings.shutdown_timeout_s)
+        except TimeoutError:
+            log.error("shutdown did not finish within %.0f s", self.settings.shutdown_timeout_s)
+            self.lifecycle.to(WorkerState.FAILED)
+            self.lifecycle.to(WorkerState.STOPPED)
+            return 1
+        self.lifecycle.to(WorkerState.STOPPED)
+        log.info("stopped; metrics %s", self.metrics.snapshot())
+        return 0
+
+    # --- start / stop ------------------------------------------------------------------------
+
+    async def _start_clients(self) -> None:
+        s = self.settings
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.bootstrap_servers,
+            client_id=s.client_id,
+            group_id=s.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            # Inputs may themselves be written transactionally: never act on aborted ones.
+            isolation_level="read_committed",
+            session_timeout_ms=s.session_timeout_ms,
+            heartbeat_interval_ms=max(100, s.session_timeout_ms // 4),
+            max_poll_records=s.max_poll_records,
+        )
+        await self._consumer.start()
+        topics = s.topics
+        names = [topics.input, topics.output, topics.state, topics.dlq]
+        check_layout(topics, await partition_counts(s.bootstrap_servers, names))
+        self._restorer = StateRestorer(s.bootstrap_servers, s.client_id, topics.state)
+        await self._restorer.start()
+        self._consumer.subscribe([topics.input], listener=RebalanceListener(self))
+        log.info(
+            "worker %s joined group %s on %s (%s, commit every %d ms)",
+            s.client_id,
+            s.group_id,
+            topics.input,
+            s.mode.value,
+            s.commit_interval_ms,
+        )
+
+    async def _shutdown(self) -> None:
+        async with self._lock:
+            await self._commit_all()
+            for task in list(self.tasks.values()):
+                await self._close_task(task)
+            self.tasks.clear()
+        # Outside the lock: stopping the consumer may wait for a listener call that waits for it.
+        await self._close_clients()
+
+    async def _close_clients(self) -> None:
+        for task in list(self.tasks.values()):
+            await self._close_task(task)
+        self.tasks.clear()
+        for client in (self._consumer, self._restorer):
+            if client is None:
+                continue
+            try:
+                await client.stop()  # the consumer's stop() leaves the group
+            except Exception as exc:
+                log.warning("closing %r failed: %r", client, exc)
+        self._consumer = self._restorer = None
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    async def _step(self) -> None:
+        # Poll outside the lock: during a rebalance getmany waits for the new assignment,
+        # and the assignment waits for the listener, which takes the lock.
+        poll_epoch = self._epoch
+        batches = await self._consumer.getmany(
+            timeout_ms=self._poll_timeout_ms(time.monotonic()), max_records=self.settings.max_poll_records
+        )
+        async with self._lock:
+            for tp, records in batches.items():
+                task = self.tasks.get(tp)
+                if task is None:
+                    # Not ours any more, or not open yet: opening seeks to the committed offset.
+                    continue
+                if task.epoch > poll_epoch:
+                    # Re-opened while we polled: these records may predate its seek. Rewind to
+                    # where the new task starts and let the fetcher deliver them again.
+                    self._consumer.seek(tp, task.position)
+                    continue
+                try:
+                    for record in records:
+                        await task.handle(record)
+                except Exception:
+                    log.exception("sending for %s failed; resetting the partition", tp)
+                    await self._reset_partition(tp)
+                    continue
+                if self._commit_due_at is None and records:
+                    self._commit_due_at = self._due_for(records[0].timestamp)
+            await self._maybe_commit()
+            await self._maybe_expire()
+            await self._heal()
+        self._maybe_log_metrics()
+
+    def _due_for(self, first_timestamp_ms: int) -> float:
+        """When to commit work whose oldest input was created at ``first_timestamp_ms``.
+
+        Counting the interval from the input's create time rather than from when it was
+        processed keeps the time a commit spent blocking the loop out of the latency budget.
+        Clamped to [now, now + interval] so a producer's skewed clock cannot delay a commit.
+        """
+        interval = self.settings.commit_interval_ms / 1000
+        now = time.monotonic()
+        age = max(0.0, time.time() - first_timestamp_ms / 1000)
+        return now + max(0.0, interval - age)
+
+    def _poll_timeout_ms(self, now: float) -> int:
+        if self._commit_due_at is None:
+            return MAX_POLL_TIMEOUT_MS
+        return max(0, min(MAX_POLL_TIMEOUT_MS, int((self._commit_due_at - now) * 1000)))
+
+    async def _maybe_commit(self) -> None:
+        uncommitted = sum(t.uncommitted_records for t in self.tasks.values())
+        self.metrics.gauge(m.UNCOMMITTED_RECORDS, uncommitted)
+        forced = uncommitted >= self.settings.max_uncommitted_records
+        due = self._commit_due_at is not None and time.monotonic() >= self._commit_due_at
+        if forced or due:
+            if forced and not due:
+                self.metrics.increment(m.COMMITS_FORCED)
+            await self._commit_all()
+
+    async def _commit_all(self, tps: set[TopicPartition] | None = None) -> None:
+        """Commit every task with work (or those in ``tps``); a failed one is reset."""
+        tasks = [t for t in self.tasks.values() if t.needs_commit and (tps is None or t.tp in tps)]
+        if tps is None:
+            self._commit_due_at = None
+        if not tasks:
+            return
+        results = await asyncio.gather(*(t.commit() for t in tasks), return_exceptions=True)
+        for task, result in zip(tasks, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("commit of %s failed, resetting it: %r", task.tp, result)
+                self.metrics.increment(m.COMMITS_FAILED)
+                await self._reset_partition(task.tp)
+
+    async def _maybe_expire(self) -> None:
+        now = time.monotonic()
+        if now < self._next_expiry_at:
+            return
+        ttl = self.settings.request_ttl_s
+        self._next_expiry_at = now + min(max(ttl / 4, 0.5), 10.0)
+        open_requests = 0
+        for tp, task in list(self.tasks.items()):
+            try:
+                if await task.expire(ttl) and self._commit_due_at is None:
+                    self._commit_due_at = now + self.settings.commit_interval_ms / 1000
+            except Exception:
+                log.exception("expiring requests of %s failed; resetting the partition", tp)
+                await self._reset_partition(tp)
+                continue
+            open_requests += len(task.processor.requests)
+        self.metrics.gauge(m.REQUESTS_OPEN, open_requests)
+
+    async def _heal(self) -> None:
+        """Open assigned partitions that have no task (a failed assign or reset)."""
+        # Not while rebalancing: the listener's assign opens the new assignment.
+        if self.lifecycle.state is not WorkerState.RUNNING or time.monotonic() < self._next_heal_at:
+            return
+        missing = set(self._consumer.assignment()) - set(self.tasks)
+        if missing:
+            await self._open_partitions(missing)
+
+    def _maybe_log_metrics(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_metrics_log_at:
+            if self._next_metrics_log_at:
+                log.info("metrics %s", self.metrics.snapshot()["counters"])
+            self._next_metrics_log_at = now + METRICS_LOG_INTERVAL_S
+
+    # --- partitions --------------------------------------------------------------------------
+
+    async def partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        async with self._lock:
+            if self.lifecycle.state is WorkerState.RUNNING:
+                self.lifecycle.to(WorkerState.REBALANCING)
+            mine = revoked & set(self.tasks)
+            log.info("revoked %s", sorted(tp.partition for tp in mine))
+            self.metrics.increment(m.PARTITIONS_REVOKED, len(mine))
+            # Commit before returning: the next owner starts right after every member's revoke.
+            await self._commit_all(mine)
+            for tp in mine:
+                task = self.tasks.pop(tp, None)
+                if task is not None:
+                    await self._close_task(task)
+            self.metrics.gauge(m.PARTITIONS_OWNED, len(self.tasks))
+
+    async def partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        async with self._lock:
+            if not self.lifecycle.accepting_partitions:
+                return
+            log.info("assigned %s", sorted(tp.partition for tp in assigned))
+            self.metrics.increment(m.PARTITIONS_ASSIGNED, len(assigned))
+            await self._open_partitions(assigned - set(self.tasks))
+            if self.lifecycle.state is WorkerState.REBALANCING:
+                self.lifecycle.to(WorkerState.RUNNING)
+
+    async def _open_partitions(self, tps: set[TopicPartition]) -> None:
+        """Fence and start the sinks, restore state, then seek to the committed offsets.
+
+        Must hold the lock. On failure, nothing is opened and ``_heal`` retries later.
+        """
+        if not tps:
+            return
+        started = time.perf_counter()
+        sinks: dict[TopicPartition, Sink] = {}
+        try:
+            for tp in tps:
+                sinks[tp] = self._new_sink(tp)
+            # init_transactions: aborts whatever a previous owner left open, so the committed
+            # offsets and the state partition's end are stable from here on.
+            await asyncio.gather(*(sink.start() for sink in sinks.values()))
+            assert self._restorer is not None
+            snapshots = await self._restorer.restore(tp.partition for tp in tps)
+            positions = {}
+            for tp in tps:
+                committed = await self._consumer.committed(tp)
+                if committed is None:
+                    committed = (await self._consumer.beginning_offsets([tp]))[tp]
+                positions[tp] = committed
+        except Exception as exc:
+            log.warning("opening partitions %s failed, will retry: %r", sorted(t.partition for t in tps), exc)
+            for sink in sinks.values():
+                await sink.close()
+            self._next_heal_at = time.monotonic() + HEAL_BACKOFF_S
+            return
+        now = time.monotonic()
+        restored = 0
+        self._epoch += 1
+        for tp in sorted(tps):
+            try:
+                # The group may have started taking partitions away while we awaited above.
+                self._consumer.seek(tp, positions[tp])
+            except IllegalStateError:
+                log.info("partition %d was unassigned while opening; dropped", tp.partition)
+                await sinks.pop(tp).close()
+                continue
+            processor = EnvelopeProcessor(self.derenderer, max_record_bytes=self.max_record_bytes)
+            restored += install_snapshots(processor, snapshots[tp.partition], now)
+            self.tasks[tp] = PartitionTask(
+                tp,
+                processor,
+                sinks[tp],
+                self.settings.topics,
+                self.metrics,
+                position=positions[tp],
+                persisted=set(snapshots[tp.partition]),
+                epoch=self._epoch,
+            )
+        self.metrics.increment(m.STATE_RESTORED_REQUESTS, restored)
+        self.metrics.timing(m.STATE_RESTORE_MS, (time.perf_counter() - started) * 1000)
+        self.metrics.gauge(m.PARTITIONS_OWNED, len(self.tasks))
+        log.info(
+            "opened partitions %s at %s with %d restored requests",
+            sorted(tp.partition for tp in sinks),
+            {tp.partition: positions[tp] for tp in sorted(sinks)},
+            restored,
+        )
+
+    def _new_sink(self, tp: TopicPartition) -> Sink:
+        s = self.settings
+        if s.exactly_once:
+            return TransactionalSink(
+                s.bootstrap_servers, s.client_id, s.transactional_id(tp.partition), s.group_id, self.metrics
+            )
+        return AtLeastOnceSink(s.bootstrap_servers, f"{s.client_id}-p{tp.partition}", self._commit_offsets)
+
+    async def _commit_offsets(self, offsets: dict[TopicPartition, int]) -> None:
+        await self._consumer.commit(offsets)
+
+    async def _close_task(self, task: PartitionTask) -> None:
+        await task.sink.abort()
+        await task.sink.close()
+
+    async def _reset_partition(self, tp: TopicPartition) -> None:
+        """Throw away the partition's uncommitted work and reopen it from committed state."""
+        self.metrics.increment(m.PARTITION_RESETS)
+        task = self.tasks.pop(tp, None)
+        if task is not None:
+            await self._close_task(task)
+        # _heal reopens it (with backoff) if it is still ours.
+        self._next_heal_at = time.monotonic() + HEAL_BACKOFF_S
