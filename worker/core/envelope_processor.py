@@ -61,6 +61,7 @@ class RequestContext:
     finished: set[int] = field(default_factory=set)
     last_choice_index: int = 0
     last_seen: float = 0.0
+    """This process's clock at the last record; not persisted (another process's clock means nothing)."""
 
     @property
     def expected_choices(self) -> int:
@@ -83,7 +84,6 @@ class RequestContext:
             "sequences": {str(i): s.to_wire() for i, s in self.sequences.items()},
             "finished": sorted(self.finished),
             "last_choice_index": self.last_choice_index,
-            "last_seen": self.last_seen,
         }
 
     @classmethod
@@ -103,7 +103,6 @@ class RequestContext:
             },
             finished=set(data.get("finished") or ()),
             last_choice_index=int(data.get("last_choice_index", 0)),
-            last_seen=float(data.get("last_seen", 0.0)),
         )
 
 

@@ -31,8 +31,8 @@ def encode_snapshot(ctx: RequestContext) -> bytes:
 def install_snapshots(processor: EnvelopeProcessor, snapshots: dict[str, bytes], now: float) -> int:
     """Put restored requests into a fresh processor; returns how many were readable.
 
-    ``last_seen`` is reset to ``now``: the stored value is another process's monotonic
-    clock, meaningless here, and the TTL should count from when this owner took over.
+    ``last_seen`` starts at ``now``: snapshots do not carry a clock, and the TTL should
+    count from when this owner took over.
     """
     restored = 0
     for rid, value in snapshots.items():
