@@ -1,0 +1,291 @@
+"""Kafka security settings (TLS, SASL) for every aiokafka client the worker makes.
+
+Flags, each also an environment variable (``--sasl-mechanism`` -> ``DERENDER_SASL_MECHANISM``):
+
+* ``--security-protocol``  PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL (default PLAINTEXT)
+* ``--sasl-mechanism``     PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (required with SASL_*: PLAIN over
+                           SASL_PLAINTEXT sends the password in clear, so it is never implied)
+* ``--sasl-username`` / ``--sasl-password``  (give the password through the environment, from a
+                           Secret: a command-line flag is visible in ``ps``)
+* ``--ssl-cafile`` / ``--ssl-certfile`` / ``--ssl-keyfile`` / ``--ssl-key-password``  PEM files
+                           (no CA file: the system's default CAs)
+* ``--[no-]ssl-check-hostname``  (default on)
+
+``KafkaSecurity.client_kwargs()`` is splatted into ``AIOKafkaConsumer``, ``AIOKafkaProducer`` and
+``AIOKafkaAdminClient`` alike. Secrets are wrapped in ``Secret`` so neither an ``argparse.Namespace``
+nor a ``KafkaSecurity`` ever prints them; only ``client_kwargs()`` reveals the password (do not
+log that dict).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import os
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka.helpers import create_ssl_context
+
+from worker.errors import ConfigurationError
+from worker.settings import ENV_PREFIX, env_default
+
+
+class SecurityProtocol(enum.StrEnum):
+    PLAINTEXT = "PLAINTEXT"
+    SSL = "SSL"
+    SASL_PLAINTEXT = "SASL_PLAINTEXT"
+    SASL_SSL = "SASL_SSL"
+
+    @property
+    def uses_ssl(self) -> bool:
+        return self in (SecurityProtocol.SSL, SecurityProtocol.SASL_SSL)
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL)
+
+
+class SaslMechanism(enum.StrEnum):
+    PLAIN = "PLAIN"
+    SCRAM_SHA_256 = "SCRAM-SHA-256"
+    SCRAM_SHA_512 = "SCRAM-SHA-512"
+
+
+class Secret:
+    """A string that never shows itself in ``repr``/``str`` (argparse namespaces, dataclasses, logs)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('********')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+
+def _choice(enum_cls: type[enum.StrEnum], flag: str) -> Any:
+    """argparse ``type``: a case-insensitive enum value (``sasl_ssl`` and ``scram_sha_512`` work too)."""
+    values = {member.value.replace("-", "_"): member for member in enum_cls}
+
+    def parse(raw: str) -> enum.StrEnum:
+        member = values.get(raw.strip().upper().replace("-", "_"))
+        if member is None:
+            allowed = " | ".join(m.value for m in enum_cls)
+            raise argparse.ArgumentTypeError(f"{flag} must be one of {allowed}, got {raw!r}")
+        return member
+
+    parse.__name__ = flag
+    return parse
+
+
+def _env_enum(name: str, parse: Any) -> Any:
+    raw = env_default(name)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return parse(raw)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigurationError(f"{ENV_PREFIX}{name.replace('-', '_').upper()}: {exc}") from exc
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = env_default(name)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(
+        f"{ENV_PREFIX}{name.replace('-', '_').upper()} must be true or false, got {raw!r}"
+    )
+
+
+def _env_secret(name: str) -> Secret | None:
+    raw = env_default(name)
+    return Secret(raw) if raw else None
+
+
+def add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("kafka security")
+    protocol = _choice(SecurityProtocol, "--security-protocol")
+    mechanism = _choice(SaslMechanism, "--sasl-mechanism")
+    group.add_argument(
+        "--security-protocol",
+        type=protocol,
+        default=_env_enum("security-protocol", protocol) or SecurityProtocol.PLAINTEXT,
+        help="PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL",
+    )
+    group.add_argument(
+        "--sasl-mechanism",
+        type=mechanism,
+        default=_env_enum("sasl-mechanism", mechanism),
+        help="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; required with SASL_PLAINTEXT / SASL_SSL",
+    )
+    group.add_argument("--sasl-username", default=env_default("sasl-username") or None)
+    group.add_argument(
+        "--sasl-password",
+        type=Secret,
+        default=_env_secret("sasl-password"),
+        help="prefer DERENDER_SASL_PASSWORD (from a Secret): a flag shows in the process list",
+    )
+    group.add_argument("--ssl-cafile", default=env_default("ssl-cafile") or None, help="PEM CA bundle")
+    group.add_argument(
+        "--ssl-certfile", default=env_default("ssl-certfile") or None, help="PEM client certificate (mTLS)"
+    )
+    group.add_argument(
+        "--ssl-keyfile", default=env_default("ssl-keyfile") or None, help="PEM client key (mTLS)"
+    )
+    group.add_argument(
+        "--ssl-key-password",
+        type=Secret,
+        default=_env_secret("ssl-key-password"),
+        help="password of an encrypted --ssl-keyfile (prefer DERENDER_SSL_KEY_PASSWORD)",
+    )
+    group.add_argument(
+        "--ssl-check-hostname",
+        action=argparse.BooleanOptionalAction,
+        default=_env_bool("ssl-check-hostname", True),
+        help="verify that the broker's certificate names the host connected to (default: on)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSecurity:
+    protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: Secret | None = field(default=None, repr=False)
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_key_password: Secret | None = field(default=None, repr=False)
+    ssl_check_hostname: bool = True
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> KafkaSecurity:
+        security = cls(
+            protocol=SecurityProtocol(args.security_protocol),
+            sasl_mechanism=SaslMechanism(args.sasl_mechanism) if args.sasl_mechanism else None,
+            sasl_username=args.sasl_username or None,
+            sasl_password=args.sasl_password or None,
+            ssl_cafile=args.ssl_cafile or None,
+            ssl_certfile=args.ssl_certfile or None,
+            ssl_keyfile=args.ssl_keyfile or None,
+            ssl_key_password=args.ssl_key_password or None,
+            ssl_check_hostname=args.ssl_check_hostname,
+        )
+        security.validate()
+        return security
+
+    def validate(self) -> None:
+        """Refuse combinations that would fail at connect time, or silently ignore a setting."""
+        p = self.protocol
+        if p.uses_sasl:
+            if self.sasl_mechanism is None:
+                raise ConfigurationError(
+                    f"--security-protocol {p} needs --sasl-mechanism (DERENDER_SASL_MECHANISM)"
+                )
+            if not self.sasl_username or self.sasl_password is None:
+                raise ConfigurationError(
+                    f"--security-protocol {p} needs --sasl-username and --sasl-password "
+                    "(DERENDER_SASL_USERNAME / DERENDER_SASL_PASSWORD)"
+                )
+        else:
+            given = [
+                name
+                for name, value in (
+                    ("--sasl-mechanism", self.sasl_mechanism),
+                    ("--sasl-username", self.sasl_username),
+                    ("--sasl-password", self.sasl_password),
+                )
+                if value is not None
+            ]
+            if given:
+                raise ConfigurationError(
+                    f"{', '.join(given)} given but --security-protocol is {p}: use SASL_PLAINTEXT or SASL_SSL"
+                )
+        files = {
+            "--ssl-cafile": self.ssl_cafile,
+            "--ssl-certfile": self.ssl_certfile,
+            "--ssl-keyfile": self.ssl_keyfile,
+        }
+        if not p.uses_ssl:
+            given = [flag for flag, value in files.items() if value] + (
+                ["--ssl-key-password"] if self.ssl_key_password is not None else []
+            )
+            if given:
+                raise ConfigurationError(
+                    f"{', '.join(given)} given but --security-protocol is {p}: use SSL or SASL_SSL"
+                )
+            return
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ConfigurationError("--ssl-keyfile needs --ssl-certfile (the client certificate)")
+        for flag, path in files.items():
+            if path and not os.path.isfile(path):
+                raise ConfigurationError(f"{flag} {path!r}: no such file")
+            if path and not os.access(path, os.R_OK):
+                raise ConfigurationError(f"{flag} {path!r}: not readable")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context for SSL / SASL_SSL (else ``None``); bad PEM files are a configuration error."""
+        if not self.protocol.uses_ssl:
+            return None
+        try:
+            context: ssl.SSLContext = create_ssl_context(
+                cafile=self.ssl_cafile,
+                certfile=self.ssl_certfile,
+                keyfile=self.ssl_keyfile,
+                password=self.ssl_key_password.reveal() if self.ssl_key_password else None,
+            )
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise ConfigurationError(f"cannot build the Kafka TLS context: {exc}") from exc
+        if not self.ssl_check_hostname:
+            context.check_hostname = False  # the certificate chain is still verified (CERT_REQUIRED)
+        return context
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``AIOKafkaConsumer`` / ``AIOKafkaProducer`` / ``AIOKafkaAdminClient``.
+
+        Builds a new ``SSLContext`` per call; call once and share the dict between clients.
+        """
+        kwargs: dict[str, Any] = {"security_protocol": self.protocol.value}
+        context = self.ssl_context()
+        if context is not None:
+            kwargs["ssl_context"] = context
+        if self.protocol.uses_sasl:
+            assert self.sasl_mechanism is not None and self.sasl_password is not None  # validate()
+            kwargs["sasl_mechanism"] = self.sasl_mechanism.value
+            # aiokafka takes the SCRAM credentials through the sasl_plain_* arguments too.
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = self.sasl_password.reveal()
+        return kwargs
+
+    def describe(self) -> str:
+        """A log line without secrets."""
+        parts = [f"security_protocol={self.protocol.value}"]
+        if self.protocol.uses_sasl:
+            parts.append(f"sasl_mechanism={self.sasl_mechanism} user={self.sasl_username}")
+        if self.protocol.uses_ssl:
+            parts.append(
+                f"ca={self.ssl_cafile or 'system'} client_cert={self.ssl_certfile or '-'} "
+                f"check_hostname={self.ssl_check_hostname}"
+            )
+        return " ".join(parts)
