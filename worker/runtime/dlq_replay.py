@@ -1,0 +1,357 @@
+"""``derender-worker dlq replay``: send dead-lettered records back to the input topic after a fix.
+
+How to re-drive dead letters::
+
+    # 1. See what would be sent (nothing is produced):
+    derender-worker dlq replay --dry-run --reason-contains "malformed JSON"
+    # 2. Send them (same key, headers and value bytes as the original record):
+    derender-worker dlq replay --reason-contains "malformed JSON"
+
+What it does: reads the dead-letter topic with ``isolation_level=read_committed`` (so the dead
+letters of aborted transactions are never replayed) from the beginning, or from
+``--from-offset`` (every partition) or ``--since`` (a time), up to the end offsets it saw when it
+started (records dead-lettered while it runs are left for the next run). Each value is a
+``DeadLetterRecord``; its ``original`` (UTF-8 text, or base64 when the record was not UTF-8) is
+produced to ``--to-topic`` (default: ``--input-topic``) with an idempotent producer, keyed by the
+dead-letter record's Kafka key (the original key's exact bytes; the JSON ``key`` is the fallback,
+lossy for non-UTF-8 keys) and with the original ``headers``. Same key, same partitioner: a record
+goes back to the partition it came from while the partition count is unchanged.
+
+Caveats, by design of the worker: the replay is a new record, so a stream record whose request
+went on (or was closed) meanwhile is a duplicate (skipped) or a gap (error output) when it
+arrives; and running the same replay twice sends the records twice. Use ``--since`` /
+``--from-offset`` to replay a range once. The dead-letter topic itself is not changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import binascii
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from pydantic import ValidationError
+
+from schemas.envelope import DeadLetterRecord
+from worker.errors import ConfigurationError, DerenderWorkerError
+from worker.runtime.config import KafkaSettings, add_topic_arguments
+from worker.runtime.kafka_security import KafkaSecurity, add_security_arguments
+
+MAX_REQUEST_BYTES = 16 * 1024 * 1024  # as large as the worker's own producers send
+_POLL_MS = 500
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+
+
+class ReplayError(DerenderWorkerError):
+    """The replay could not finish (no progress, a send failed)."""
+
+
+# --- decoding (pure) ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayItem:
+    """One dead letter, decoded back to the record it was."""
+
+    reason: str
+    value: bytes
+    key: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+def decode_dead_letter(value: bytes | None, kafka_key: bytes | None) -> ReplayItem:
+    """The original record inside a dead-letter record; ``ValueError`` when it is not one."""
+    if value is None:
+        raise ValueError("empty dead-letter record")
+    try:
+        letter = DeadLetterRecord.model_validate_json(value)
+    except ValidationError as exc:
+        raise ValueError(f"not a DeadLetterRecord: {exc.error_count()} validation errors") from exc
+    if letter.original_encoding == "base64":
+        try:
+            original = base64.b64decode(letter.original, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"original is not valid base64: {exc}") from exc
+    else:
+        original = letter.original.encode("utf-8")
+    key = kafka_key if kafka_key is not None else (letter.key.encode("utf-8") if letter.key else None)
+    headers = [(name, text.encode("utf-8")) for name, text in letter.headers]
+    return ReplayItem(letter.reason, original, key, headers)
+
+
+def parse_since(raw: str) -> int:
+    """``--since``: epoch milliseconds, or an ISO 8601 time (UTC when it has no offset)."""
+    text = raw.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"--since must be epoch milliseconds or an ISO 8601 time, got {raw!r}"
+        ) from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+# --- options and report -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    bootstrap_servers: str
+    client_id: str
+    dlq_topic: str
+    to_topic: str
+    security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    from_offset: int | None = None
+    since_ms: int | None = None
+    reason_contains: str | None = None
+    limit: int | None = None
+    dry_run: bool = False
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ReplayOptions:
+        settings = KafkaSettings.from_args(args)
+        if args.from_offset is not None and args.from_offset < 0:
+            raise ConfigurationError("--from-offset must not be negative")
+        if args.limit is not None and args.limit <= 0:
+            raise ConfigurationError("--limit must be positive")
+        return cls(
+            bootstrap_servers=settings.bootstrap_servers,
+            client_id=f"{settings.client_id}-dlq-replay",
+            dlq_topic=settings.topics.dlq,
+            to_topic=args.to_topic or settings.topics.input,
+            security=KafkaSecurity.from_args(args),
+            from_offset=args.from_offset,
+            since_ms=args.since,
+            reason_contains=args.reason_contains,
+            limit=args.limit,
+            dry_run=args.dry_run,
+        )
+
+
+@dataclass(slots=True)
+class ReplayReport:
+    read: int = 0
+    replayed: int = 0  # sent, or would be sent with --dry-run
+    filtered: int = 0  # reason did not match --reason-contains
+    undecodable: int = 0  # not a DeadLetterRecord: reported, skipped
+    dry_run: bool = False
+
+    def summary(self) -> str:
+        verb = "would replay" if self.dry_run else "replayed"
+        return (
+            f"{verb} {self.replayed} of {self.read} dead letters "
+            f"({self.filtered} filtered out, {self.undecodable} undecodable)"
+        )
+
+
+# --- the replay ---------------------------------------------------------------------------------
+
+
+async def _partition_count(options: ReplayOptions, security: dict[str, Any]) -> int:
+    # The admin client's metadata, not the consumer's: a consumer only knows the topics it was given.
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=options.bootstrap_servers, client_id=options.client_id, **security
+    )
+    await admin.start()
+    try:
+        for topic in await admin.describe_topics([options.dlq_topic]):
+            if topic.get("error_code") == 0 and topic.get("partitions"):
+                return len(topic["partitions"])
+    finally:
+        await admin.close()
+    raise ConfigurationError(f"dead-letter topic {options.dlq_topic!r} does not exist")
+
+
+async def _start_offsets(
+    consumer: Any, tps: list[TopicPartition], options: ReplayOptions
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    beginnings: dict[TopicPartition, int] = await consumer.beginning_offsets(tps)
+    ends: dict[TopicPartition, int] = await consumer.end_offsets(tps)
+    starts = dict(beginnings)
+    if options.from_offset is not None:
+        starts = {tp: min(max(options.from_offset, beginnings[tp]), ends[tp]) for tp in tps}
+    elif options.since_ms is not None:
+        found = await consumer.offsets_for_times({tp: options.since_ms for tp in tps})
+        starts = {tp: found[tp].offset if found.get(tp) is not None else ends[tp] for tp in tps}
+    return starts, ends
+
+
+async def replay_dead_letters(options: ReplayOptions, out: TextIO | None = None) -> ReplayReport:
+    """Read the dead-letter topic to its end offsets at start and re-produce the matching originals."""
+    out = out if out is not None else sys.stdout
+    report = ReplayReport(dry_run=options.dry_run)
+    security = options.security.client_kwargs()
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=options.bootstrap_servers,
+        client_id=options.client_id,
+        group_id=None,  # reads by explicit offsets and commits nothing: the DLQ is left as it is
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        **security,
+    )
+    producer: Any = None
+    await consumer.start()
+    try:
+        partitions = await _partition_count(options, security)
+        tps = [TopicPartition(options.dlq_topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        starts, ends = await _start_offsets(consumer, tps, options)
+        for tp in tps:
+            consumer.seek(tp, starts[tp])
+        if not options.dry_run:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=options.bootstrap_servers,
+                client_id=options.client_id,
+                acks="all",
+                enable_idempotence=True,  # a retried send is not written twice
+                max_request_size=MAX_REQUEST_BYTES,
+                **security,
+            )
+            await producer.start()
+        await _copy(
+            consumer, producer, {tp for tp in tps if starts[tp] < ends[tp]}, ends, options, report, out
+        )
+        if producer is not None:
+            await producer.flush()
+    finally:
+        if producer is not None:
+            await producer.stop()
+        await consumer.stop()
+    return report
+
+
+async def _copy(
+    consumer: Any,
+    producer: Any,
+    pending: set[TopicPartition],
+    ends: dict[TopicPartition, int],
+    options: ReplayOptions,
+    report: ReplayReport,
+    out: TextIO,
+) -> None:
+    futures: list[asyncio.Future[Any]] = []
+    idle_deadline = time.monotonic() + options.idle_timeout_s
+    while pending and (options.limit is None or report.replayed < options.limit):
+        batches = await consumer.getmany(*pending, timeout_ms=_POLL_MS)
+        for tp, records in batches.items():
+            for record in records:
+                if record.offset >= ends[tp] or (
+                    options.limit is not None and report.replayed >= options.limit
+                ):
+                    break
+                report.read += 1
+                futures.extend(await _replay_one(record, producer, options, report, out))
+        progressed = False
+        for tp in list(pending):
+            # position() moves past transaction markers too, so it reaches the end offset.
+            if await consumer.position(tp) >= ends[tp]:
+                pending.discard(tp)
+                progressed = True
+        if batches or progressed:
+            idle_deadline = time.monotonic() + options.idle_timeout_s
+        elif time.monotonic() > idle_deadline:
+            raise ReplayError(
+                f"no progress reading {options.dlq_topic} for {options.idle_timeout_s:.0f} s; "
+                f"{report.summary()} so far"
+            )
+    if futures:
+        await asyncio.wait(futures)
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        if failed:
+            raise ReplayError(f"{len(failed)} sends failed, first: {failed[0]!r}; {report.summary()}")
+
+
+async def _replay_one(
+    record: Any, producer: Any, options: ReplayOptions, report: ReplayReport, out: TextIO
+) -> list[asyncio.Future[Any]]:
+    where = {"partition": record.partition, "offset": record.offset}
+    try:
+        item = decode_dead_letter(record.value, record.key)
+    except ValueError as exc:
+        report.undecodable += 1
+        print(orjson.dumps({"skipped": "undecodable", **where, "error": str(exc)}).decode(), file=out)
+        return []
+    if options.reason_contains is not None and options.reason_contains not in item.reason:
+        report.filtered += 1
+        return []
+    report.replayed += 1
+    if producer is None:  # --dry-run
+        line = {
+            "would_send": options.to_topic,
+            "from": where,
+            "key": item.key.decode("utf-8", errors="replace") if item.key is not None else None,
+            "bytes": len(item.value),
+            "headers": [name for name, _ in item.headers],
+            "reason": item.reason,
+        }
+        print(orjson.dumps(line).decode(), file=out)
+        return []
+    future: asyncio.Future[Any] = await producer.send(
+        options.to_topic, value=item.value, key=item.key, headers=item.headers or None
+    )
+    return [future]
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+def register_dlq(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Adds ``dlq replay`` to ``derender-worker`` (called from ``worker.runtime.commands.register``)."""
+    dlq = commands.add_parser("dlq", help="work with the dead-letter topic")
+    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True)
+    replay = dlq_commands.add_parser(
+        "replay",
+        help="re-produce dead-lettered records to the input topic (after a fix)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_topic_arguments(replay)
+    add_security_arguments(replay)
+    group = replay.add_argument_group("replay")
+    start = group.add_mutually_exclusive_group()
+    start.add_argument("--from-offset", type=int, default=None, help="start every partition at this offset")
+    start.add_argument(
+        "--since",
+        type=parse_since,
+        default=None,
+        help="start at the first dead letter written at or after this time (ISO 8601 or epoch ms)",
+    )
+    group.add_argument(
+        "--reason-contains", default=None, help="replay only dead letters whose reason contains this text"
+    )
+    group.add_argument("--to-topic", default=None, help="default: --input-topic")
+    group.add_argument("--limit", type=int, default=None, help="replay at most this many records")
+    group.add_argument("--dry-run", action="store_true", help="print what would be sent, send nothing")
+    replay.set_defaults(handler=_dlq_replay)
+
+
+def _dlq_replay(args: argparse.Namespace) -> int:
+    options = ReplayOptions.from_args(args)
+    report = asyncio.run(replay_dead_letters(options))
+    print(report.summary())
+    return 0
+
+
+def run_replay_cli(argv: Sequence[str]) -> int:
+    """``dlq replay`` with ``argv`` alone (tests, scripts): parses and runs it."""
+    parser = argparse.ArgumentParser(prog="derender-worker")
+    register_dlq(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["dlq", "replay", *argv])
+    handler = args.handler
+    result: int = handler(args)
+    return result
