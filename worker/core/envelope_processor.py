@@ -406,6 +406,10 @@ class EnvelopeProcessor:
     def live_parsers(self) -> int:
         return len(self._live)
 
+    def is_open(self, request_id: str) -> bool:
+        """Whether ``request_id`` has state here (its next record continues it)."""
+        return request_id in self.requests
+
     def expire_idle(self, ttl_seconds: float) -> list[ProcessResult]:
         """Close requests idle longer than ``ttl_seconds``, each with an error output record."""
         now = self._clock()
