@@ -71,6 +71,11 @@ class ServerOptions:
         return self.served_model_names[0]
 
 
+def _ids_if(wanted: bool, ids: Sequence[int] | None) -> list[int] | None:
+    """A copy of ``ids`` when the request asked for token ids, else null."""
+    return list(ids) if wanted and ids is not None else None
+
+
 def _usage(prompt_tokens: int, completion_tokens: int) -> JsonDict:
     return {
         "prompt_tokens": prompt_tokens,
@@ -293,11 +298,7 @@ class Derenderer:
         policy = _stop_policy(request)
         hide_metadata = parsing is not None and request is not None and not request.include_reasoning
         return_token_ids = bool(request is not None and request.return_token_ids and not hide_metadata)
-        top_limit = (
-            chat_top_limit(request.logprobs, request.top_logprobs, bool(request.logprob_token_ids))
-            if request is not None
-            else None
-        )
+        top_limit = chat_top_limit(request)
         parse_request = _parse_request(request) if parsing is not None and request is not None else None
 
         choices: list[JsonDict] = []
@@ -339,7 +340,7 @@ class Derenderer:
                     "logprobs": logprobs,
                     "finish_reason": _resolve_finish_reason(choice.finish_reason, request, bool(tool_calls)),
                     "stop_reason": stop_reason,
-                    "token_ids": list(choice.token_ids) if return_token_ids else None,
+                    "token_ids": _ids_if(return_token_ids, choice.token_ids),
                     "routed_experts": None,
                     "weight_versions": None,
                 }
@@ -357,10 +358,8 @@ class Derenderer:
             "system_fingerprint": None,
             "usage": _usage(prompt_tokens, completion_tokens),
             "prompt_logprobs": _prompt_logprobs(gen.prompt_logprobs),
-            "prompt_token_ids": (
-                list(gen.prompt_token_ids)
-                if request is not None and request.return_token_ids and gen.prompt_token_ids is not None
-                else None
+            "prompt_token_ids": _ids_if(
+                request is not None and bool(request.return_token_ids), gen.prompt_token_ids
             ),
             "prompt_text": None,
             "kv_transfer_params": gen.kv_transfer_params,
@@ -382,9 +381,7 @@ class Derenderer:
         request = body.completion_request
         skip_special = _skip_special(request, preserve_special=False)
         policy = _stop_policy(request)
-        top_limit = (
-            completion_top_limit(request.logprobs, bool(request.logprob_token_ids)) if request else None
-        )
+        top_limit = completion_top_limit(request)
         return_token_ids = bool(request is not None and request.return_token_ids)
         prompt_counts = body.prompt_tokens if body.prompt_tokens is not None else [0] * len(responses)
         seed_overrides = (
@@ -417,13 +414,9 @@ class Derenderer:
                         "logprobs": logprobs,
                         "finish_reason": choice.finish_reason,
                         "stop_reason": stop_reason,
-                        "token_ids": list(choice.token_ids) if return_token_ids else None,
+                        "token_ids": _ids_if(return_token_ids, choice.token_ids),
                         "prompt_logprobs": None,
-                        "prompt_token_ids": (
-                            list(gen.prompt_token_ids)
-                            if return_token_ids and gen.prompt_token_ids is not None
-                            else None
-                        ),
+                        "prompt_token_ids": _ids_if(return_token_ids, gen.prompt_token_ids),
                         "routed_experts": None,
                         "weight_versions": None,
                     }
@@ -503,11 +496,7 @@ class Derenderer:
             state = SequenceState(window=self.decoder.seed_window(seed_ids, skip_special))
         policy = _stop_policy(request)
         return_token_ids = bool(request is not None and request.return_token_ids)
-        top_limit = (
-            chat_top_limit(request.logprobs, request.top_logprobs, bool(request.logprob_token_ids))
-            if request is not None
-            else None
-        )
+        top_limit = chat_top_limit(request)
         choices: list[JsonDict] = []
         for choice in gen.choices:
             delta_ids = choice.token_ids or []
@@ -537,9 +526,7 @@ class Derenderer:
                     "logprobs": logprobs,
                     "finish_reason": choice.finish_reason,
                     "stop_reason": stop_reason,
-                    "token_ids": list(choice.token_ids)
-                    if return_token_ids and choice.token_ids is not None
-                    else None,
+                    "token_ids": _ids_if(return_token_ids, choice.token_ids),
                     "weight_versions": None,
                 }
             )
@@ -556,10 +543,8 @@ class Derenderer:
             "choices": choices,
             "usage": _chunk_usage(gen.usage, body.prompt_tokens),
             "system_fingerprint": None,
-            "prompt_token_ids": (
-                list(gen.prompt_token_ids)
-                if request is not None and request.return_token_ids and gen.prompt_token_ids is not None
-                else None
+            "prompt_token_ids": _ids_if(
+                request is not None and bool(request.return_token_ids), gen.prompt_token_ids
             ),
             "prompt_text": None,
             "metrics": gen.metrics,
@@ -593,7 +578,7 @@ class Derenderer:
         session = live.session
         hide_metadata = session.hide_metadata
         return_token_ids = bool(request.return_token_ids and not hide_metadata)
-        top_limit = chat_top_limit(request.logprobs, request.top_logprobs, bool(request.logprob_token_ids))
+        top_limit = chat_top_limit(request)
         choices: list[JsonDict] = []
         if gen.choices:
             choice = gen.choices[0]
@@ -639,9 +624,7 @@ class Derenderer:
                     "logprobs": logprobs,
                     "finish_reason": finish_reason,
                     "stop_reason": stop_reason,
-                    "token_ids": list(choice.token_ids)
-                    if return_token_ids and choice.token_ids is not None
-                    else None,
+                    "token_ids": _ids_if(return_token_ids, choice.token_ids),
                     "weight_versions": None,
                 }
             )
@@ -671,9 +654,7 @@ class Derenderer:
             seed_ids = body.prompt_token_ids if body.prompt_token_ids is not None else gen.prompt_token_ids
             state = SequenceState(window=self.decoder.seed_window(seed_ids, skip_special))
         policy = _stop_policy(request)
-        top_limit = (
-            completion_top_limit(request.logprobs, bool(request.logprob_token_ids)) if request else None
-        )
+        top_limit = completion_top_limit(request)
         return_token_ids = bool(request is not None and request.return_token_ids)
         choices: list[JsonDict] = []
         for choice in gen.choices:
@@ -703,14 +684,8 @@ class Derenderer:
                     "logprobs": logprobs,
                     "finish_reason": choice.finish_reason,
                     "stop_reason": stop_reason,
-                    "prompt_token_ids": (
-                        list(gen.prompt_token_ids)
-                        if return_token_ids and gen.prompt_token_ids is not None
-                        else None
-                    ),
-                    "token_ids": list(choice.token_ids)
-                    if return_token_ids and choice.token_ids is not None
-                    else None,
+                    "prompt_token_ids": _ids_if(return_token_ids, gen.prompt_token_ids),
+                    "token_ids": _ids_if(return_token_ids, choice.token_ids),
                     "weight_versions": None,
                 }
             )

@@ -14,25 +14,30 @@ from typing import Any
 
 from schemas.derender import LOGPROB_CONTEXT_WINDOW
 from schemas.generate import GenerateLogProbs
+from schemas.openai import ChatCompletionRequest, CompletionRequest
 from worker.core.decoding import REPLACEMENT_CHAR, TextDecoder
 
 JsonDict = dict[str, Any]
 
 
-def chat_top_limit(logprobs: bool | None, top_logprobs: int | None, return_all: bool) -> int | None:
-    """How many candidates per position ``/v1/chat/completions`` keeps; None keeps all."""
-    if not logprobs:
+def chat_top_limit(request: ChatCompletionRequest | None) -> int | None:
+    """How many candidates per position ``/v1/chat/completions`` keeps; None keeps all.
+
+    Without a request, or one that does not ask for logprobs, every candidate generate
+    returned is passed through.
+    """
+    if request is None or not request.logprobs:
         return None
-    if return_all or top_logprobs == -1:
+    if request.logprob_token_ids or request.top_logprobs == -1:
         return None
-    return top_logprobs or 0
+    return request.top_logprobs or 0
 
 
-def completion_top_limit(logprobs: int | None, return_all: bool) -> int | None:
+def completion_top_limit(request: CompletionRequest | None) -> int | None:
     """``/v1/completions`` keeps ``logprobs + 1`` candidates; None keeps all."""
-    if return_all or logprobs is None or logprobs == -1:
+    if request is None or request.logprob_token_ids or request.logprobs is None or request.logprobs == -1:
         return None
-    return max(logprobs + 1, 0)
+    return max(request.logprobs + 1, 0)
 
 
 def context_tail(context: Sequence[int], delta_token_ids: Sequence[int]) -> list[int]:
