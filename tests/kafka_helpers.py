@@ -12,10 +12,13 @@ import contextlib
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -195,9 +198,13 @@ class WorkerGroup:
         self.log_dir = Path(tempfile.mkdtemp(prefix="derender-workers-"))
         self.workers: list[WorkerProcess] = []
 
-    def start(self) -> WorkerProcess:
+    def start(self, extra: Sequence[str] = ()) -> WorkerProcess:
+        """Start one more worker; ``extra`` flags for this one only (e.g. its ``--metrics-port``)."""
         name = f"worker-{len(self.workers)}"
-        worker = WorkerProcess(name, [*self.base, "--client-id", name], self.log_dir / f"{name}.log")
+        command = [*self.base, "--client-id", name, *extra]
+        if "--metrics-port" not in command:
+            command += ["--metrics-port", "0"]  # parallel workers must not fight over 9464
+        worker = WorkerProcess(name, command, self.log_dir / f"{name}.log")
         self.workers.append(worker.start())
         return worker
 
@@ -228,6 +235,44 @@ class WorkerGroup:
             w.kill()
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on right now (for a worker's ``--metrics-port``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """Status and body of a GET (a 503 is an answer, not an exception); (0, b"") if nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status), bytes(response.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), bytes(exc.read())
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, b""
+
+
+async def wait_for_http(
+    url: str, status: int, timeout: float, group: WorkerGroup | None = None, what: str = ""
+) -> bytes:
+    """Poll ``url`` until it answers ``status``; its body. Fails on timeout (or a crashed worker)."""
+    deadline = time.monotonic() + timeout
+    last: tuple[int, bytes] = (0, b"")
+    while True:
+        last = await asyncio.to_thread(http_get, url)
+        if last[0] == status:
+            return last[1]
+        if group is not None:
+            group.check_no_unexpected_exit()
+        if time.monotonic() > deadline:
+            logs = group.logs() if group is not None else ""
+            got = f"last {last[0]} {last[1]!r}"
+            raise AssertionError(f"{url} did not answer {status} within {timeout:.0f}s {what}: {got}\n{logs}")
+        await asyncio.sleep(0.2)
+
+
 # --- producing and reading ----------------------------------------------------------------------
 
 
@@ -238,15 +283,19 @@ async def produce(
     *,
     pace_per_s: float | None = None,
     batch: int = 10,
+    partition: int | None = None,
 ) -> list[tuple[int, int]]:
-    """Produce in order (idempotent, so per-partition order holds); (partition, offset) of each."""
+    """Produce in order (idempotent, so per-partition order holds); (partition, offset) of each.
+
+    ``partition``: every record to that partition (default: the key's hash decides).
+    """
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=5)
     await producer.start()
     try:
         futures = []
         started = time.monotonic()
         for i, (key, value) in enumerate(records):
-            futures.append(await producer.send(topic, value=value, key=key))
+            futures.append(await producer.send(topic, value=value, key=key, partition=partition))
             if pace_per_s and (i + 1) % batch == 0:
                 ahead = started + (i + 1) / pace_per_s - time.monotonic()
                 if ahead > 0:

@@ -210,12 +210,6 @@ NO_RUN = pytest.mark.xfail(
     reason="`derender-worker run` is not registered yet (worker/runtime/commands.py); "
     "this check passes once the runtime commands land",
 )
-NO_ISSUE5 = pytest.mark.xfail(
-    "DERENDER_METRICS_PORT" not in _RUN_FLAGS,
-    strict=False,
-    reason="`derender-worker run` has no --metrics-port yet (issue 5: metrics and Kafka security flags); "
-    "this check passes once they land",
-)
 NO_TOPICS = pytest.mark.xfail(
     _TOPICS_CREATE is None,
     strict=False,
@@ -614,7 +608,6 @@ def test_manifest_env_names_are_run_flags(clean_env: pytest.MonkeyPatch) -> None
     assert unknown == {}, "names the CLI does not read (DERENDER_ + `run` flag name)"
 
 
-@NO_ISSUE5
 def test_metrics_and_security_env_names_are_run_flags(clean_env: pytest.MonkeyPatch) -> None:
     run = _command_parser("run")
     assert run is not None, "`derender-worker run` is missing"

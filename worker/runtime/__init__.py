@@ -33,7 +33,14 @@ Modules, in the order a record meets them:
 * ``delivery``      -- exactly-once (one transactional producer per partition) and
                        at-least-once sinks
 * ``partition``     -- one owned input partition: processor + sink + uncommitted work
-* ``worker``        -- the poll / process / commit loop, backpressure, shutdown
+* ``dead_letter_policy`` -- the per-partition breaker that pauses a partition drowning in
+                       dead letters
+* ``memory``        -- the caps on open requests and state bytes (a new request past one gets 503)
+* ``worker``        -- the poll / process / commit loop, backpressure, pausing, shutdown
 * ``metrics_names`` / ``metrics`` -- metric names (one place) and an in-process registry
-* ``commands``      -- the ``topics`` and ``run`` sub-commands
+* ``prometheus_export`` / ``health_server`` -- ``/metrics``, ``/healthz``, ``/readyz``
+* ``kafka_security`` -- TLS / SASL options, passed to every Kafka client
+* ``structured_logging`` -- ``--log-format json``
+* ``dlq_replay``    -- ``dlq replay``: re-drive dead letters to the input topic after a fix
+* ``commands``      -- the ``topics``, ``run`` and ``dlq`` sub-commands
 """

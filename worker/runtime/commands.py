@@ -5,11 +5,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
-import sys
 
+from prometheus_client.registry import CollectorRegistry
+
+from worker.errors import ConfigurationError
 from worker.runtime.config import KafkaSettings, add_run_arguments, add_topic_arguments
+from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy, add_dead_letter_arguments
+from worker.runtime.dlq_replay import register_dlq
+from worker.runtime.health_server import (
+    DEFAULT_METRICS_PORT,
+    HealthServer,
+    ReadinessState,
+    add_metrics_arguments,
+)
+from worker.runtime.kafka_security import add_security_arguments
+from worker.runtime.structured_logging import add_log_format_argument, configure_logging
 from worker.settings import ModelSettings, add_model_arguments, env_default
 
 log = logging.getLogger(__name__)
@@ -22,6 +33,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "create", help="create the input, output, state (compacted) and dead-letter topics (idempotent)"
     )
     add_topic_arguments(create)
+    add_security_arguments(create)
     create.add_argument(
         "--partitions",
         type=int,
@@ -41,7 +53,17 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     run.add_argument(
         "--log-level", default=env_default("log-level", "INFO"), help="DEBUG, INFO, WARNING, ERROR"
     )
+    add_metrics_arguments(run)
+    if env_default("metrics-port") is None:
+        # Not chosen (no flag, no DERENDER_METRICS_PORT, which every deploy/ file sets): 9464, or a
+        # free port when 9464 is taken, so several workers can run on one host (`demo`, tests).
+        run.set_defaults(metrics_port=None)
+    add_security_arguments(run)
+    add_dead_letter_arguments(run)
+    add_log_format_argument(run)
     run.set_defaults(handler=_run)
+
+    register_dlq(commands)  # `dlq replay` (it adds its own topic and security flags)
 
 
 def _topics_create(args: argparse.Namespace) -> int:
@@ -49,7 +71,13 @@ def _topics_create(args: argparse.Namespace) -> int:
 
     settings = KafkaSettings.from_args(args)
     result = asyncio.run(
-        create_topics(settings.bootstrap_servers, settings.topics, args.partitions, args.replication_factor)
+        create_topics(
+            settings.bootstrap_servers,
+            settings.topics,
+            args.partitions,
+            args.replication_factor,
+            settings.security.client_kwargs(),
+        )
     )
     for name in result.created:
         print(f"created {name}")
@@ -58,30 +86,59 @@ def _topics_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format=f"%(asctime)s %(levelname)s [{os.getpid()}] %(name)s: %(message)s",
-    )
-    # aiokafka logs every retry of a broker outage at ERROR/WARNING; keep its INFO chatter out.
-    if os.environ.get("DERENDER_AIOKAFKA_DEBUG") != "1":
-        logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+def _start_health_server(
+    args: argparse.Namespace, registry: CollectorRegistry, readiness: ReadinessState
+) -> HealthServer:
+    """The started server: on ``--metrics-port``; when no port was chosen, on 9464 or any free one."""
+    chosen = args.metrics_port is not None
+    port = args.metrics_port if chosen else DEFAULT_METRICS_PORT
+    server = HealthServer(registry, readiness, port=port, host=args.metrics_host)
+    try:
+        server.start()
+    except ConfigurationError:
+        if chosen:
+            raise
+        server = HealthServer(registry, readiness, port=0, host=args.metrics_host)
+        server.start()
+        log.warning(
+            "port %d is taken: serving /metrics, /healthz, /readyz on port %d instead "
+            "(choose one with --metrics-port / DERENDER_METRICS_PORT)",
+            DEFAULT_METRICS_PORT,
+            server.port,
+        )
+    return server
 
 
 def _run(args: argparse.Namespace) -> int:
+    from worker.runtime.prometheus_export import ExportedMetrics, build_registry
     from worker.runtime.worker import Worker
 
-    _configure_logging(args.log_level)
+    configure_logging(args.log_level, json=args.log_format == "json")
     settings = KafkaSettings.from_args(args)
     model = ModelSettings.from_args(args)
-    derenderer = model.build_derenderer()  # before joining: loading a tokenizer takes seconds
+    dead_letters = DeadLetterPolicy(DeadLetterLimits.from_args(args))
+    log.info("kafka %s", settings.security.describe())
+    metrics, readiness = ExportedMetrics(), ReadinessState()
+    # Before the tokenizer loads (seconds): the startupProbe asks /healthz meanwhile, and /readyz
+    # answers 503 "worker is created" until the worker runs with its partitions restored.
+    server = _start_health_server(args, build_registry(metrics), readiness)
+    try:
+        derenderer = model.build_derenderer()  # before joining: loading a tokenizer takes seconds
 
-    async def main() -> int:
-        worker = Worker(settings, derenderer, max_record_bytes=model.max_record_bytes)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.request_stop)
-        return await worker.run()
+        async def main() -> int:
+            worker = Worker(
+                settings,
+                derenderer,
+                max_record_bytes=model.max_record_bytes,
+                metrics=metrics,
+                readiness=readiness,
+                dead_letters=dead_letters,
+            )
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, worker.request_stop)
+            return await worker.run()
 
-    return asyncio.run(main())
+        return asyncio.run(main())
+    finally:
+        server.stop()

@@ -11,9 +11,10 @@ import argparse
 import enum
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from worker.errors import ConfigurationError
+from worker.runtime.kafka_security import KafkaSecurity
 from worker.settings import ENV_PREFIX, env_default
 
 DEFAULT_GROUP_ID = "derender-worker"
@@ -27,6 +28,10 @@ DEFAULT_SESSION_TIMEOUT_MS = 10_000
 DEFAULT_MAX_POLL_RECORDS = 500
 DEFAULT_MAX_UNCOMMITTED_RECORDS = 5_000
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+# Memory caps per worker (0 turns one off). A pod of deploy/kubernetes has 1 GiB; the state bytes are
+# serialized snapshot bytes, and the live objects behind them take a few times that.
+DEFAULT_MAX_OPEN_REQUESTS = 20_000
+DEFAULT_MAX_STATE_BYTES = 128 * 1024 * 1024
 FALLBACK_BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 
 
@@ -113,6 +118,23 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=_env_number("shutdown-timeout-s", DEFAULT_SHUTDOWN_TIMEOUT_S, float),
     )
+    memory = parser.add_argument_group(
+        "memory caps",
+        "per worker; a new request past a cap gets a 503 error output (existing requests go on); 0: off",
+    )
+    memory.add_argument(
+        "--max-open-requests",
+        type=int,
+        default=int(_env_number("max-open-requests", DEFAULT_MAX_OPEN_REQUESTS, int)),
+        help=f"streamed requests open at once (default {DEFAULT_MAX_OPEN_REQUESTS})",
+    )
+    memory.add_argument(
+        "--max-state-bytes",
+        type=int,
+        default=int(_env_number("max-state-bytes", DEFAULT_MAX_STATE_BYTES, int)),
+        help="state of the open requests, in snapshot bytes (the size they take in the state topic; "
+        f"default {DEFAULT_MAX_STATE_BYTES})",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +158,9 @@ class KafkaSettings:
     max_poll_records: int = DEFAULT_MAX_POLL_RECORDS
     max_uncommitted_records: int = DEFAULT_MAX_UNCOMMITTED_RECORDS
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    max_open_requests: int = DEFAULT_MAX_OPEN_REQUESTS  # 0: no cap
+    max_state_bytes: int = DEFAULT_MAX_STATE_BYTES  # 0: no cap
+    security: KafkaSecurity = field(default_factory=KafkaSecurity)
 
     @property
     def exactly_once(self) -> bool:
@@ -156,7 +181,8 @@ class KafkaSettings:
         if any(not name for name in names) or len(set(names)) != len(names):
             raise ConfigurationError(f"the four topics must be named and distinct, got {names}")
         client_id = args.client_id or f"derender-worker-{socket.gethostname()}-{os.getpid()}"
-        settings = cls(bootstrap_servers=bootstrap, client_id=client_id, topics=topics)
+        security = KafkaSecurity.from_args(args) if hasattr(args, "security_protocol") else KafkaSecurity()
+        settings = cls(bootstrap_servers=bootstrap, client_id=client_id, topics=topics, security=security)
         if not hasattr(args, "group_id"):  # `topics create` has no processing flags
             return settings
         settings = cls(
@@ -171,6 +197,9 @@ class KafkaSettings:
             max_poll_records=args.max_poll_records,
             max_uncommitted_records=args.max_uncommitted_records,
             shutdown_timeout_s=args.shutdown_timeout_s,
+            max_open_requests=args.max_open_requests,
+            max_state_bytes=args.max_state_bytes,
+            security=security,
         )
         settings.validate()
         return settings
@@ -189,3 +218,7 @@ class KafkaSettings:
         for flag, value in positive.items():
             if value <= 0:
                 raise ConfigurationError(f"{flag} must be positive, got {value}")
+        caps = {"--max-open-requests": self.max_open_requests, "--max-state-bytes": self.max_state_bytes}
+        for flag, cap in caps.items():
+            if cap < 0:
+                raise ConfigurationError(f"{flag} must be positive (or 0: no cap), got {cap}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -62,8 +62,12 @@ class Sink(Protocol):
     async def close(self) -> None: ...
 
 
-def producer_options(bootstrap_servers: str, client_id: str) -> dict[str, Any]:
+def producer_options(
+    bootstrap_servers: str, client_id: str, security: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """``AIOKafkaProducer`` keyword arguments; ``security`` is ``KafkaSecurity.client_kwargs()``."""
     return {
+        **(security or {}),
         "bootstrap_servers": bootstrap_servers,
         "client_id": client_id,
         "acks": "all",
@@ -121,12 +125,13 @@ class TransactionalSink:
         transactional_id: str,
         group_id: str,
         metrics: Metrics | None = None,
+        security: Mapping[str, Any] | None = None,
     ) -> None:
         self.transactional_id = transactional_id
         self._metrics = metrics or Metrics()
         self._group_id = group_id
         self._producer = AIOKafkaProducer(
-            **producer_options(bootstrap_servers, f"{client_id}-{transactional_id}"),
+            **producer_options(bootstrap_servers, f"{client_id}-{transactional_id}", security),
             transactional_id=transactional_id,
             transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
         )
@@ -198,6 +203,7 @@ class TransactionalSink:
         if not self._in_transaction:
             return
         self._in_transaction = False
+        self._metrics.increment(m.TRANSACTIONS_ABORTED)
         if self._fenced:
             return  # aiokafka refuses every call after ProducerFenced; the new owner aborted it
         try:
@@ -221,8 +227,14 @@ class AtLeastOnceSink:
     keeps one produce request in flight per connection, so one producer caps throughput.
     """
 
-    def __init__(self, bootstrap_servers: str, client_id: str, commit_offsets: CommitOffsets) -> None:
-        self._producer = AIOKafkaProducer(**producer_options(bootstrap_servers, client_id))
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        client_id: str,
+        commit_offsets: CommitOffsets,
+        security: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._producer = AIOKafkaProducer(**producer_options(bootstrap_servers, client_id, security))
         self._commit_offsets = commit_offsets
         self._futures: list[asyncio.Future[Any]] = []
 

@@ -1,7 +1,8 @@
 """Every metric the runtime emits, named in one place (as getsentry/arroyo does).
 
 Counters end in a plural noun, timings in ``_ms``, gauges describe a current level.
-A Prometheus endpoint can export ``Metrics.snapshot()`` under these names later.
+``prometheus_export`` serves them on ``/metrics`` (dots become underscores, counters get
+``_total``, timings become ``_seconds`` histograms); labels travel in the name (``labelled``).
 """
 
 from __future__ import annotations
@@ -43,3 +44,25 @@ PARTITIONS_ASSIGNED: Final = "derender.partitions.assigned"
 PARTITIONS_REVOKED: Final = "derender.partitions.revoked"
 PARTITION_RESETS: Final = "derender.partitions.resets"
 PARTITIONS_OWNED: Final = "derender.partitions.owned"  # gauge
+PARTITIONS_PAUSED: Final = "derender.partitions.paused"  # gauge: tripped dead-letter breakers
+REBALANCES: Final = "derender.rebalances"  # assignments received (one per group rebalance)
+CONSUMER_LAG: Final = "derender.consumer.lag"  # gauge{partition}: last stable offset - position
+
+# --- records out, per topic (labelled topic=...) -------------------------------------------
+RECORDS_PRODUCED: Final = "derender.records.produced"  # {topic}: outputs, dead letters, state
+SEQUENCE_GAPS: Final = "derender.records.gaps"  # SequenceGapError outputs
+
+# --- timings --------------------------------------------------------------------------------
+DERENDER_MS: Final = "derender.derender_ms"  # processor.process of one record
+RECORD_AGE_MS: Final = "derender.record.age_ms"  # input create time -> start of its processing
+
+# --- memory ---------------------------------------------------------------------------------
+PARSERS_LIVE: Final = "derender.parsers.live"  # gauge: parser sessions kept alive
+PARSER_EVICTIONS: Final = "derender.parsers.evicted"  # each evicted parser is replayed on next use
+STATE_BYTES_WRITTEN: Final = "derender.state.bytes_written"  # snapshot bytes written to the state topic
+STATE_BYTES: Final = "derender.state.bytes"  # gauge: state bytes of the open requests (the cap's measure)
+REQUESTS_REJECTED: Final = "derender.requests.rejected"  # {cap}: new requests refused at a memory cap
+
+# --- transactions and the dead-letter breaker -----------------------------------------------
+TRANSACTIONS_ABORTED: Final = "derender.transactions.aborted"  # committed ones: COMMITS
+DLQ_BREAKER_TRIPS: Final = "derender.dead_letters.breaker_trips"

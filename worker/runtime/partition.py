@@ -4,12 +4,18 @@ State updates are batched per commit like Kafka Streams' record cache: a request
 by several records in one commit interval gets one snapshot (its latest), a request that
 opens and closes within one interval never reaches the state topic, and a tombstone is
 written only for a request whose snapshot was written before (``persisted``).
+
+Each record is also counted by the partition's dead-letter breaker (``dead_letter_policy``): a
+record that trips it sets ``trip``, and the worker pauses the partition. The open requests' state
+bytes (``sizes``) are added to the worker's ``MemoryBudget``; at a cap, a record that would open a
+new request gets a 503 error output instead of being processed (``memory``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -18,8 +24,11 @@ from aiokafka.errors import MessageSizeTooLargeError
 from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult
 from worker.runtime import metrics_names as m
 from worker.runtime.config import TopicNames
+from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy, Trip
 from worker.runtime.delivery import Sink
+from worker.runtime.memory import MemoryBudget, new_stream_request, refusal_output
 from worker.runtime.metrics import Metrics
+from worker.runtime.prometheus_export import labelled
 from worker.runtime.records import OutgoingRecord, Source, records_for
 from worker.runtime.state_store import encode_snapshot
 
@@ -38,6 +47,9 @@ class PartitionTask:
         position: int,
         persisted: set[str],
         epoch: int = 0,
+        dead_letters: DeadLetterPolicy | None = None,
+        budget: MemoryBudget | None = None,
+        restored_sizes: Mapping[str, int] | None = None,
     ) -> None:
         self.tp = tp
         self.epoch = epoch  # the worker's open counter when this task was made
@@ -52,6 +64,14 @@ class PartitionTask:
         self.uncommitted_records = 0
         self.has_pending_output = False
         self.oldest_timestamp_ms: int | None = None  # create time of the first uncommitted input
+        self.dead_letters = dead_letters or DeadLetterPolicy(DeadLetterLimits(None, max_consecutive=None))
+        self.trip: Trip | None = None  # set by the record that tripped this partition's breaker
+        self.budget = budget or MemoryBudget()
+        # State bytes per open request, as added to the budget (see ``memory``).
+        self.sizes: dict[str, int] = {}
+        for rid in processor.requests:
+            self._track(rid, (restored_sizes or {}).get(rid, 0))
+        self._produced_keys: dict[str, str] = {}
 
     @property
     def needs_commit(self) -> bool:
@@ -64,15 +84,25 @@ class PartitionTask:
             self.metrics.increment(m.RECORDS_SKIPPED_STALE)
             return
         value: bytes = record.value if record.value is not None else b""
-        try:
-            result = self.processor.process(value, record.key)
-        except Exception as exc:
-            # A bug in the core must not stall the partition forever (poison pill): the record
-            # is dead-lettered with the error, processing goes on.
-            log.exception("processing %s offset %d failed", self.tp, record.offset)
-            self.metrics.increment(m.PROCESS_ERRORS)
-            result = ProcessResult(dead_letter=DeadLetter(f"processing failed: {exc!r}", value, record.key))
+        self.metrics.timing(m.RECORD_AGE_MS, max(0.0, time.time() * 1000 - record.timestamp))
+        result = self._refused(value, record.key)
+        if result is None:
+            started = time.perf_counter()
+            try:
+                result = self.processor.process(value, record.key)
+            except Exception as exc:
+                # A bug in the core must not stall the partition forever (poison pill): the record
+                # is dead-lettered with the error, processing goes on.
+                log.exception("processing %s offset %d failed", self.tp, record.offset)
+                self.metrics.increment(m.PROCESS_ERRORS)
+                result = ProcessResult(
+                    dead_letter=DeadLetter(f"processing failed: {exc!r}", value, record.key)
+                )
+            self.metrics.timing(m.DERENDER_MS, (time.perf_counter() - started) * 1000)
+            if result.request_id is not None:
+                self._track(result.request_id, len(value))
         source = Source(record.topic, record.partition, record.offset)
+        reason = result.dead_letter.reason if result.dead_letter is not None else None
         try:
             await self._emit(result, source, record.headers)
         except MessageSizeTooLargeError as exc:
@@ -81,15 +111,49 @@ class PartitionTask:
             await self._emit(
                 ProcessResult(dead_letter=DeadLetter(reason, value, record.key)), source, record.headers
             )
+        # Duplicates and error outputs count as valid: only dead letters feed the breaker.
+        trip = self.dead_letters.observe(self.tp.partition, reason, record.offset)
+        if trip is not None:
+            self.trip = trip
         self.position = record.offset + 1
         self.uncommitted_records += 1
         if self.oldest_timestamp_ms is None:
             self.oldest_timestamp_ms = record.timestamp
         self.metrics.increment(m.RECORDS_CONSUMED)
 
+    def _refused(self, value: bytes, key: bytes | None) -> ProcessResult | None:
+        """A 503 error output instead of processing, when the record would open a request past a cap."""
+        refusal = self.budget.refusal(len(value))
+        if refusal is None:
+            return None
+        envelope = new_stream_request(value, key, self.processor)
+        if envelope is None:
+            return None  # an open request's record, a one-shot, or something the processor rejects
+        self.metrics.increment(labelled(m.REQUESTS_REJECTED, cap=refusal.cap))
+        return ProcessResult(request_id=envelope.request_id, output=refusal_output(envelope, refusal))
+
+    def _track(self, rid: str, opening_bytes: int) -> None:
+        """Keep ``sizes`` and the budget in step with whether ``rid`` is open after a record."""
+        old = self.sizes.get(rid)
+        if rid in self.processor.requests:
+            if old is None:
+                self.sizes[rid] = opening_bytes
+                self.budget.add(opening_bytes)
+        elif old is not None:
+            del self.sizes[rid]
+            self.budget.remove(old)
+
+    def release(self) -> None:
+        """The task is dropped (revoke, reset, shutdown): its requests leave the budget."""
+        for size in self.sizes.values():
+            self.budget.remove(size)
+        self.sizes.clear()
+
     async def expire(self, ttl_seconds: float) -> int:
         results = self.processor.expire_idle(ttl_seconds)
         for result in results:
+            if result.request_id is not None:
+                self._track(result.request_id, 0)
             await self._emit(result, None, None)
         self.metrics.increment(m.REQUESTS_EXPIRED, len(results))
         return len(results)
@@ -103,12 +167,22 @@ class PartitionTask:
         for out in records_for(result, self.topics, source, headers):
             await self.sink.send(out)
             self.has_pending_output = True
+            self.metrics.increment(self._produced_key(out.topic))
         if result.output is not None:
             self.metrics.increment(m.OUTPUTS_PRODUCED)
+            error = result.output.get("error")
+            if isinstance(error, dict) and error.get("type") == "SequenceGapError":
+                self.metrics.increment(m.SEQUENCE_GAPS)
         if result.request_id is not None and result.output is not None:
             self.dirty.add(result.request_id)
         if result.closed:
             self.metrics.increment(m.REQUESTS_CLOSED)
+
+    def _produced_key(self, topic: str) -> str:
+        key = self._produced_keys.get(topic)
+        if key is None:
+            key = self._produced_keys[topic] = labelled(m.RECORDS_PRODUCED, topic=topic)
+        return key
 
     def state_records(self) -> list[OutgoingRecord]:
         """The latest snapshot or a tombstone for every request touched since the last commit."""
@@ -119,8 +193,13 @@ class PartitionTask:
             key = rid.encode("utf-8")
             ctx = requests.get(rid)
             if ctx is not None:
-                out.append(OutgoingRecord(self.topics.state, key, encode_snapshot(ctx), partition))
+                snapshot = encode_snapshot(ctx)
+                out.append(OutgoingRecord(self.topics.state, key, snapshot, partition))
                 self.persisted.add(rid)
+                old = self.sizes.get(rid)
+                if old is not None:  # the snapshot's size is the request's state bytes from now on
+                    self.sizes[rid] = len(snapshot)
+                    self.budget.resize(old, len(snapshot))
             elif rid in self.persisted:
                 out.append(OutgoingRecord(self.topics.state, key, None, partition))
                 self.persisted.discard(rid)
@@ -132,6 +211,9 @@ class PartitionTask:
         state = self.state_records()
         snapshots = sum(1 for r in state if r.value is not None)
         await self.sink.commit(state, {self.tp: self.position})
+        if state:
+            self.metrics.increment(self._produced_key(self.topics.state), len(state))
+            self.metrics.increment(m.STATE_BYTES_WRITTEN, sum(len(r.value) for r in state if r.value))
         self.metrics.increment(m.STATE_SNAPSHOTS_WRITTEN, snapshots)
         self.metrics.increment(m.STATE_TOMBSTONES_WRITTEN, len(state) - snapshots)
         self.metrics.increment(m.COMMITS)

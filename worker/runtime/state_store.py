@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -52,9 +53,16 @@ def install_snapshots(processor: EnvelopeProcessor, snapshots: dict[str, bytes],
 class StateRestorer:
     """Reads state partitions to their end with a group-less ``read_committed`` consumer."""
 
-    def __init__(self, bootstrap_servers: str, client_id: str, state_topic: str) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        client_id: str,
+        state_topic: str,
+        security: Mapping[str, Any] | None = None,
+    ) -> None:
         self.state_topic = state_topic
         self._consumer = AIOKafkaConsumer(
+            **(security or {}),
             bootstrap_servers=bootstrap_servers,
             client_id=f"{client_id}-restore",
             group_id=None,

@@ -55,12 +55,19 @@ def topic_specs(
 
 
 async def create_topics(
-    bootstrap: str, topics: TopicNames, partitions: int, replication_factor: int = 1
+    bootstrap: str,
+    topics: TopicNames,
+    partitions: int,
+    replication_factor: int = 1,
+    security: Mapping[str, Any] | None = None,
 ) -> CreatedTopics:
-    """Create the four topics; existing ones are left alone (idempotent), then checked."""
+    """Create the four topics; existing ones are left alone (idempotent), then checked.
+
+    ``security``: ``KafkaSecurity.client_kwargs()`` (TLS / SASL), splatted into the admin client.
+    """
     if partitions <= 0 or replication_factor <= 0:
         raise ConfigurationError("--partitions and --replication-factor must be positive")
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(security or {}))
     await admin.start()
     try:
         specs = topic_specs(topics, partitions, replication_factor)
@@ -102,9 +109,11 @@ async def _wait_for_leaders(admin: Any, names: list[str]) -> dict[str, int]:
         await asyncio.sleep(0.1)
 
 
-async def partition_counts(bootstrap: str, names: list[str]) -> dict[str, int]:
+async def partition_counts(
+    bootstrap: str, names: list[str], security: Mapping[str, Any] | None = None
+) -> dict[str, int]:
     """Partition count of each existing topic among ``names`` (missing topics are left out)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(security or {}))
     await admin.start()
     try:
         counts = {}

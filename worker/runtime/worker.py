@@ -8,7 +8,12 @@ half-processed batch, only committed or committable work.
 Backpressure, step by step: ``getmany(max_records=...)`` bounds a batch; awaiting
 ``producer.send`` blocks while the producer's buffer is full; and a commit is forced once
 ``max_uncommitted_records`` inputs are processed but not committed, so unflushed output
-never grows without bound even when the commit interval is long.
+never grows without bound even when the commit interval is long. Memory is bounded by the
+caps of ``memory`` (open requests, state bytes) and the core's live-parser limit.
+
+A partition whose dead-letter breaker trips is paused (``consumer.pause``): it stops being
+consumed, its committed position stays right after the tripping record, and ``/readyz`` turns
+503 naming it, until the worker restarts or the partition is assigned again.
 """
 
 from __future__ import annotations
@@ -19,16 +24,28 @@ import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import IllegalStateError
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    IllegalStateError,
+    InconsistentGroupProtocolError,
+    InvalidGroupIdError,
+    InvalidSessionTimeoutError,
+    TopicAuthorizationFailedError,
+)
 
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
+from worker.errors import ConfigurationError
 from worker.runtime import metrics_names as m
 from worker.runtime.config import KafkaSettings
+from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.delivery import AtLeastOnceSink, Sink, TransactionalSink
+from worker.runtime.health_server import ReadinessState
 from worker.runtime.lifecycle import Lifecycle, WorkerState
+from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask
+from worker.runtime.prometheus_export import labelled
 from worker.runtime.rebalance import RebalanceListener
 from worker.runtime.state_store import StateRestorer, install_snapshots
 from worker.runtime.topics import check_layout, partition_counts
@@ -40,6 +57,36 @@ HEAL_BACKOFF_S = 1.0
 METRICS_LOG_INTERVAL_S = 30.0
 
 
+def configuration_error(exc: BaseException, settings: KafkaSettings) -> ConfigurationError | None:
+    """A ``ConfigurationError`` for a fatal error that only a configuration change can fix, else ``None``.
+
+    aiokafka raises these from ``getmany`` once the group coordinator gives up on joining.
+    """
+    if isinstance(exc, InvalidSessionTimeoutError):
+        return ConfigurationError(
+            f"the broker rejected --session-timeout-ms {settings.session_timeout_ms}: it must lie between "
+            "the broker's group.min.session.timeout.ms and group.max.session.timeout.ms "
+            "(Kafka's defaults: 6000 and 1800000)"
+        )
+    if isinstance(exc, InvalidGroupIdError):
+        return ConfigurationError(f"the broker rejected --group-id {settings.group_id!r} as invalid")
+    if isinstance(exc, InconsistentGroupProtocolError):
+        return ConfigurationError(
+            f"group {settings.group_id!r} is used by consumers of another protocol; "
+            "give the worker its own --group-id"
+        )
+    if isinstance(exc, GroupAuthorizationFailedError):
+        return ConfigurationError(
+            f"not authorized to use consumer group {settings.group_id!r} (Kafka ACLs; "
+            f"{settings.security.describe()})"
+        )
+    if isinstance(exc, TopicAuthorizationFailedError):
+        return ConfigurationError(
+            f"not authorized to use the worker's topics (Kafka ACLs; {settings.security.describe()})"
+        )
+    return None
+
+
 class Worker:
     def __init__(
         self,
@@ -48,12 +95,23 @@ class Worker:
         *,
         max_record_bytes: int,
         metrics: Metrics | None = None,
+        readiness: ReadinessState | None = None,
+        dead_letters: DeadLetterPolicy | None = None,
     ) -> None:
         self.settings = settings
         self.derenderer = derenderer
         self.max_record_bytes = max_record_bytes
         self.metrics = metrics or Metrics()
         self.lifecycle = Lifecycle()
+        self.readiness = readiness or ReadinessState()
+        self.readiness.bind_phase(lambda: self.lifecycle.state.value)
+        # Library use defaults to a breaker that never trips; `run` passes the flags' limits.
+        self.dead_letters = dead_letters or DeadLetterPolicy(
+            DeadLetterLimits(max_ratio=None, max_consecutive=None)
+        )
+        self.budget = MemoryBudget(settings.max_open_requests, settings.max_state_bytes)
+        self._security = settings.security.client_kwargs()  # one SSLContext, shared by every client
+        self._parser_evictions = 0
         self.tasks: dict[TopicPartition, PartitionTask] = {}
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
@@ -79,10 +137,13 @@ class Worker:
             self.lifecycle.to(WorkerState.RUNNING)
             while not self._stop.is_set():
                 await self._step()
-        except BaseException:
+        except BaseException as exc:
             self.lifecycle.to(WorkerState.FAILED)
             await self._close_clients()
             self.lifecycle.to(WorkerState.STOPPED)
+            error = configuration_error(exc, self.settings)
+            if error is not None:
+                raise error from exc
             raise
         self.lifecycle.to(WorkerState.STOPPING)
         try:
@@ -111,12 +172,13 @@ class Worker:
             session_timeout_ms=s.session_timeout_ms,
             heartbeat_interval_ms=max(100, s.session_timeout_ms // 4),
             max_poll_records=s.max_poll_records,
+            **self._security,
         )
         await self._consumer.start()
         topics = s.topics
         names = [topics.input, topics.output, topics.state, topics.dlq]
-        check_layout(topics, await partition_counts(s.bootstrap_servers, names))
-        self._restorer = StateRestorer(s.bootstrap_servers, s.client_id, topics.state)
+        check_layout(topics, await partition_counts(s.bootstrap_servers, names, self._security))
+        self._restorer = StateRestorer(s.bootstrap_servers, s.client_id, topics.state, self._security)
         await self._restorer.start()
         self._consumer.subscribe([topics.input], listener=RebalanceListener(self))
         log.info(
@@ -170,19 +232,56 @@ class Worker:
                     # where the new task starts and let the fetcher deliver them again.
                     self._consumer.seek(tp, task.position)
                     continue
+                if self.dead_letters.is_tripped(tp.partition):
+                    continue  # paused: fetched before the pause took effect
                 try:
                     for record in records:
                         await task.handle(record)
+                        if task.trip is not None:
+                            break
                 except Exception:
                     log.exception("sending for %s failed; resetting the partition", tp)
                     await self._reset_partition(tp)
                     continue
+                if task.trip is not None:
+                    self._pause_tripped(task)
                 if self._commit_due_at is None and records:
                     self._commit_due_at = self._due_for(records[0].timestamp)
+            self._update_gauges()
             await self._maybe_commit()
             await self._maybe_expire()
             await self._heal()
         self._maybe_log_metrics()
+
+    def _pause_tripped(self, task: PartitionTask) -> None:
+        """Stop consuming a partition whose breaker tripped; its processed records still commit.
+
+        aiokafka drops records already fetched for a paused partition, so nothing past the
+        tripping record is processed; a re-assignment comes back unpaused, with a fresh breaker.
+        """
+        trip = task.trip
+        assert trip is not None
+        if task.tp in self._consumer.paused():
+            return
+        self._consumer.pause(task.tp)
+        self.readiness.breaker_tripped(trip)
+        log.error(trip.describe(), extra={"partition": task.tp.partition})
+        self.metrics.increment(m.DLQ_BREAKER_TRIPS)
+        self.metrics.gauge(m.PARTITIONS_PAUSED, len(self.dead_letters.tripped()))
+
+    def _update_gauges(self) -> None:
+        """Per step: consumer lag per partition and the memory budget (cheap: no broker calls)."""
+        assigned = self._consumer.assignment()
+        for tp, task in self.tasks.items():
+            if tp not in assigned:  # aiokafka asserts on an unassigned partition
+                continue
+            lso = self._consumer.last_stable_offset(tp)
+            if lso is not None and lso >= 0:  # None / -1: not known before the first fetch
+                # A paused partition's lag stays frozen (no fetches update its last stable offset).
+                self.metrics.gauge(
+                    labelled(m.CONSUMER_LAG, partition=tp.partition), max(0, lso - task.position)
+                )
+        self.metrics.gauge(m.STATE_BYTES, self.budget.state_bytes)
 
     def _due_for(self, first_timestamp_ms: int) -> float:
         """When to commit work whose oldest input was created at ``first_timestamp_ms``.
@@ -231,7 +330,7 @@ class Worker:
             return
         ttl = self.settings.request_ttl_s
         self._next_expiry_at = now + min(max(ttl / 4, 0.5), 10.0)
-        open_requests = 0
+        open_requests = live_parsers = evictions = 0
         for tp, task in list(self.tasks.items()):
             try:
                 if await task.expire(ttl) and self._commit_due_at is None:
@@ -241,7 +340,14 @@ class Worker:
                 await self._reset_partition(tp)
                 continue
             open_requests += len(task.processor.requests)
+            live_parsers += task.processor.live_parsers
+            evictions += task.processor.parser_evictions
         self.metrics.gauge(m.REQUESTS_OPEN, open_requests)
+        self.metrics.gauge(m.PARSERS_LIVE, live_parsers)
+        # parser_evictions is per processor: count the growth since the last look. A dropped task
+        # takes its count along, so the sum can shrink; only growth is counted.
+        self.metrics.increment(m.PARSER_EVICTIONS, max(0, evictions - self._parser_evictions))
+        self._parser_evictions = evictions
 
     async def _heal(self) -> None:
         """Open assigned partitions that have no task (a failed assign or reset)."""
@@ -274,7 +380,14 @@ class Worker:
                 task = self.tasks.pop(tp, None)
                 if task is not None:
                     await self._close_task(task)
+            # Every revoked partition, also one that never opened (it would stay "restoring").
+            for tp in revoked:
+                p = tp.partition
+                self.readiness.partitions_revoked([p])
+                self.dead_letters.forget(p)
+                self.metrics.gauges.pop(labelled(m.CONSUMER_LAG, partition=p), None)
             self.metrics.gauge(m.PARTITIONS_OWNED, len(self.tasks))
+            self.metrics.gauge(m.PARTITIONS_PAUSED, len(self.dead_letters.tripped()))
 
     async def partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         async with self._lock:
@@ -282,6 +395,8 @@ class Worker:
                 return
             log.info("assigned %s", sorted(tp.partition for tp in assigned))
             self.metrics.increment(m.PARTITIONS_ASSIGNED, len(assigned))
+            self.metrics.increment(m.REBALANCES)
+            self.readiness.partitions_assigned(tp.partition for tp in assigned)
             await self._open_partitions(assigned - set(self.tasks))
             if self.lifecycle.state is WorkerState.REBALANCING:
                 self.lifecycle.to(WorkerState.RUNNING)
@@ -324,6 +439,7 @@ class Worker:
                 self._consumer.seek(tp, positions[tp])
             except IllegalStateError:
                 log.info("partition %d was unassigned while opening; dropped", tp.partition)
+                self.readiness.partitions_revoked([tp.partition])
                 await sinks.pop(tp).close()
                 continue
             processor = EnvelopeProcessor(self.derenderer, max_record_bytes=self.max_record_bytes)
@@ -337,7 +453,12 @@ class Worker:
                 position=positions[tp],
                 persisted=set(snapshots[tp.partition]),
                 epoch=self._epoch,
+                dead_letters=self.dead_letters,
+                budget=self.budget,
+                restored_sizes={rid: len(value) for rid, value in snapshots[tp.partition].items()},
             )
+        # Partitions that failed to open stay "restoring": not ready until _heal opens them.
+        self.readiness.partitions_restored(tp.partition for tp in sinks if tp in self.tasks)
         self.metrics.increment(m.STATE_RESTORED_REQUESTS, restored)
         self.metrics.timing(m.STATE_RESTORE_MS, (time.perf_counter() - started) * 1000)
         self.metrics.gauge(m.PARTITIONS_OWNED, len(self.tasks))
@@ -352,20 +473,29 @@ class Worker:
         s = self.settings
         if s.exactly_once:
             return TransactionalSink(
-                s.bootstrap_servers, s.client_id, s.transactional_id(tp.partition), s.group_id, self.metrics
+                s.bootstrap_servers,
+                s.client_id,
+                s.transactional_id(tp.partition),
+                s.group_id,
+                self.metrics,
+                self._security,
             )
-        return AtLeastOnceSink(s.bootstrap_servers, f"{s.client_id}-p{tp.partition}", self._commit_offsets)
+        return AtLeastOnceSink(
+            s.bootstrap_servers, f"{s.client_id}-p{tp.partition}", self._commit_offsets, self._security
+        )
 
     async def _commit_offsets(self, offsets: dict[TopicPartition, int]) -> None:
         await self._consumer.commit(offsets)
 
     async def _close_task(self, task: PartitionTask) -> None:
+        task.release()
         await task.sink.abort()
         await task.sink.close()
 
     async def _reset_partition(self, tp: TopicPartition) -> None:
         """Throw away the partition's uncommitted work and reopen it from committed state."""
         self.metrics.increment(m.PARTITION_RESETS)
+        self.readiness.partitions_assigned([tp.partition])
         task = self.tasks.pop(tp, None)
         if task is not None:
             await self._close_task(task)
