@@ -3,7 +3,8 @@
 Prompts are rendered with the real Qwen3 chat template, answers encoded with
 the real Qwen3 tokenizer and cut into records of 1 to 4 tokens (seeded, so the
 file is reproducible): a plain answer with emoji and CJK, a reasoning answer,
-a tool call, and an n=2 completion. Run: ``python samples/build_demo_streams.py``.
+a tool call, and an n=2 completion. Run: ``python samples/build_demo_streams.py`` (rendering the
+template needs jinja2, which the worker itself does not: ``pip install jinja2``).
 """
 
 from __future__ import annotations
