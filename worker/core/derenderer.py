@@ -21,7 +21,7 @@ from schemas.derender import (
     DerenderCompletionRequest,
     DerenderCompletionStreamRequest,
 )
-from schemas.generate import GenerateTokensResponse, UsageInfo
+from schemas.generate import GenerateTokensResponse, GenerateTokensStreamChoice, UsageInfo
 from schemas.openai import ChatCompletionRequest, CompletionRequest, NamedToolChoice
 from worker.core.decoding import DecodeWindow, TextDecoder
 from worker.core.logprobs import (
@@ -249,6 +249,35 @@ class Derenderer:
             eos_token_id=self.tokenizer.eos_token_id,
             model_eos_ids=self.tokenizer.model_eos_ids,
         )
+
+    def _seeded(
+        self,
+        state: SequenceState | None,
+        prompt_token_ids: Sequence[int] | None,
+        chunk_prompt_token_ids: Sequence[int] | None,
+        skip_special: bool,
+    ) -> SequenceState:
+        """``state``, or a new one seeded from the prompt tail on a sequence's first record.
+
+        A carried state already holds the prompt; the request-level ids win over the chunk's.
+        """
+        if state is not None:
+            return state
+        seed_ids = prompt_token_ids if prompt_token_ids is not None else chunk_prompt_token_ids
+        return SequenceState(window=self.decoder.seed_window(seed_ids, skip_special))
+
+    def _decode_choice(
+        self,
+        window: DecodeWindow,
+        choice: GenerateTokensStreamChoice,
+        policy: StopPolicy | None,
+        skip_special: bool,
+    ) -> tuple[str, int | str | None]:
+        """One streamed choice's new text (stop token left out) and its ``stop_reason``."""
+        text_ids, stop_reason = self._drop_stop(
+            choice.token_ids or [], choice.finish_reason, choice.stop_reason, policy
+        )
+        return self.decoder.extend(window, text_ids, skip_special), stop_reason
 
     def _decode_output(
         self,
@@ -491,19 +520,14 @@ class Derenderer:
                 raise RequestError("invalid stream_state: derender failed") from exc
         gen = body.generate_chunk
         skip_special = _skip_special(request, preserve_special=False)
-        if state is None:
-            seed_ids = body.prompt_token_ids if body.prompt_token_ids is not None else gen.prompt_token_ids
-            state = SequenceState(window=self.decoder.seed_window(seed_ids, skip_special))
+        state = self._seeded(state, body.prompt_token_ids, gen.prompt_token_ids, skip_special)
         policy = _stop_policy(request)
         return_token_ids = bool(request is not None and request.return_token_ids)
         top_limit = chat_top_limit(request)
         choices: list[JsonDict] = []
         for choice in gen.choices:
             delta_ids = choice.token_ids or []
-            text_ids, stop_reason = self._drop_stop(
-                delta_ids, choice.finish_reason, choice.stop_reason, policy
-            )
-            text = self.decoder.extend(state.window, text_ids, skip_special)
+            text, stop_reason = self._decode_choice(state.window, choice, policy, skip_special)
             logprobs = None
             if choice.logprobs is not None:
                 logprobs = resolve_chat_logprobs(
@@ -650,19 +674,14 @@ class Derenderer:
         request = body.completion_request
         gen = body.generate_chunk
         skip_special = _skip_special(request, preserve_special=False)
-        if state is None:
-            seed_ids = body.prompt_token_ids if body.prompt_token_ids is not None else gen.prompt_token_ids
-            state = SequenceState(window=self.decoder.seed_window(seed_ids, skip_special))
+        state = self._seeded(state, body.prompt_token_ids, gen.prompt_token_ids, skip_special)
         policy = _stop_policy(request)
         top_limit = completion_top_limit(request)
         return_token_ids = bool(request is not None and request.return_token_ids)
         choices: list[JsonDict] = []
         for choice in gen.choices:
             delta_ids = choice.token_ids or []
-            text_ids, stop_reason = self._drop_stop(
-                delta_ids, choice.finish_reason, choice.stop_reason, policy
-            )
-            text = self.decoder.extend(state.window, text_ids, skip_special)
+            text, stop_reason = self._decode_choice(state.window, choice, policy, skip_special)
             logprobs = None
             next_offset = state.logprob_text_offset + len(text)
             if choice.logprobs is not None:
