@@ -207,3 +207,26 @@ def test_replay_reports_bad_lines_and_exits_non_zero(tmp_path: Path) -> None:
     lines = done.stdout.splitlines()
     assert len(lines) == 3 and all(orjson.loads(line)["request_id"] == "good" for line in lines)
     assert b"line 2" in done.stderr and b"malformed JSON" in done.stderr
+
+
+def test_a_request_whose_first_record_is_rejected_fails_as_a_whole() -> None:
+    """Later records must not be derendered without the context the rejected first record carried."""
+    request = {"model": "test-model", "messages": [], "stop": ["!"]}  # streaming stop strings: 400
+    records = chat_stream("r", [[9707], [0], [151645]], prompt_token_ids=PROMPT, chat_request=request)
+    results = _outputs(_processor(), [orjson.dumps(r) for r in records])
+    codes = [r.output["error"]["code"] for r in results]
+    assert codes == [400, 409, 409]
+
+
+def test_a_rejected_later_record_keeps_the_request_going() -> None:
+    records = chat_stream("r", [[9707], [0], [151645]], prompt_token_ids=PROMPT)
+    records[1]["body"]["generate_chunk"]["choices"] = [
+        {"index": 0, "token_ids": [0]},
+        {"index": 1, "token_ids": [0]},
+    ]  # two choices in one chunk: 400
+    results = _outputs(_processor(), [orjson.dumps(r) for r in records])
+    assert "body" in results[0].output
+    assert results[1].output["error"]["code"] == 400
+    last = results[2].output["body"]["chunk"]["choices"][0]
+    assert last["finish_reason"] == "stop"
+    assert results[2].closed

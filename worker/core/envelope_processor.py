@@ -281,16 +281,26 @@ class EnvelopeProcessor:
                 error_type="SequenceGapError",
                 param="seq",
             )
+        created = ctx is None
         if ctx is None:
             ctx = RequestContext(endpoint=endpoint, last_seq=seq - 1)
             self.requests[rid] = ctx
         ctx.last_seq = seq
         ctx.last_seen = self._clock()
+        try:
+            return self._derender_stream(ctx, rid, seq, endpoint, body)
+        except RequestError:
+            if created:
+                # The request never got going: its later records must not run without its context.
+                self._close(rid, seq)
+            raise
 
+    def _derender_stream(
+        self, ctx: RequestContext, rid: str, seq: int, endpoint: Endpoint, body: JsonDict
+    ) -> ProcessResult:
+        given = {name: body[name] for name in _INHERITED_FIELDS if name in body}
         for name in _INHERITED_FIELDS:
-            if name in body:
-                ctx.inherited[name] = body[name]
-            elif name in ctx.inherited:
+            if name not in given and name in ctx.inherited:
                 body[name] = ctx.inherited[name]
         request_field = _REQUEST_FIELD[endpoint]
         raw_request = body.pop(request_field, None)
@@ -320,6 +330,7 @@ class EnvelopeProcessor:
             choices = completion.generate_chunk.choices
             has_usage = completion.generate_chunk.usage is not None
 
+        ctx.inherited.update(given)
         ctx.sequences[index] = state
         self._track_live_parser(rid, index, state)
         ctx.last_choice_index = index
