@@ -13,14 +13,20 @@ from aiokafka import TopicPartition
 from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
 from worker.cli import build_parser
-from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
 from worker.errors import ConfigurationError
 from worker.runtime.config import DeliveryMode, KafkaSettings, TopicNames
 from worker.runtime.lifecycle import IllegalTransitionError, Lifecycle, WorkerState
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask
 from worker.runtime.records import OutgoingRecord
-from worker.runtime.state_store import encode_snapshot, install_snapshots
+from worker.runtime.state_store import (
+    PROGRESS_SUFFIX,
+    encode_snapshot,
+    install_snapshots,
+    merge_records,
+    progress_key,
+)
 from worker.runtime.topics import check_layout
 
 TOPICS = TopicNames("in", "out", "state", "dlq")
@@ -164,6 +170,128 @@ def test_state_is_batched_per_commit_and_restorable() -> None:
         assert len(sink.sent) == before
 
     asyncio.run(body())
+
+
+def _latest(commits: list[tuple[list[OutgoingRecord], dict[TopicPartition, int]]]) -> dict[bytes, bytes]:
+    """What a compacted state partition holds after these commits: the last value per key."""
+    latest: dict[bytes, bytes] = {}
+    for state, _ in commits:
+        for r in state:
+            if r.value is None:
+                latest.pop(r.key, None)
+            else:
+                latest[r.key] = r.value
+    return latest
+
+
+def _restore(latest: dict[bytes, bytes]) -> dict[str, bytes]:
+    """``StateRestorer.restore``'s split and merge, over a dict of latest values."""
+    contexts = {k.decode(): v for k, v in latest.items() if not k.endswith(PROGRESS_SUFFIX)}
+    progress = {
+        k[: -len(PROGRESS_SUFFIX)].decode(): v for k, v in latest.items() if k.endswith(PROGRESS_SUFFIX)
+    }
+    return merge_records(contexts, progress)
+
+
+def test_context_is_written_once_then_progress_only() -> None:
+    """A request committed after every record: its context record once, then progress records only;
+    a restore from both kinds at any point gives the same processor state; tombstones for both keys."""
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    (a,) = [s for s in generate_sequences(40, seed=3, prefix="once") if len(s.envelopes) >= 5][:1]
+    rid = a.request_id
+    sink = RecordingSink()
+    task = PartitionTask(
+        TopicPartition("in", 2),
+        EnvelopeProcessor(derenderer),
+        sink,
+        TOPICS,
+        Metrics(),
+        position=0,
+        persisted=set(),
+    )
+
+    async def body() -> None:
+        for offset, envelope in enumerate(a.envelopes[:-1]):
+            await task.handle(FakeRecord(offset, envelope))
+            await task.commit()
+            # A restore from what the topic holds now equals the live request, and continues it alike.
+            restored = EnvelopeProcessor(derenderer)
+            assert install_snapshots(restored, _restore(_latest(sink.commits)), now=0.0) == 1
+            live = task.processor.requests[rid]
+            assert restored.requests[rid].to_snapshot() == live.to_snapshot()
+            assert task.sizes[rid] == sum(len(v) for v in _latest(sink.commits).values())
+        await task.handle(FakeRecord(len(a.envelopes) - 1, a.envelopes[-1]))
+        await task.commit()
+
+    asyncio.run(body())
+    written = [[(r.key, r.value) for r in state] for state, _ in sink.commits]
+    first, *middle, last = written
+    assert [k for k, _ in first] == [rid.encode()]
+    assert orjson.loads(first[0][1] or b"")["kind"] == "context"
+    assert middle and all([k for k, _ in c] == [progress_key(rid)] for c in middle)
+    progress = [orjson.loads(v or b"") for c in middle for _, v in c]
+    assert all(p["kind"] == "progress" and "inherited" not in p and "request" not in p for p in progress)
+    assert sorted(last, key=lambda kv: kv[0]) == [(rid.encode(), None), (progress_key(rid), None)]
+    assert _latest(sink.commits) == {} and task.sizes == {}
+
+
+def test_a_changed_context_rewrites_the_context_record() -> None:
+    """A later record with new inherited fields: a new context record, the progress key tombstoned."""
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    (a,) = [s for s in generate_sequences(40, seed=3, prefix="chg") if len(s.envelopes) >= 4][:1]
+    rid = a.request_id
+    envelopes = [dict(e, body=dict(e["body"])) for e in a.envelopes]
+    first = envelopes[0]["body"]
+    envelopes[2]["body"]["prompt_token_ids"] = [*first["prompt_token_ids"], 13]
+    envelopes[2]["body"]["prompt_tokens"] = len(first["prompt_token_ids"]) + 1
+    sink = RecordingSink()
+    task = PartitionTask(
+        TopicPartition("in", 2),
+        EnvelopeProcessor(derenderer),
+        sink,
+        TOPICS,
+        Metrics(),
+        position=0,
+        persisted=set(),
+    )
+
+    async def body() -> None:
+        for offset, envelope in enumerate(envelopes[:3]):
+            await task.handle(FakeRecord(offset, envelope))
+            await task.commit()
+
+    asyncio.run(body())
+    third = sorted((r.key, r.value is None) for r in sink.commits[2][0])
+    assert third == [(rid.encode(), False), (progress_key(rid), True)]
+    restored = EnvelopeProcessor(derenderer)
+    assert install_snapshots(restored, _restore(_latest(sink.commits)), now=0.0) == 1
+    assert restored.requests[rid].to_snapshot() == task.processor.requests[rid].to_snapshot()
+    assert restored.requests[rid].inherited["prompt_token_ids"][-1] == 13
+
+
+def test_restore_of_both_kinds_and_older_formats() -> None:
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    (a,) = generate_sequences(1, seed=4, prefix="kinds")
+    processor = EnvelopeProcessor(derenderer)
+    for envelope in a.envelopes[:2]:
+        processor.process(orjson.dumps(envelope))
+    ctx = processor.requests[a.request_id]
+    full = ctx.to_snapshot()
+    v1 = {"v": 1, **{k: v for k, v in full.items() if k not in ("v", "kind", "progress")}}
+    v1 |= {k: v for k, v in full["progress"].items() if k not in ("v", "kind")}
+    progress_only = orjson.dumps(ctx.progress_snapshot())
+    snapshots = {
+        "v1": orjson.dumps(v1),  # a one-record snapshot of an older worker
+        "context": encode_snapshot(ctx),
+        "pair": merge_records({"pair": encode_snapshot(ctx)}, {"pair": progress_only})["pair"],
+        "orphan": merge_records({}, {"orphan": progress_only})["orphan"],  # no context: unreadable
+    }
+    restored = EnvelopeProcessor(derenderer)
+    assert install_snapshots(restored, snapshots, now=0.0) == 3
+    assert set(restored.requests) == {"v1", "context", "pair"}
+    for got in restored.requests.values():
+        assert got.to_snapshot() == full
+    assert isinstance(RequestContext.from_snapshot(orjson.loads(snapshots["pair"])), RequestContext)
 
 
 @pytest.mark.parametrize("case", load_cases(), ids=lambda c: f"{c.file}:{c.id}")

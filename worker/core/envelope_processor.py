@@ -74,13 +74,27 @@ class RequestContext:
         return bool(options is not None and options.include_usage)
 
     def to_snapshot(self) -> JsonDict:
-        """A JSON-ready snapshot for the state topic; ``from_snapshot`` restores it."""
+        """A full, self-contained snapshot (format 2, ``kind: context``); ``from_snapshot`` restores it.
+
+        The state topic holds two kinds of records per request (see ``worker.runtime.state_store``):
+        this one, written when the request is first persisted (and again only if its context
+        changes), and a ``progress_snapshot`` at each later commit.
+        """
         return {
-            "v": 1,
+            "v": 2,
+            "kind": "context",
             "endpoint": self.endpoint,
-            "last_seq": self.last_seq,
             "inherited": self.inherited,
             "request": self.request_raw,
+            "progress": self.progress_snapshot(),
+        }
+
+    def progress_snapshot(self) -> JsonDict:
+        """What changes from record to record (format 2, ``kind: progress``): no request context."""
+        return {
+            "v": 2,
+            "kind": "progress",
+            "last_seq": self.last_seq,
             "sequences": {str(i): s.to_wire() for i, s in self.sequences.items()},
             "finished": sorted(self.finished),
             "last_choice_index": self.last_choice_index,
@@ -88,21 +102,37 @@ class RequestContext:
 
     @classmethod
     def from_snapshot(cls, data: JsonDict) -> RequestContext:
-        endpoint: Endpoint = data["endpoint"]
-        raw = data.get("request")
+        """Restores format 1 (one full snapshot), a format 2 context record (carrying the progress
+        of its time), or a format 2 pair ``{"v": 2, "context": ..., "progress": ...}`` where the
+        progress record supersedes the one inside the context record.
+        """
+        version = data.get("v")
+        if version == 1:
+            context, progress = data, data
+        elif version == 2 and data.get("kind") == "context":
+            context, progress = data, data["progress"]
+        elif version == 2 and "context" in data:
+            context = data["context"]  # a format 2 context record or a format 1 snapshot
+            progress = data.get("progress") or context.get("progress", context)
+        elif version == 2 and data.get("kind") == "progress":
+            raise ValueError("a progress record without its request's context record")
+        else:
+            raise ValueError(f"unknown state snapshot format {version!r}")
+        endpoint: Endpoint = context["endpoint"]
+        raw = context.get("request")
         model_cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
         return cls(
             endpoint=endpoint,
-            last_seq=int(data["last_seq"]),
-            inherited=dict(data.get("inherited") or {}),
+            last_seq=int(progress["last_seq"]),
+            inherited=dict(context.get("inherited") or {}),
             request=model_cls.model_validate(raw) if raw is not None else None,
             request_raw=raw,
             sequences={
                 int(i): SequenceState.from_wire(DerenderStreamState.model_validate(s))
-                for i, s in (data.get("sequences") or {}).items()
+                for i, s in (progress.get("sequences") or {}).items()
             },
-            finished=set(data.get("finished") or ()),
-            last_choice_index=int(data.get("last_choice_index", 0)),
+            finished=set(progress.get("finished") or ()),
+            last_choice_index=int(progress.get("last_choice_index", 0)),
         )
 
 

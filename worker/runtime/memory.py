@@ -1,10 +1,12 @@
 """Bounded memory: caps on the open requests and their state bytes, per worker (all partitions).
 
 What is counted: every open streamed request (``EnvelopeProcessor.requests``) and its *state
-bytes*, the size of its latest snapshot as written to the state topic (``encode_snapshot``, free
-at commit time since the snapshot is encoded anyway), or the size of the record that opened it
-until its first commit. That is what a restore reads back; the live Python objects (and a live
-parser) take a few times as much, which the default caps leave room for.
+bytes*, the size of its live records in the state topic: its context record plus its latest
+progress record, if any (``state_store``; free at commit time since the records are encoded
+anyway; after a restore, the size of the merged records read back until the context record is
+rewritten), or the size of the record that opened it until its first commit. That is what a
+restore reads back; the live Python objects (and a live parser) take a few times as much, which
+the default caps leave room for.
 
 When a cap is reached, a record that would open a **new** request is not processed: it gets an
 error output (code 503, ``ServiceUnavailableError``, naming the cap and its value), so the client

@@ -1,9 +1,14 @@
 """One owned input partition: its processor, its sink and its not-yet-committed work.
 
 State updates are batched per commit like Kafka Streams' record cache: a request touched
-by several records in one commit interval gets one snapshot (its latest), a request that
-opens and closes within one interval never reaches the state topic, and a tombstone is
-written only for a request whose snapshot was written before (``persisted``).
+by several records in one commit interval gets one state record (its latest), a request that
+opens and closes within one interval never reaches the state topic, and tombstones are
+written only for a request whose state was written before (``persisted``).
+
+The first state record of a request is its full context record (key ``request_id``); later
+commits write only its small progress record (key ``request_id`` + ``PROGRESS_SUFFIX``), unless
+a record changed the context (new inherited fields or request), which rewrites the context
+record and tombstones the progress key. See ``state_store`` for the two kinds.
 
 Each record is also counted by the partition's dead-letter breaker (``dead_letter_policy``): a
 record that trips it sets ``trip``, and the worker pauses the partition. The open requests' state
@@ -30,7 +35,7 @@ from worker.runtime.memory import MemoryBudget, new_stream_request, refusal_outp
 from worker.runtime.metrics import Metrics
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.records import OutgoingRecord, Source, records_for
-from worker.runtime.state_store import encode_snapshot
+from worker.runtime.state_store import encode_progress, encode_snapshot, progress_key
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +74,19 @@ class PartitionTask:
         self.budget = budget or MemoryBudget()
         # State bytes per open request, as added to the budget (see ``memory``).
         self.sizes: dict[str, int] = {}
-        for rid in processor.requests:
-            self._track(rid, (restored_sizes or {}).get(rid, 0))
+        # The context of each request's live context record in the state topic (its request object
+        # and inherited fields, compared at commit), and that record's size.
+        self._contexts: dict[str, tuple[Any, dict[str, Any]]] = {}
+        self._context_bytes: dict[str, int] = {}
+        # Requests whose progress key may hold a live record. Restored ones are counted in (unknown,
+        # and a tombstone of a key that was never written is harmless).
+        self._progress: set[str] = set(persisted)
+        for rid, ctx in processor.requests.items():
+            size = (restored_sizes or {}).get(rid, 0)
+            self._track(rid, size)
+            if rid in persisted:  # restored from its context record: it matches that record
+                self._contexts[rid] = (ctx.request_raw, dict(ctx.inherited))
+                self._context_bytes[rid] = size  # with the restored progress: an upper bound
         self._produced_keys: dict[str, str] = {}
 
     @property
@@ -185,24 +201,44 @@ class PartitionTask:
         return key
 
     def state_records(self) -> list[OutgoingRecord]:
-        """The latest snapshot or a tombstone for every request touched since the last commit."""
+        """The state records of every request touched since the last commit: its context record if
+        not written yet (or changed), else its progress record; tombstones for a finished one."""
         out = []
         requests = self.processor.requests
         partition = self.tp.partition
+        state = self.topics.state
         for rid in self.dirty:
             key = rid.encode("utf-8")
             ctx = requests.get(rid)
             if ctx is not None:
-                snapshot = encode_snapshot(ctx)
-                out.append(OutgoingRecord(self.topics.state, key, snapshot, partition))
+                written = self._contexts.get(rid)
+                if written is None or written[0] is not ctx.request_raw or written[1] != ctx.inherited:
+                    snapshot = encode_snapshot(ctx)  # complete: supersedes any progress record
+                    out.append(OutgoingRecord(state, key, snapshot, partition))
+                    if rid in self._progress:
+                        out.append(OutgoingRecord(state, progress_key(rid), None, partition))
+                        self._progress.discard(rid)
+                    self._contexts[rid] = (ctx.request_raw, dict(ctx.inherited))
+                    self._context_bytes[rid] = size = len(snapshot)
+                else:
+                    progress = encode_progress(ctx)
+                    out.append(OutgoingRecord(state, progress_key(rid), progress, partition))
+                    self._progress.add(rid)
+                    size = self._context_bytes.get(rid, 0) + len(progress)
                 self.persisted.add(rid)
                 old = self.sizes.get(rid)
-                if old is not None:  # the snapshot's size is the request's state bytes from now on
-                    self.sizes[rid] = len(snapshot)
-                    self.budget.resize(old, len(snapshot))
-            elif rid in self.persisted:
-                out.append(OutgoingRecord(self.topics.state, key, None, partition))
-                self.persisted.discard(rid)
+                if old is not None:  # what a restore reads back is the request's state bytes from now on
+                    self.sizes[rid] = size
+                    self.budget.resize(old, size)
+            else:
+                if rid in self.persisted:
+                    out.append(OutgoingRecord(state, key, None, partition))
+                    self.persisted.discard(rid)
+                if rid in self._progress:
+                    out.append(OutgoingRecord(state, progress_key(rid), None, partition))
+                    self._progress.discard(rid)
+                self._contexts.pop(rid, None)
+                self._context_bytes.pop(rid, None)
         return out
 
     async def commit(self) -> None:

@@ -1,4 +1,21 @@
-"""The compacted state topic: per-request snapshots keyed by ``request_id``.
+"""The compacted state topic: per-request snapshots, two kinds of records per request.
+
+* key ``request_id`` (UTF-8): the request's **context record** (``RequestContext.to_snapshot``,
+  format 2 ``kind: context``): endpoint, inherited fields (model, prompt ids), the request
+  (messages, tools) *and* its progress at the time. Written once, when the request is first
+  persisted, and again only if a later record changes the context (a tombstone of the progress
+  key goes with it then). A format 1 snapshot (one full record, older workers) reads the same way.
+* key ``request_id`` + ``PROGRESS_SUFFIX``: its **progress record** (``progress_snapshot``,
+  ``kind: progress``): last seq, finished choices, last choice index, one stream state per
+  choice; written at every later commit that touched the request, superseding the progress
+  inside the context record. The suffix starts with byte ``0xff``, which never occurs in
+  UTF-8, so no request id's key can end with it (a request id may contain any character,
+  NUL included).
+
+So the big, unchanging context is written once per request, not at every commit. Both kinds go
+in the same transaction as the outputs and the input offset; a finished request gets a tombstone
+for each key it wrote. A restore merges them: a progress record without a context record is
+unreadable (logged and dropped), a context record alone is a complete snapshot.
 
 Layout: the state of input partition ``p`` lives in state partition ``p`` (written with an
 explicit partition), so a new owner of ``p`` restores by reading one state partition from
@@ -25,8 +42,37 @@ RESTORE_TIMEOUT_S = 120.0
 _POLL_MS = 200
 
 
+PROGRESS_SUFFIX = b"\xffprogress"
+
+
+def progress_key(request_id: str) -> bytes:
+    return request_id.encode("utf-8") + PROGRESS_SUFFIX
+
+
 def encode_snapshot(ctx: RequestContext) -> bytes:
+    """The context record: a complete snapshot, also restorable alone."""
     return orjson.dumps(ctx.to_snapshot())
+
+
+def encode_progress(ctx: RequestContext) -> bytes:
+    return orjson.dumps(ctx.progress_snapshot())
+
+
+def merge_records(contexts: Mapping[str, bytes], progress: Mapping[str, bytes]) -> dict[str, bytes]:
+    """One restorable snapshot per request from the latest records of both kinds.
+
+    A context record with a progress record becomes ``{"v": 2, "context": ..., "progress": ...}``
+    (spliced, not re-parsed); alone it is returned as is. A progress record alone is returned as
+    is too: ``install_snapshots`` then logs and drops it as unreadable.
+    """
+    merged = dict(progress)
+    for rid, context in contexts.items():
+        latest = progress.get(rid)
+        if latest is None:
+            merged[rid] = context
+        else:
+            merged[rid] = b'{"v":2,"context":' + context + b',"progress":' + latest + b"}"
+    return merged
 
 
 def install_snapshots(processor: EnvelopeProcessor, snapshots: dict[str, bytes], now: float) -> int:
@@ -78,11 +124,14 @@ class StateRestorer:
         await self._consumer.stop()
 
     async def restore(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
-        """The latest snapshot per request for each state partition (tombstoned keys dropped)."""
+        """The latest snapshot per request for each state partition (tombstoned keys dropped),
+        both kinds merged (``merge_records``)."""
         tps = [TopicPartition(self.state_topic, p) for p in sorted(set(partitions))]
         result: dict[int, dict[str, bytes]] = {tp.partition: {} for tp in tps}
         if not tps:
             return result
+        # Per partition: the latest context records and the latest progress records.
+        latest: dict[int, tuple[dict[str, bytes], dict[str, bytes]]] = {tp.partition: ({}, {}) for tp in tps}
         consumer = self._consumer
         consumer.assign(tps)
         try:
@@ -97,19 +146,25 @@ class StateRestorer:
                     raise TimeoutError(f"state restore of {sorted(p.partition for p in pending)} timed out")
                 batches = await consumer.getmany(*pending, timeout_ms=_POLL_MS)
                 for tp, records in batches.items():
-                    latest = result[tp.partition]
+                    contexts, progress = latest[tp.partition]
                     for record in records:
-                        if record.key is None:
+                        key = record.key
+                        if key is None:
                             continue
-                        rid = record.key.decode("utf-8")
+                        kind = contexts
+                        if key.endswith(PROGRESS_SUFFIX):
+                            kind, key = progress, key[: -len(PROGRESS_SUFFIX)]
+                        rid = key.decode("utf-8")
                         if record.value is None:
-                            latest.pop(rid, None)
+                            kind.pop(rid, None)
                         else:
-                            latest[rid] = record.value
+                            kind[rid] = record.value
                 for tp in list(pending):
                     # position() moves past commit markers too, so it reaches the end offset.
                     if await consumer.position(tp) >= ends[tp]:
                         pending.discard(tp)
         finally:
             consumer.assign([])
+        for partition, (contexts, progress) in latest.items():
+            result[partition] = merge_records(contexts, progress)
         return result
