@@ -67,8 +67,8 @@ rules:
   line-length: {max: 110}
 """
 
-# Runtime flags planned in issue 5 (metrics server, Kafka security); they may land after `run`.
-ISSUE5_ENV = {
+# The metrics server's and the Kafka security options' names, checked on their own.
+SERVICE_ENV = {
     "DERENDER_METRICS_PORT",
     "DERENDER_SECURITY_PROTOCOL",
     "DERENDER_SASL_MECHANISM",
@@ -199,22 +199,6 @@ def _flag_env_names(parser: argparse.ArgumentParser) -> dict[str, argparse.Actio
             if option.startswith("--") and option != "--help":
                 names["DERENDER_" + option[2:].replace("-", "_").upper()] = action
     return names
-
-
-_RUN = _command_parser("run")
-_TOPICS_CREATE = _command_parser("topics", "create")
-_RUN_FLAGS = set(_flag_env_names(_RUN)) if _RUN else set()
-NO_RUN = pytest.mark.xfail(
-    _RUN is None,
-    strict=False,
-    reason="`derender-worker run` is not registered yet (worker/runtime/commands.py); "
-    "this check passes once the runtime commands land",
-)
-NO_TOPICS = pytest.mark.xfail(
-    _TOPICS_CREATE is None,
-    strict=False,
-    reason="`derender-worker topics create` is not registered yet (worker/runtime/commands.py)",
-)
 
 
 def _worker_env_sources() -> dict[str, set[str]]:
@@ -600,18 +584,17 @@ def test_worker_env_names_are_flags_or_known_process_variables() -> None:
 # ---- the worker's CLI understands the manifests -----------------------------------------------------
 
 
-@NO_RUN
 def test_manifest_env_names_are_run_flags(clean_env: pytest.MonkeyPatch) -> None:
     run = _command_parser("run")
     assert run is not None, "`derender-worker run` is missing"
-    unknown = _unknown_names(set(_flag_env_names(run)), only=None, exclude=ISSUE5_ENV)
+    unknown = _unknown_names(set(_flag_env_names(run)), only=None, exclude=SERVICE_ENV)
     assert unknown == {}, "names the CLI does not read (DERENDER_ + `run` flag name)"
 
 
 def test_metrics_and_security_env_names_are_run_flags(clean_env: pytest.MonkeyPatch) -> None:
     run = _command_parser("run")
     assert run is not None, "`derender-worker run` is missing"
-    unknown = _unknown_names(set(_flag_env_names(run)), only=ISSUE5_ENV, exclude=set())
+    unknown = _unknown_names(set(_flag_env_names(run)), only=SERVICE_ENV, exclude=set())
     assert unknown == {}, "names the CLI does not read (DERENDER_ + `run` flag name)"
 
 
@@ -623,7 +606,6 @@ def _expected_value(action: argparse.Action, raw: str) -> object:
     return action.type(raw) if callable(action.type) else raw
 
 
-@NO_RUN
 @pytest.mark.parametrize("source", ["kubernetes ConfigMap", "compose worker"])
 def test_manifest_values_reach_the_run_flags(source: str, clean_env: pytest.MonkeyPatch) -> None:
     """Set the manifest's environment, build the CLI, parse ``run``: each value lands in its flag."""
@@ -645,7 +627,6 @@ def test_manifest_values_reach_the_run_flags(source: str, clean_env: pytest.Monk
         )
 
 
-@NO_RUN
 def test_image_command_is_a_valid_run_invocation(clean_env: pytest.MonkeyPatch) -> None:
     stage = _final_stage(_dockerfile())
     argv = json.loads(_instructions(stage, "CMD")[-1])
@@ -657,7 +638,6 @@ def test_image_command_is_a_valid_run_invocation(clean_env: pytest.MonkeyPatch) 
     assert _worker_container()["args"] == argv == _compose()["services"]["worker"]["command"]
 
 
-@NO_TOPICS
 def test_compose_topics_service_is_a_valid_topics_create_invocation(clean_env: pytest.MonkeyPatch) -> None:
     topics = _command_parser("topics", "create")
     assert topics is not None, "`derender-worker topics create` is missing"
