@@ -87,8 +87,6 @@ def _config_id(key: str) -> str:
 @pytest.mark.parametrize("config_key", [*_plain_configs(), _parser_config()], ids=_config_id)
 def test_golden_end_to_end(kafka_bootstrap: str, kafka_topic_factory: TopicFactory, config_key: str) -> None:
     config = json.loads(config_key)
-    if config["reasoning_parser"] or config["tool_parser"]:
-        pytest.importorskip("worker.core.parsing")
     records = _golden_records(config_key)
     reference = replay(derenderer_for(config), records)
     topics = make_worker_topics(kafka_topic_factory, partitions=3)
