@@ -269,7 +269,7 @@ def test_a_changed_context_rewrites_the_context_record() -> None:
     assert restored.requests[rid].inherited["prompt_token_ids"][-1] == 13
 
 
-def test_restore_of_both_kinds_and_older_formats() -> None:
+def test_restore_of_both_kinds() -> None:
     derenderer = derenderer_for(QWEN3_CONFIG)
     (a,) = generate_sequences(1, seed=4, prefix="kinds")
     processor = EnvelopeProcessor(derenderer)
@@ -277,18 +277,15 @@ def test_restore_of_both_kinds_and_older_formats() -> None:
         processor.process(orjson.dumps(envelope))
     ctx = processor.requests[a.request_id]
     full = ctx.to_snapshot()
-    v1 = {"v": 1, **{k: v for k, v in full.items() if k not in ("v", "kind", "progress")}}
-    v1 |= {k: v for k, v in full["progress"].items() if k not in ("v", "kind")}
     progress_only = orjson.dumps(ctx.progress_snapshot())
     snapshots = {
-        "v1": orjson.dumps(v1),  # a one-record snapshot of an older worker
         "context": encode_snapshot(ctx),
         "pair": merge_records({"pair": encode_snapshot(ctx)}, {"pair": progress_only})["pair"],
         "orphan": merge_records({}, {"orphan": progress_only})["orphan"],  # no context: unreadable
     }
     restored = EnvelopeProcessor(derenderer)
-    assert install_snapshots(restored, snapshots, now=0.0) == 3
-    assert set(restored.requests) == {"v1", "context", "pair"}
+    assert install_snapshots(restored, snapshots, now=0.0) == 2
+    assert set(restored.requests) == {"context", "pair"}
     for got in restored.requests.values():
         assert got.to_snapshot() == full
     assert isinstance(RequestContext.from_snapshot(orjson.loads(snapshots["pair"])), RequestContext)

@@ -46,6 +46,7 @@ DEFAULT_MAX_LIVE_PARSERS = 10_000
 _INHERITED_FIELDS = ("model", "prompt_tokens", "prompt_token_ids")
 _REQUEST_FIELD = {"chat": "chat_request", "completion": "completion_request"}
 _CLOSED_MEMORY = 65536
+STATE_FORMAT = 1
 
 
 @dataclass(slots=True)
@@ -74,14 +75,14 @@ class RequestContext:
         return bool(options is not None and options.include_usage)
 
     def to_snapshot(self) -> JsonDict:
-        """A full, self-contained snapshot (format 2, ``kind: context``); ``from_snapshot`` restores it.
+        """A full, self-contained snapshot (``kind: context``); ``from_snapshot`` restores it.
 
         The state topic holds two kinds of records per request (see ``worker.runtime.state_store``):
         this one, written when the request is first persisted (and again only if its context
         changes), and a ``progress_snapshot`` at each later commit.
         """
         return {
-            "v": 2,
+            "v": STATE_FORMAT,
             "kind": "context",
             "endpoint": self.endpoint,
             "inherited": self.inherited,
@@ -90,9 +91,9 @@ class RequestContext:
         }
 
     def progress_snapshot(self) -> JsonDict:
-        """What changes from record to record (format 2, ``kind: progress``): no request context."""
+        """What changes from record to record (``kind: progress``): no request context."""
         return {
-            "v": 2,
+            "v": STATE_FORMAT,
             "kind": "progress",
             "last_seq": self.last_seq,
             "sequences": {str(i): s.to_wire() for i, s in self.sequences.items()},
@@ -102,22 +103,18 @@ class RequestContext:
 
     @classmethod
     def from_snapshot(cls, data: JsonDict) -> RequestContext:
-        """Restores format 1 (one full snapshot), a format 2 context record (carrying the progress
-        of its time), or a format 2 pair ``{"v": 2, "context": ..., "progress": ...}`` where the
-        progress record supersedes the one inside the context record.
+        """Restores a context record (carrying the progress of its time) or a pair
+        ``{"v": 1, "context": ..., "progress": ...}`` whose progress record supersedes it.
         """
         version = data.get("v")
-        if version == 1:
-            context, progress = data, data
-        elif version == 2 and data.get("kind") == "context":
-            context, progress = data, data["progress"]
-        elif version == 2 and "context" in data:
-            context = data["context"]  # a format 2 context record or a format 1 snapshot
-            progress = data.get("progress") or context.get("progress", context)
-        elif version == 2 and data.get("kind") == "progress":
-            raise ValueError("a progress record without its request's context record")
-        else:
+        if version != STATE_FORMAT:
             raise ValueError(f"unknown state snapshot format {version!r}")
+        if data.get("kind") == "context":
+            context, progress = data, data["progress"]
+        elif "context" in data:
+            context, progress = data["context"], data["progress"]
+        else:
+            raise ValueError("a progress record without its request's context record")
         endpoint: Endpoint = context["endpoint"]
         raw = context.get("request")
         model_cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest

@@ -1,10 +1,10 @@
 """The compacted state topic: per-request snapshots, two kinds of records per request.
 
 * key ``request_id`` (UTF-8): the request's **context record** (``RequestContext.to_snapshot``,
-  format 2 ``kind: context``): endpoint, inherited fields (model, prompt ids), the request
+  ``kind: context``): endpoint, inherited fields (model, prompt ids), the request
   (messages, tools) *and* its progress at the time. Written once, when the request is first
   persisted, and again only if a later record changes the context (a tombstone of the progress
-  key goes with it then). A format 1 snapshot (one full record, older workers) reads the same way.
+  key goes with it then).
 * key ``request_id`` + ``PROGRESS_SUFFIX``: its **progress record** (``progress_snapshot``,
   ``kind: progress``): last seq, finished choices, last choice index, one stream state per
   choice; written at every later commit that touched the request, superseding the progress
@@ -61,7 +61,7 @@ def encode_progress(ctx: RequestContext) -> bytes:
 def merge_records(contexts: Mapping[str, bytes], progress: Mapping[str, bytes]) -> dict[str, bytes]:
     """One restorable snapshot per request from the latest records of both kinds.
 
-    A context record with a progress record becomes ``{"v": 2, "context": ..., "progress": ...}``
+    A context record with a progress record becomes ``{"v": 1, "context": ..., "progress": ...}``
     (spliced, not re-parsed); alone it is returned as is. A progress record alone is returned as
     is too: ``install_snapshots`` then logs and drops it as unreadable.
     """
@@ -71,7 +71,7 @@ def merge_records(contexts: Mapping[str, bytes], progress: Mapping[str, bytes]) 
         if latest is None:
             merged[rid] = context
         else:
-            merged[rid] = b'{"v":2,"context":' + context + b',"progress":' + latest + b"}"
+            merged[rid] = b'{"v":1,"context":' + context + b',"progress":' + latest + b"}"
     return merged
 
 
