@@ -13,6 +13,7 @@ from aiokafka import TopicPartition
 from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
 from worker.cli import build_parser
+from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
 from worker.errors import ConfigurationError
 from worker.runtime.config import DeliveryMode, KafkaSettings, TopicNames
@@ -125,15 +126,26 @@ class FakeRecord:
         self.timestamp = 0
 
 
+def _task(derenderer: Derenderer, sink: RecordingSink) -> PartitionTask:
+    """A fresh partition-2 task with nothing persisted yet, writing to ``sink``."""
+    return PartitionTask(
+        TopicPartition("in", 2),
+        EnvelopeProcessor(derenderer),
+        sink,
+        TOPICS,
+        Metrics(),
+        position=0,
+        persisted=set(),
+    )
+
+
 def test_state_is_batched_per_commit_and_restorable() -> None:
     """One snapshot per touched request per commit; tombstones only for persisted requests."""
     derenderer = derenderer_for(QWEN3_CONFIG)
     a, b = generate_sequences(2, seed=1, prefix="unit")
     sink = RecordingSink()
-    tp = TopicPartition("in", 2)
-    task = PartitionTask(
-        tp, EnvelopeProcessor(derenderer), sink, TOPICS, Metrics(), position=0, persisted=set()
-    )
+    task = _task(derenderer, sink)
+    tp = task.tp
 
     async def body() -> None:
         offset = 0
@@ -200,15 +212,7 @@ def test_context_is_written_once_then_progress_only() -> None:
     (a,) = [s for s in generate_sequences(40, seed=3, prefix="once") if len(s.envelopes) >= 5][:1]
     rid = a.request_id
     sink = RecordingSink()
-    task = PartitionTask(
-        TopicPartition("in", 2),
-        EnvelopeProcessor(derenderer),
-        sink,
-        TOPICS,
-        Metrics(),
-        position=0,
-        persisted=set(),
-    )
+    task = _task(derenderer, sink)
 
     async def body() -> None:
         for offset, envelope in enumerate(a.envelopes[:-1]):
@@ -245,15 +249,7 @@ def test_a_changed_context_rewrites_the_context_record() -> None:
     envelopes[2]["body"]["prompt_token_ids"] = [*first["prompt_token_ids"], 13]
     envelopes[2]["body"]["prompt_tokens"] = len(first["prompt_token_ids"]) + 1
     sink = RecordingSink()
-    task = PartitionTask(
-        TopicPartition("in", 2),
-        EnvelopeProcessor(derenderer),
-        sink,
-        TOPICS,
-        Metrics(),
-        position=0,
-        persisted=set(),
-    )
+    task = _task(derenderer, sink)
 
     async def body() -> None:
         for offset, envelope in enumerate(envelopes[:3]):

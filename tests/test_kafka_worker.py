@@ -207,9 +207,9 @@ def test_scale_out_three_workers(kafka_bootstrap: str, kafka_topic_factory: Topi
             await reader.stop()
         assert statuses == [0, 0, 0], group.logs()
         assert_identical(reader.records, reference, group.logs())
-        # The work really was spread: every worker wrote some output.
-        writers = {orjson.loads(r.value)["source"]["partition"] for r in reader.records}
-        assert writers == set(range(12))
+        # Every input partition carried records, and every worker owned some of them.
+        sources = {orjson.loads(r.value)["source"]["partition"] for r in reader.records}
+        assert sources == set(range(12))
         for worker in group.workers:
             assert "opened partitions" in worker.log_path.read_text(), worker.log_tail()
 
