@@ -233,3 +233,22 @@ def test_session_timeout_below_the_broker_minimum_is_a_configuration_error(
     assert "configuration error: the broker rejected --session-timeout-ms 3000" in done.stderr
     assert "group.min.session.timeout.ms" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_sigterm_while_starting_exits_cleanly(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory
+) -> None:
+    """A scale-in can SIGTERM a worker that is still loading its tokenizer (seconds, tens of seconds
+    on a loaded node): that is a stop request like any other, exit 0, not a death by signal."""
+    topics = make_worker_topics(kafka_topic_factory, partitions=1)
+    group = WorkerGroup(kafka_bootstrap, topics, QWEN3_CONFIG)
+    port = free_port()
+
+    async def body() -> None:
+        worker = group.start(["--metrics-port", str(port)])
+        # /healthz answers from before the tokenizer loads; the worker is not ready for a while.
+        await wait_for_http(f"http://127.0.0.1:{port}/healthz", 200, 60, group, "after start")
+        status = await asyncio.to_thread(worker.terminate)
+        assert status == 0, worker.log_tail()
+
+    run(body())

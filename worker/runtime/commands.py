@@ -121,9 +121,15 @@ def _run(args: argparse.Namespace) -> int:
     metrics, readiness = ExportedMetrics(), ReadinessState()
     # Before the tokenizer loads (seconds): the startupProbe asks /healthz meanwhile, and /readyz
     # answers 503 "worker is created" until the worker runs with its partitions restored.
+    # Loading the tokenizer takes seconds (tens on a loaded node): a SIGTERM meanwhile (a scale-in,
+    # a rolling update) is a stop request too, not a death by signal.
+    early_stop = _EarlyStop()
     server = _start_health_server(args, build_registry(metrics), readiness)
     try:
         derenderer = model.build_derenderer()  # before joining: loading a tokenizer takes seconds
+        if early_stop.requested:
+            log.info("stopped before joining the group")
+            return 0
 
         async def main() -> int:
             worker = Worker(
@@ -137,8 +143,26 @@ def _run(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, worker.request_stop)
+            if early_stop.requested:
+                return 0
             return await worker.run()
 
         return asyncio.run(main())
     finally:
+        early_stop.restore()
         server.stop()
+
+
+class _EarlyStop:
+    """Records SIGTERM / SIGINT until the event loop's own handlers take over."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
