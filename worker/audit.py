@@ -98,36 +98,57 @@ def _walk(node: Any, rename: IdRenamer) -> Any:
     return node
 
 
-def first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any] | None:
+Part = str | int
+
+
+def first_difference(old: Any, new: Any) -> tuple[str, Any, Any] | None:
     """The first field where ``old`` and ``new`` differ: (JSON path, old, new), ``_ABSENT`` for a gap."""
+    found = _first_difference(old, new, ())
+    return None if found is None else (_path(found[0]), found[1], found[2])
+
+
+def _path(parts: tuple[Part, ...]) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text
+
+
+def _at(record: Any, parts: tuple[Part, ...]) -> Any:
+    for part in parts:
+        try:
+            record = record[part]
+        except (KeyError, IndexError, TypeError):
+            return _ABSENT
+    return record
+
+
+def _first_difference(
+    old: Any, new: Any, parts: tuple[Part, ...]
+) -> tuple[tuple[Part, ...], Any, Any] | None:
     if isinstance(old, dict) and isinstance(new, dict):
         for key, value in old.items():
-            sub = f"{path}.{key}" if path else key
             if key not in new:
-                return sub, value, _ABSENT
-            found = first_difference(value, new[key], sub)
+                return (*parts, key), value, _ABSENT
+            found = _first_difference(value, new[key], (*parts, key))
             if found is not None:
                 return found
         for key, value in new.items():
             if key not in old:
-                return (f"{path}.{key}" if path else key), _ABSENT, value
+                return (*parts, key), _ABSENT, value
         return None
     if isinstance(old, list) and isinstance(new, list):
         for i, (a, b) in enumerate(zip(old, new, strict=False)):
-            found = first_difference(a, b, f"{path}[{i}]")
+            found = _first_difference(a, b, (*parts, i))
             if found is not None:
                 return found
         if len(old) != len(new):
             i = min(len(old), len(new))
-            return (
-                f"{path}[{i}]",
-                old[i] if i < len(old) else _ABSENT,
-                new[i] if i < len(new) else _ABSENT,
-            )
+            return (*parts, i), old[i] if i < len(old) else _ABSENT, new[i] if i < len(new) else _ABSENT
         return None
     # JSON types, not Python equality: true is not 1, 1 is not 1.0.
     if type(old) is not type(new) or old != new:
-        return path, old, new
+        return parts, old, new
     return None
 
 
@@ -323,6 +344,10 @@ class Auditor:
         if self.ignore_unknown_requests and rid not in self.requests:
             self.counts.recorded_ignored += 1
             return
+        request = self.requests.get(rid)
+        if request is not None and request.first_seq is not None and seq < request.first_seq:
+            self.counts.recorded_ignored += 1  # answers a record before the range
+            return
         self.counts.recorded += 1
         found = self._by_seq.get((rid, seq))
         if found is not None:
@@ -410,11 +435,13 @@ def _compare(old: Any, new: JsonDict, old_ids: IdRenamer, new_ids: IdRenamer) ->
     old_code, new_code = _error_code(old_n), _error_code(new_n)
     if old_code != new_code:
         return {"kind": ERROR_CODE, "path": "error.code", "old": old_code, "new": new_code}
-    found = first_difference(old_n, new_n)
+    found = _first_difference(old_n, new_n, ())
     if found is None:
         return None
-    path, old_value, new_value = found
-    out: JsonDict = {"kind": DIFFERING, "path": path}
+    # Found on the normalized records, quoted from the recorded ones (real ids, real times).
+    parts = found[0]
+    old_value, new_value = _at(old, parts), _at(new, parts)
+    out: JsonDict = {"kind": DIFFERING, "path": _path(parts)}
     if old_value is not _ABSENT:  # an absent key on one side: that side has no value key
         out["old"] = old_value
     if new_value is not _ABSENT:
