@@ -8,6 +8,8 @@ golden cases' normalization, record by record).
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import pytest
 from tests.audit_streams import (
     ABSENT,
     DEMO_FLAGS,
+    ROOT,
     NO_REASONING_FLAGS,
     OTHER_TOOL_PARSER_FLAGS,
     changed_records,
@@ -299,15 +302,14 @@ def test_usage_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Captur
     assert exit_info.value.code == 2
 
 
-def test_unreachable_broker_exits_2_without_traceback(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_unreachable_broker_exits_2_with_one_line(tmp_path: Path) -> None:
     inputs = write_jsonl(tmp_path / "in.jsonl", demo_envelopes()[:2])
-    status, err = audit(
-        ["--input-file", str(inputs), "--bootstrap-servers", "127.0.0.1:9", *DEMO_FLAGS], capsys
-    )
-    assert status == 2
-    assert err.count("\n") == 1 and "Traceback" not in err
+    command = [sys.executable, "-m", "worker.cli", "audit", "--input-file", str(inputs)]
+    command += ["--bootstrap-servers", "127.0.0.1:9", *DEMO_FLAGS]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("derender-worker audit: Kafka at 127.0.0.1:9: ")
 
 
 # --- the comparison rules ------------------------------------------------------------------------

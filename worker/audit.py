@@ -27,6 +27,7 @@ from typing import Any, BinaryIO, TextIO
 
 import orjson
 
+from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor, ProcessResult, serialize
 from worker.errors import ConfigurationError, DerenderWorkerError
 from worker.settings import ModelSettings, add_model_arguments
@@ -698,8 +699,14 @@ def _audit(args: argparse.Namespace) -> int:
     try:
         check_args(args)
         model = ModelSettings.from_args(args)
-        derenderer = model.build_derenderer()
-        factory = lambda: model.processor_for(derenderer)  # noqa: E731
+        loaded: list[Derenderer] = []
+
+        def factory() -> EnvelopeProcessor:
+            # Loaded at the first record, after Kafka answered: a bad address fails in seconds.
+            if not loaded:
+                loaded.append(model.build_derenderer())
+            return model.processor_for(loaded[0])
+
         if not needs_kafka(args):
             return audit_files(args, factory, err)
         from worker.runtime.audit_source import audit_with_kafka

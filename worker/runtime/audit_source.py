@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -95,10 +96,12 @@ def audit_with_kafka(
     args: argparse.Namespace, new_processor: Callable[[], EnvelopeProcessor], err: TextIO
 ) -> int:
     """The audit when a topic is involved (inputs, outputs or ``--emit-topic``); the exit status."""
+    # The failure is reported once, as the exception's one line: not also as aiokafka's log lines.
+    logging.getLogger("aiokafka").addHandler(logging.NullHandler())
     try:
         return asyncio.run(_audit(args, new_processor, err))
     except KafkaError as exc:
-        raise AuditUsageError(f"Kafka: {exc!r}") from exc
+        raise AuditUsageError(f"Kafka at {args.bootstrap_servers}: {exc}") from exc
 
 
 async def _audit(
@@ -110,13 +113,15 @@ async def _audit(
     security = settings.security.client_kwargs()
     auditor = Auditor(new_processor)
     progress = Progress(err)
+    if args.emit_topic in (settings.topics.input, settings.topics.output):
+        raise AuditUsageError("--emit-topic must be a topic of its own, beside the input and output topics")
+    # Every topic checked before any work: a wrong address or name fails at once.
+    needed = [args.emit_topic] if args.emit_topic else []
+    needed += [] if args.input_file else [settings.topics.input]
+    needed += [] if args.output_file else [settings.topics.output]
+    await _require_topics(settings, security, needed)
     emitter = None
     if args.emit_topic:
-        if args.emit_topic in (settings.topics.input, settings.topics.output):
-            raise AuditUsageError(
-                "--emit-topic must be a topic of its own, beside the input and output topics"
-            )
-        await _require_topics(settings, security, [args.emit_topic])
         emitter = Emitter(settings, security, args.emit_topic)
         await emitter.start()
     emit_file = open(args.emit_file, "wb") if args.emit_file else None  # noqa: SIM115
