@@ -19,9 +19,9 @@ import pytest
 from tests.audit_streams import (
     ABSENT,
     DEMO_FLAGS,
-    ROOT,
     NO_REASONING_FLAGS,
     OTHER_TOOL_PARSER_FLAGS,
+    ROOT,
     changed_records,
     demo_envelopes,
     read_jsonl,
