@@ -69,34 +69,46 @@ class IdRenamer:
 
 
 def normalize(record: JsonDict, rename: IdRenamer) -> JsonDict:
-    """``record`` without ``source`` (the matching key), ``created`` → 0 and random ids renamed."""
+    """``record`` without ``source`` (the matching key), ``created`` → 0 and random ids renamed.
+
+    Only where the output format puts them: a chunk's or response's ``created``, the tool calls'
+    ``id`` in ``choices[].delta`` / ``choices[].message``, and ``stream_state.last_tool_call_ids``.
+    Copies what it changes, nothing else.
+    """
     out = {k: v for k, v in record.items() if k != "source"}
     body = out.get("body")
-    if isinstance(body, dict):
-        body = _walk(body, rename)
-        for holder in (body, body.get("chunk")):
-            if isinstance(holder, dict) and isinstance(holder.get("created"), int):
-                holder["created"] = 0
-        out["body"] = body
+    if not isinstance(body, dict):
+        return out
+    body = out["body"] = dict(body)
+    chunk = body.get("chunk")
+    holder, part = body, "message"
+    if isinstance(chunk, dict):
+        holder = body["chunk"] = dict(chunk)
+        part = "delta"
+    for where in (body, holder):
+        if isinstance(where.get("created"), int):
+            where["created"] = 0
+    choices = holder.get("choices")
+    if isinstance(choices, list):
+        holder["choices"] = [_rename_calls(choice, part, rename) for choice in choices]
+    state = body.get("stream_state")
+    if isinstance(state, dict) and isinstance(state.get("last_tool_call_ids"), list):
+        body["stream_state"] = {
+            **state,
+            "last_tool_call_ids": [rename(i) for i in state["last_tool_call_ids"]],
+        }
     return out
 
 
-def _walk(node: Any, rename: IdRenamer) -> Any:
-    if isinstance(node, dict):
-        out = {}
-        for key, value in node.items():
-            if key == "tool_calls" and isinstance(value, list):
-                value = [
-                    {**call, "id": rename(call["id"])} if isinstance(call, dict) and "id" in call else call
-                    for call in value
-                ]
-            elif key == "last_tool_call_ids" and isinstance(value, list):
-                value = [rename(v) for v in value]
-            out[key] = _walk(value, rename)
-        return out
-    if isinstance(node, list):
-        return [_walk(v, rename) for v in node]
-    return node
+def _rename_calls(choice: Any, part: str, rename: IdRenamer) -> Any:
+    message = choice.get(part) if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        return choice
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        return choice
+    renamed = [{**c, "id": rename(c["id"])} if isinstance(c, dict) and "id" in c else c for c in calls]
+    return {**choice, part: {**message, "tool_calls": renamed}}
 
 
 Part = str | int
@@ -436,6 +448,8 @@ def _compare(old: Any, new: JsonDict, old_ids: IdRenamer, new_ids: IdRenamer) ->
     old_code, new_code = _error_code(old_n), _error_code(new_n)
     if old_code != new_code:
         return {"kind": ERROR_CODE, "path": "error.code", "old": old_code, "new": new_code}
+    if orjson.dumps(old_n) == orjson.dumps(new_n):  # the common case, without a walk in Python
+        return None
     found = _first_difference(old_n, new_n, ())
     if found is None:
         return None
