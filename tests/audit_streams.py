@@ -172,3 +172,32 @@ def write_jsonl(path: Path, records: list[Envelope]) -> Path:
 
 def read_jsonl(path: Path) -> list[Envelope]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def tamper(outputs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """One content delta changed by one character, one record deleted, one duplicated (3 requests)."""
+    out = [dict(o) for o in outputs]
+    picked: dict[str, int] = {}
+
+    def find(rid: str, content: bool) -> int:
+        for i, o in enumerate(out):
+            if o["request_id"] != rid or o["seq"] <= 2:
+                continue
+            choices = o["body"]["chunk"]["choices"]
+            if not content or (choices and choices[0]["delta"].get("content")):
+                return i
+        raise AssertionError(rid)
+
+    i = find("demo-plain", content=True)
+    record = orjson.loads(orjson.dumps(out[i]))
+    delta = record["body"]["chunk"]["choices"][0]["delta"]
+    delta["content"] = delta["content"][:-1] + ("X" if delta["content"][-1] != "X" else "Y")
+    out[i] = record
+    picked["tampered"] = record["seq"]
+    i = find("demo-reasoning", content=False)
+    picked["deleted"] = out[i]["seq"]
+    del out[i]
+    i = find("demo-completion", content=False)
+    picked["duplicated"] = out[i]["seq"]
+    out.insert(i + 1, out[i])
+    return out, picked

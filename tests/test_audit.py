@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from tests.audit_streams import (
@@ -29,6 +28,7 @@ from tests.audit_streams import (
     resolve,
     round_robin,
     shared_derenderer,
+    tamper,
     with_carried_state,
     write_jsonl,
 )
@@ -135,40 +135,11 @@ def test_another_configuration_reports_exactly_the_changed_records(
         assert "demo-plain" not in lines and "demo-completion" not in lines
 
 
-def _tamper(outputs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """One content delta changed by one character, one record deleted, one duplicated (3 requests)."""
-    out = [dict(o) for o in outputs]
-    picked: dict[str, int] = {}
-
-    def find(rid: str, content: bool) -> int:
-        for i, o in enumerate(out):
-            if o["request_id"] != rid or o["seq"] <= 2:
-                continue
-            choices = o["body"]["chunk"]["choices"]
-            if not content or (choices and choices[0]["delta"].get("content")):
-                return i
-        raise AssertionError(rid)
-
-    i = find("demo-plain", content=True)
-    record = orjson.loads(orjson.dumps(out[i]))
-    delta = record["body"]["chunk"]["choices"][0]["delta"]
-    delta["content"] = delta["content"][:-1] + ("X" if delta["content"][-1] != "X" else "Y")
-    out[i] = record
-    picked["tampered"] = record["seq"]
-    i = find("demo-reasoning", content=False)
-    picked["deleted"] = out[i]["seq"]
-    del out[i]
-    i = find("demo-completion", content=False)
-    picked["duplicated"] = out[i]["seq"]
-    out.insert(i + 1, out[i])
-    return out, picked
-
-
 def test_tampered_deleted_and_duplicated_records_are_each_reported_once(
     demo: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     inputs, _, recorded = demo
-    tampered, picked = _tamper(recorded)
+    tampered, picked = tamper(recorded)
     outputs = write_jsonl(tmp_path / "tampered.jsonl", tampered)
     report = tmp_path / "report.jsonl"
     status, err = audit(

@@ -28,13 +28,13 @@ from tests.audit_streams import (
     resolve,
     round_robin,
     shared_derenderer,
+    tamper,
     with_carried_state,
     write_jsonl,
 )
 from tests.golden_cases import normalize
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import TopicReader, WorkerGroup, WorkerTopics, make_worker_topics, produce
-from tests.test_audit import _tamper
 from worker.cli import main
 from worker.settings import ModelSettings
 
@@ -164,7 +164,7 @@ def test_another_configuration_reports_exactly_the_records_whose_output_changes(
 
 def _copy_tampered(recorded: Recorded) -> tuple[str, dict[str, int]]:
     """A copy of the output topic with one delta changed, one record deleted, one duplicated."""
-    tampered, picked = _tamper([orjson.loads(r.value) for r in recorded.outputs])
+    tampered, picked = tamper([orjson.loads(r.value) for r in recorded.outputs])
     topic = recorded.factory("derender-out-tampered", partitions=2)
     values = [(o["request_id"].encode(), orjson.dumps(o)) for o in tampered]
     asyncio.run(produce(recorded.bootstrap, topic, values))

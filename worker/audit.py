@@ -286,7 +286,8 @@ class Auditor:
                 if _error_code(output) == 409:
                     request.partial = True  # started before the range, no carried state: unknown
                 else:
-                    request.resumed = True
+                    body = output.get("body")
+                    request.resumed = isinstance(body, dict) and "stream_state" in body
         request.records += 1
         if request.partial:
             if output is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -334,6 +335,7 @@ class Emitter:
     async def stop(self) -> None:
         try:
             if self._open:  # the audit failed: nothing of this range becomes visible
-                await self._producer.abort_transaction()
+                with contextlib.suppress(KafkaError):  # the first error is the one to report
+                    await self._producer.abort_transaction()
         finally:
             await self._producer.stop()
