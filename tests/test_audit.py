@@ -35,6 +35,8 @@ from tests.audit_streams import (
 from tests.golden_cases import normalize as golden_normalize
 from worker.audit import IdRenamer, Progress, first_difference, normalize
 from worker.cli import main
+from worker.core.parsing.ids import random_tool_call_id
+from worker.core.parsing.tools.mistral import mistral_tool_call_id
 from worker.settings import ModelSettings
 
 
@@ -322,6 +324,14 @@ def test_only_random_tool_call_ids_and_created_are_normalized() -> None:
     later_new = normalize(record(list(reversed(hermes_b)), 1), new_ids)
     found = first_difference(later_old, later_new)
     assert found is not None and found[0] == "body.chunk.choices[0].delta.tool_calls[0].id"
+
+
+def test_the_renamed_formats_are_the_ones_the_parsers_generate() -> None:
+    """Ids made by the generators are renamed (a format change would otherwise show as differences)."""
+    for make in (random_tool_call_id, mistral_tool_call_id):
+        renamer = IdRenamer()
+        made = [make() for _ in range(200)]
+        assert [renamer(i) for i in made] == [f"<random-tool-call-id-{n}>" for n in range(200)]
 
 
 def test_first_difference_compares_json_types_and_absent_fields() -> None:

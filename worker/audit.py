@@ -18,7 +18,6 @@ This module is the engine, the report and the file mode; reading and writing Kaf
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +28,8 @@ import orjson
 
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor, ProcessResult, serialize
+from worker.core.parsing.ids import RANDOM_TOOL_CALL_ID
+from worker.core.parsing.tools.mistral import MISTRAL_TOOL_CALL_ID
 from worker.errors import ConfigurationError, DerenderWorkerError
 from worker.settings import ModelSettings, add_model_arguments
 
@@ -44,8 +45,8 @@ IDENTICAL = "identical"
 KINDS = (DIFFERING, MISSING, EXTRA, ERROR_CODE)
 SHOWN_DIFFERENCES = 10
 
-# Random tool-call id formats (worker.core.parsing.ids and the mistral parser); nothing else is renamed.
-_RANDOM_IDS = (re.compile(r"chatcmpl-tool-[0-9a-f]{16}"), re.compile(r"[A-Za-z0-9]{9}"))
+# The random tool-call id formats; nothing else is renamed.
+_RANDOM_IDS = (RANDOM_TOOL_CALL_ID, MISTRAL_TOOL_CALL_ID)
 _ABSENT = object()
 
 
