@@ -183,6 +183,30 @@ def test_tampered_deleted_and_duplicated_records_are_each_reported_once(
     assert "1 differing, 1 missing output, 1 extra output" in err
 
 
+def test_a_recorded_line_that_is_no_output_envelope_is_an_extra_output(
+    demo: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inputs, outputs, _ = demo
+    broken = tmp_path / "broken.jsonl"
+    broken.write_bytes(outputs.read_bytes() + b"not json\n")
+    report = tmp_path / "report.jsonl"
+    argv = ["--input-file", str(inputs), "--output-file", str(broken), "--report", str(report)]
+    status, err = audit([*argv, *DEMO_FLAGS], capsys)
+    assert status == 1
+    [line] = read_jsonl(report)
+    assert line["status"] == "extra_output"
+    assert line["differences"] == [
+        {
+            "seq": None,
+            "kind": "extra_output",
+            "duplicate": False,
+            "at": {"file": "broken.jsonl", "line": 84},
+            "reason": "not an output envelope",
+        }
+    ]
+    assert "1 unreadable" in err
+
+
 def test_an_error_code_change_is_its_own_kind(
     demo: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -439,7 +439,10 @@ def _judge(request: _Request) -> JsonDict:
 
 
 def _extra(recorded: Recorded, *, duplicate: bool) -> JsonDict:
-    return {"seq": recorded.seq, "kind": EXTRA, "duplicate": duplicate, "at": recorded.at}
+    extra = {"seq": recorded.seq, "kind": EXTRA, "duplicate": duplicate, "at": recorded.at}
+    if recorded.request_id is None:
+        extra["reason"] = "not an output envelope"
+    return extra
 
 
 def _compare(old: Any, new: JsonDict, old_ids: IdRenamer, new_ids: IdRenamer) -> JsonDict | None:
@@ -530,9 +533,10 @@ def _describe(difference: JsonDict) -> str:
     where = f"seq {difference['seq']}"
     kind = difference["kind"]
     if kind == EXTRA:
-        return (
-            f"{where}: extra output{' (duplicate)' if difference['duplicate'] else ''} at {difference['at']}"
-        )
+        what = " (duplicate)" if difference["duplicate"] else ""
+        if "reason" in difference:
+            what = f" ({difference['reason']})"
+        return f"{where}: extra output{what} at {difference['at']}"
     if kind == MISSING:
         return f"{where}: missing output"
     old = _short(difference["old"]) if "old" in difference else "(absent)"
