@@ -644,11 +644,11 @@ def finish(report: AuditReport, args: argparse.Namespace, err: TextIO) -> int:
 def check_args(args: argparse.Namespace) -> None:
     if not args.input_file and not getattr(args, "bootstrap_servers", None):
         raise AuditUsageError("give --input-file, or --bootstrap-servers to read the input topic")
-    if args.input_file and any(
-        getattr(args, name, None) is not None for name in ("from_time", "from_offset", "to_time", "to_offset")
-    ):
+    range_flags = ("from_time", "from_offset", "to_time", "to_offset", "partitions")
+    if args.input_file and any(getattr(args, name, None) is not None for name in range_flags):
         raise AuditUsageError(
-            "--from/--to/--from-offset/--to-offset select a range of the input topic, not of --input-file"
+            "--from/--to/--from-offset/--to-offset/--partition select a range of the input topic, "
+            "not of --input-file"
         )
     for path in (args.input_file, args.output_file):
         if path and not Path(path).is_file():
