@@ -253,7 +253,9 @@ def test_emit_topic_backfills_the_rederendered_stream(
     recorded: Recorded, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     emit = recorded.factory("derender-backfill", partitions=2)
-    status, _ = audit([*recorded.flags(), "--emit-topic", emit, *NO_REASONING_FLAGS], capsys)
+    emit_file = tmp_path / "backfill.jsonl"
+    argv = [*recorded.flags(), "--emit-topic", emit, "--emit-file", str(emit_file)]
+    status, _ = audit([*argv, *NO_REASONING_FLAGS], capsys)
     assert status == 1
     expected = replay_outputs(NO_REASONING_FLAGS, recorded.partition0) + replay_outputs(
         NO_REASONING_FLAGS, recorded.partition1
@@ -261,6 +263,8 @@ def test_emit_topic_backfills_the_rederendered_stream(
     backfill = asyncio.run(_read_all(recorded.bootstrap, emit, len(expected)))
     emitted = [orjson.loads(r.value) for r in backfill]
     assert len(emitted) == len(expected)
+    key = lambda o: (o["source"]["partition"], o["source"]["offset"])  # noqa: E731
+    assert sorted(read_jsonl(emit_file), key=key) == sorted(emitted, key=key)  # the same records
     # Each record keeps the source of the input it answers, as the worker's own records do.
     sources = {
         (o["request_id"], o["seq"]): o["source"] for o in (orjson.loads(r.value) for r in recorded.outputs)
