@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from worker.audit import register as register_audit
 from worker.demo import register as register_demo
 from worker.errors import ConfigurationError, DerenderWorkerError
 from worker.settings import ModelSettings, add_model_arguments
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     _register_replay(commands)
     register_demo(commands)
+    register_audit(commands)  # `audit`: files here, topics through worker.runtime.audit_source
     try:
         from worker.runtime.commands import register as register_runtime
     except ImportError:  # the Kafka runtime is optional for offline use

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 
 _MASK_64 = (1 << 64) - 1
+RANDOM_TOOL_CALL_ID = re.compile(r"chatcmpl-tool-[0-9a-f]{16}")
+"""What ``random_tool_call_id`` makes (``fullmatch``): the audit renames these, as random."""
 
 
 def random_tool_call_id() -> str:

@@ -74,6 +74,10 @@ _ALNUM = string.ascii_letters + string.digits
 _ARRAY_RE = re.compile(r"\[{.*}\]", re.DOTALL)
 
 
+MISTRAL_TOOL_CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
+"""What ``mistral_tool_call_id`` makes (``fullmatch``): the audit renames these, as random."""
+
+
 def mistral_tool_call_id() -> str:
     """Mistral requires 9 alphanumeric characters."""
     return "".join(random.choices(_ALNUM, k=9))
