@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         register_runtime(commands)
+        from worker.pipeline.commands import register as register_pipeline
+
+        register_pipeline(commands)
     return parser
 
 

@@ -1,0 +1,11 @@
+"""Registers the pipeline's sub-commands: ``produce``, ``consume``, ``ingest``, ``gateway``."""
+
+from __future__ import annotations
+
+import argparse
+
+from worker.pipeline import records
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    records.register(commands)
