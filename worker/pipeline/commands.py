@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from worker.pipeline import records
+from worker.pipeline import ingest, records
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     records.register(commands)
+    ingest.register(commands)
