@@ -91,7 +91,8 @@ class _Stream:
 class _Waiter:
     """The records of one open request, as they arrive (``None``: no more will be read)."""
 
-    def __init__(self, ids: list[str]) -> None:
+    def __init__(self, request_id: str, ids: list[str]) -> None:
+        self.request_id = request_id
         self.ids = ids
         self.queue: asyncio.Queue[tuple[str, JsonDict]] = asyncio.Queue()
 
@@ -215,7 +216,7 @@ class Gateway:
         stream = bool(body.get("stream"))
         count = prompt_count(body) if endpoint == "completion" and stream else 1
         stream_ids = [request_id] if count == 1 else [f"{request_id}-{i}" for i in range(count)]
-        waiter = _Waiter(stream_ids)
+        waiter = _Waiter(request_id, stream_ids)
         for key in {request_id, *stream_ids}:
             self.waiters[key] = waiter
         envelope = RequestEnvelope(request_id=request_id, endpoint=endpoint, request=body)
@@ -238,6 +239,7 @@ class Gateway:
         try:
             return await asyncio.wait_for(waiter.queue.get(), self.settings.request_timeout_s)
         except TimeoutError:
+            self._cancel_later(waiter.request_id)
             timeout = self.settings.request_timeout_s
             return "", {
                 "error": {
