@@ -223,6 +223,7 @@ class FakeVllm:
     render_calls: int = 0
     streams_open: int = 0
     max_streams_open: int = 0
+    sent_at: dict[str, list[float]] = field(default_factory=dict)  # engine id -> monotonic time per chunk
 
     def __post_init__(self) -> None:
         self._by_key = {r.key(): r for r in self.recordings}
@@ -455,6 +456,7 @@ class FakeVllm:
                     if aborted.is_set():
                         break
                 await response.write(b"data: " + _stream_chunk(engine_id, chunk) + b"\n\n")
+                self.sent_at.setdefault(engine_id, []).append(time.monotonic())
                 for c in chunk["choices"]:
                     if c.get("finish_reason") is not None:
                         unfinished.discard(c["index"])

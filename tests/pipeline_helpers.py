@@ -136,6 +136,7 @@ class Pipeline:
     factory: TopicFactory
     partitions: int = 3
     max_inflight: int = 4
+    worker_extra: tuple[str, ...] = ()
     topics: WorkerTopics = field(init=False)
     requests_topic: str = field(init=False)
     fake: FakeVllm = field(init=False)
@@ -144,14 +145,14 @@ class Pipeline:
     gateway: WorkerProcess | None = None
     gateway_port: int = 0
 
-    def start(self, workers: int = 1, gateway: bool = False) -> Pipeline:
+    def start(self, workers: int = 1, gateway: bool = False, ingest_extra: Sequence[str] = ()) -> Pipeline:
         self.topics = make_worker_topics(self.factory, self.partitions)
         self.requests_topic = self.factory("openai-requests", self.partitions)
         self.fake = FakeVllm(recordings(), faults=dict(FAULTS)).start()
-        self.workers = WorkerGroup(self.bootstrap, self.topics, CONFIG)
+        self.workers = WorkerGroup(self.bootstrap, self.topics, CONFIG, extra=self.worker_extra)
         for _ in range(workers):
             self.workers.start()
-        self.start_ingest()
+        self.start_ingest(*ingest_extra)
         if gateway:
             self.start_gateway()
         return self

@@ -251,13 +251,15 @@ class Ingest:
         interval = self.settings.commit_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
-            for partition in list(self.partitions.values()):
-                try:
-                    await partition.commit()
-                except Exception as exc:  # fenced or broken: the next owner resumes by the rule
-                    self.failed = exc
-                    self._stop.set()
-                    return
+            # Partitions commit side by side: each has its own producer and transaction.
+            results = await asyncio.gather(
+                *(p.commit() for p in list(self.partitions.values())), return_exceptions=True
+            )
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:  # fenced or broken: the next owner resumes by the attempt rule
+                self.failed = failures[0]
+                self._stop.set()
+                return
 
     async def _drain(self) -> None:
         """On stop: let running requests finish within the shutdown timeout (still committing)."""
