@@ -187,7 +187,9 @@ class Ingest:
 
     async def run(self) -> int:
         s = self.settings
-        await require_topics(s.connection, s.requests_topic, s.input_topic, s.output_topic)
+        counts = await require_topics(s.connection, s.input_topic, s.output_topic)
+        if await s.connection.ensure_topic(s.requests_topic, counts[s.input_topic]):
+            log.info("created the requests topic %s (%d partitions)", s.requests_topic, counts[s.input_topic])
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         connector = aiohttp.TCPConnector(limit=0)  # --max-inflight bounds the streams
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
