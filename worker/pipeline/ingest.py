@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -251,8 +252,11 @@ class Ingest:
 
     async def _commit_loop(self) -> None:
         interval = self.settings.commit_interval_ms / 1000
+        started = time.monotonic()
         while True:
-            await asyncio.sleep(interval)
+            # An interval between commit starts, not after each commit: a slow commit is not added.
+            await asyncio.sleep(max(0.0, started + interval - time.monotonic()))
+            started = time.monotonic()
             # Partitions commit side by side: each has its own producer and transaction.
             results = await asyncio.gather(
                 *(p.commit() for p in list(self.partitions.values())), return_exceptions=True
