@@ -31,10 +31,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.kafka_throughput import bootstrap_address  # noqa: E402
-from tests.fake_vllm import Fault, Recording  # noqa: E402
 from tests.kafka_broker import TopicFactory  # noqa: E402
 from tests.kafka_helpers import wait_for_http  # noqa: E402
-from tests.pipeline_helpers import STREAM_CASE, Pipeline, case, request_of  # noqa: E402
+from tests.pipeline_helpers import STREAM_CASE, Pipeline, recording, request_of  # noqa: E402
+from worker.pipeline.fake_vllm import Fault  # noqa: E402
 
 
 async def stream_one(
@@ -89,12 +89,12 @@ async def _main(args: argparse.Namespace) -> None:
         pipeline.start(workers=1, gateway=True, ingest_extra=worker_commit)
         await wait_for_http(f"{pipeline.gateway_url}/healthz", 200, 60, what="(gateway)")
         pipeline.fake.faults["paced"] = Fault(pace_s=args.pace_ms / 1000)
-        recording = Recording.from_case(case(STREAM_CASE))
-        await run_load(pipeline, request_of(recording), 4, 4)  # warm-up: joins, first transactions
+        chat = recording(STREAM_CASE)
+        await run_load(pipeline, request_of(chat), 4, 4)  # warm-up: joins, first transactions
         _, paced = await run_load(
-            pipeline, request_of(recording, user="fault:paced"), args.requests, args.concurrency
+            pipeline, request_of(chat, user="fault:paced"), args.requests, args.concurrency
         )
-        wall, _ = await run_load(pipeline, request_of(recording), args.requests, args.concurrency)
+        wall, _ = await run_load(pipeline, request_of(chat), args.requests, args.concurrency)
         added = latencies(pipeline, paced)
         chunks = sum(len(r) for r in paced)
         per = chunks // args.requests

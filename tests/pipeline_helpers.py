@@ -17,7 +17,6 @@ from typing import Any
 
 import orjson
 
-from tests.fake_vllm import FakeVllm, Fault, Recording
 from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import (
@@ -30,6 +29,7 @@ from tests.kafka_helpers import (
 )
 from worker.assembly import AssembledResponse, Assembler
 from worker.core.envelope_processor import EnvelopeProcessor
+from worker.pipeline.fake_vllm import FakeVllm, Fault, Recording
 
 # One worker configuration serves every recording: Qwen3 with its reasoning parser and hermes tools.
 CONFIG: dict[str, Any] = {
@@ -61,15 +61,20 @@ def case(case_id: str) -> GoldenCase:
     return next(c for c in load_cases() if c.id == case_id)
 
 
+def recording(case_id: str) -> Recording:
+    """The fake vLLM's recording of a golden case: its prompt and generated ids."""
+    return Recording.from_envelopes(case_id, case(case_id).input)
+
+
 def two_prompt_recording() -> Recording:
     """A completion with two prompts (vLLM renders one GenerateRequest per prompt)."""
-    one = Recording.from_case(case(COMPLETION_CASE))
+    one = recording(COMPLETION_CASE)
     request = {**one.request, "prompt": ["first prompt", "second prompt"]}
     return Recording("two-prompts", "completion", request, one.prompt_token_ids * 2, one.chunks * 2)
 
 
 def recordings() -> list[Recording]:
-    return [Recording.from_case(case(c)) for c in (STREAM_CASE, ONE_SHOT_CASE, COMPLETION_CASE, N2_CASE)] + [
+    return [recording(c) for c in (STREAM_CASE, ONE_SHOT_CASE, COMPLETION_CASE, N2_CASE)] + [
         two_prompt_recording()
     ]
 

@@ -12,7 +12,6 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tests.fake_vllm import Recording
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import wait_for_http
 from tests.pipeline_helpers import (
@@ -24,6 +23,7 @@ from tests.pipeline_helpers import (
     assemble,
     case,
     comparable,
+    recording,
     reference_outputs,
     request_of,
     two_prompt_recording,
@@ -84,7 +84,7 @@ def same_answer(got: AssembledResponse, want: AssembledResponse) -> None:
 
 def test_streaming_chat_with_reasoning_and_a_tool_call(pipeline: Pipeline) -> None:
     golden = case(STREAM_CASE)
-    body = request_of(Recording.from_case(golden))
+    body = request_of(recording(golden.id))
     stream = client(pipeline).chat.completions.create(**body)
     chunks = list(stream)
     # Chunk for chunk what vLLM's derender gives for these tokens (ids aside), as the SDK parsed it.
@@ -102,7 +102,7 @@ def test_streaming_chat_with_reasoning_and_a_tool_call(pipeline: Pipeline) -> No
 
 def test_one_shot_chat_equals_vllms_one_shot_derender(pipeline: Pipeline) -> None:
     golden = case(ONE_SHOT_CASE)
-    body = request_of(Recording.from_case(golden))
+    body = request_of(recording(golden.id))
     raw = client(pipeline).chat.completions.with_raw_response.create(**body)
     assert raw.http_response.status_code == 200
     got = {"seq": 0, "endpoint": "chat", "body": raw.http_response.json()}
@@ -116,7 +116,7 @@ def test_one_shot_chat_equals_vllms_one_shot_derender(pipeline: Pipeline) -> Non
 def test_streaming_completions_one_and_two_prompts_and_n2_chat(pipeline: Pipeline) -> None:
     sdk = client(pipeline)
     golden = case(COMPLETION_CASE)
-    chunks = list(sdk.completions.create(**request_of(Recording.from_case(golden))))
+    chunks = list(sdk.completions.create(**request_of(recording(golden.id))))
     texts = "".join(c.choices[0].text for c in chunks if c.choices)
     assert texts == assemble(golden.expected).choices[0].content
     assert chunks[-1].choices[0].finish_reason == "length"
@@ -129,7 +129,7 @@ def test_streaming_completions_one_and_two_prompts_and_n2_chat(pipeline: Pipelin
     want = [assemble(reference_outputs(two, request_of(two), i)).choices[0].content for i in (0, 1)]
     assert merged == {0: want[0], 1: want[1]}  # prompt i's choices are numbered i*n+j, as vLLM does
 
-    n2 = Recording.from_case(case(N2_CASE))
+    n2 = recording(N2_CASE)
     outputs = sdk_chunks_as_outputs(list(sdk.chat.completions.create(**request_of(n2))))
     same_answer(assemble(outputs), assemble(reference_outputs(n2, request_of(n2))))
 
@@ -145,7 +145,7 @@ def test_streaming_completions_one_and_two_prompts_and_n2_chat(pipeline: Pipelin
 def test_vllm_http_errors_reach_the_sdk_with_their_status(
     pipeline: Pipeline, fault: str, error: type[openai.APIStatusError], status: int
 ) -> None:
-    body = request_of(Recording.from_case(case(STREAM_CASE)), user=f"fault:{fault}")
+    body = request_of(recording(STREAM_CASE), user=f"fault:{fault}")
     for streaming in (True, False):
         with pytest.raises(error) as raised:
             result = client(pipeline).chat.completions.create(**{**body, "stream": streaming})
@@ -154,7 +154,7 @@ def test_vllm_http_errors_reach_the_sdk_with_their_status(
 
 
 def test_a_stream_cut_mid_sse_ends_with_an_error_event(pipeline: Pipeline) -> None:
-    body = request_of(Recording.from_case(case(STREAM_CASE)), user="fault:cut")
+    body = request_of(recording(STREAM_CASE), user="fault:cut")
     got = []
     with pytest.raises(openai.APIError, match="cut off"):
         for chunk in client(pipeline).chat.completions.create(**body):
@@ -163,7 +163,7 @@ def test_a_stream_cut_mid_sse_ends_with_an_error_event(pipeline: Pipeline) -> No
 
 
 def test_client_disconnect_aborts_the_generation_upstream(pipeline: Pipeline) -> None:
-    body = request_of(Recording.from_case(case(STREAM_CASE)), user="fault:stall")
+    body = request_of(recording(STREAM_CASE), user="fault:stall")
     before = set(pipeline.fake.aborted)
 
     async def read_one_chunk_and_leave() -> None:
@@ -189,9 +189,7 @@ def test_models_health_and_api_key(pipeline: Pipeline) -> None:
         asyncio.run(wait_for_http(f"{pipeline.gateway_url}/healthz", 200, 60, what="(gateway with key)"))
         with pytest.raises(openai.AuthenticationError):
             client(pipeline, "wrong").models.list()
-        answer = client(pipeline, "sesame").chat.completions.create(
-            **request_of(Recording.from_case(case(ONE_SHOT_CASE)))
-        )
+        answer = client(pipeline, "sesame").chat.completions.create(**request_of(recording(ONE_SHOT_CASE)))
         assert answer.choices[0].finish_reason == "tool_calls"
     finally:
         guarded.terminate()
@@ -200,7 +198,7 @@ def test_models_health_and_api_key(pipeline: Pipeline) -> None:
 
 def test_a_worker_sigkilled_under_gateway_load(pipeline: Pipeline) -> None:
     golden = case(STREAM_CASE)
-    body = request_of(Recording.from_case(golden), user="fault:slower")
+    body = request_of(recording(golden.id), user="fault:slower")
     sdk = AsyncOpenAI(base_url=f"{pipeline.gateway_url}/v1", api_key="x", max_retries=0, timeout=90)
     first_chunks = asyncio.Event()
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from tests.fake_vllm import Recording
 from tests.kafka_broker import TopicFactory, run_sync
 from tests.kafka_helpers import TopicReader
 from tests.pipeline_helpers import (
@@ -20,10 +19,12 @@ from tests.pipeline_helpers import (
     case,
     comparable,
     new_id,
+    recording,
     reference_outputs,
     request_of,
     two_prompt_recording,
 )
+from worker.pipeline.fake_vllm import Recording
 
 pytestmark = pytest.mark.kafka
 
@@ -56,9 +57,9 @@ def test_stream_one_shot_and_completion_match_the_golden_outputs(pipeline: Pipel
     stream, one_shot, completion = case(STREAM_CASE), case(ONE_SHOT_CASE), case(COMPLETION_CASE)
     ids = {name: new_id(name) for name in ("stream", "one-shot", "completion")}
     records = [
-        envelope(ids["stream"], "chat", Recording.from_case(stream).request),
-        envelope(ids["one-shot"], "chat", Recording.from_case(one_shot).request),
-        envelope(ids["completion"], "completion", Recording.from_case(completion).request),
+        envelope(ids["stream"], "chat", recording(stream.id).request),
+        envelope(ids["one-shot"], "chat", recording(one_shot.id).request),
+        envelope(ids["completion"], "completion", recording(completion.id).request),
     ]
     got = run_sync(_read(pipeline, records))
     # Every chunk field for field as vLLM's own derender (ids aside: ingest names the generation).
@@ -72,7 +73,7 @@ def test_stream_one_shot_and_completion_match_the_golden_outputs(pipeline: Pipel
 
 
 def test_n2_and_two_prompt_completions(pipeline: Pipeline) -> None:
-    n2 = Recording.from_case(case(N2_CASE))
+    n2 = recording(N2_CASE)
     two = two_prompt_recording()
     n2_id, two_id = new_id("n2"), new_id("two")
     records = [envelope(n2_id, "chat", request_of(n2)), envelope(two_id, "completion", request_of(two))]
@@ -108,7 +109,7 @@ def test_n2_and_two_prompt_completions(pipeline: Pipeline) -> None:
 def test_vllm_errors_end_the_request_with_an_error_record(
     pipeline: Pipeline, fault: str, code: int, records_before: int
 ) -> None:
-    stream = Recording.from_case(case(STREAM_CASE))
+    stream = recording(STREAM_CASE)
     rid = new_id(fault)
     got = run_sync(_read(pipeline, [envelope(rid, "chat", request_of(stream, user=f"fault:{fault}"))]))[rid]
     errors = [o for o in got if o.get("error") is not None]
@@ -120,7 +121,7 @@ def test_vllm_errors_end_the_request_with_an_error_record(
 
 
 def test_cancel_aborts_the_generation_upstream(pipeline: Pipeline) -> None:
-    stream = Recording.from_case(case(STREAM_CASE))
+    stream = recording(STREAM_CASE)
     rid = new_id("cancel")
 
     async def go() -> list[dict[str, Any]]:
@@ -141,7 +142,7 @@ def test_cancel_aborts_the_generation_upstream(pipeline: Pipeline) -> None:
 
 
 def test_backpressure_holds_generations_at_max_inflight(pipeline: Pipeline) -> None:
-    stream = Recording.from_case(case(STREAM_CASE))
+    stream = recording(STREAM_CASE)
     records = [envelope(new_id("load"), "chat", request_of(stream, user="fault:slow")) for _ in range(10)]
     pipeline.fake.max_streams_open = 0
     got = run_sync(_read(pipeline, records, timeout=90))
@@ -152,13 +153,13 @@ def test_backpressure_holds_generations_at_max_inflight(pipeline: Pipeline) -> N
 
 
 def test_sigkill_of_ingest_mid_stream_never_mixes_generations(pipeline: Pipeline) -> None:
-    stream = Recording.from_case(case(STREAM_CASE))
+    stream = recording(STREAM_CASE)
     retry = Recording(
         "retry",
         "chat",
         stream.request,
         stream.prompt_token_ids,
-        Recording.from_case(case(COMPLETION_CASE)).chunks,
+        recording(COMPLETION_CASE).chunks,
     )
     pipeline.fake.retry_chunks = retry.chunks[0]  # a second generation of a request looks different
     records = [envelope(new_id("kill"), "chat", request_of(stream, user="fault:slower")) for _ in range(8)]

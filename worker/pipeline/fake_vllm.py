@@ -1,6 +1,7 @@
 """A stand-in for vLLM 0.33.0's render and generate servers, speaking their HTTP protocol.
 
-It serves recorded generations (the golden cases' prompt and output token ids) the way
+For the tests, the demo and the pipeline benchmark (no GPU needed). It serves recorded generations
+(prompt and output token ids, e.g. the golden cases' or a stream of input envelopes) the way
 ``vllm/entrypoints/scale_out`` does:
 
 * ``POST /v1/chat/completions/render`` -> one ``GenerateRequest``; ``POST /v1/completions/render`` ->
@@ -32,8 +33,6 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-
-from tests.golden_cases import GoldenCase
 
 JsonDict = dict[str, Any]
 _STATUS_TYPES = {
@@ -68,21 +67,22 @@ class Recording:
         return match_key(self.endpoint, self.request)
 
     @classmethod
-    def from_case(cls, case: GoldenCase) -> Recording:
-        first = case.input[0]["body"]
+    def from_envelopes(cls, name: str, envelopes: list[JsonDict]) -> Recording:
+        """The generation behind one request's input envelopes (stream records or one one-shot record)."""
+        first = envelopes[0]["body"]
         request = first.get("chat_request") or first.get("completion_request") or {}
-        endpoint = case.input[0]["endpoint"]
+        endpoint = envelopes[0]["endpoint"]
         if first.get("stream"):
             request = {**request, "stream": True}  # what a client of this recording sends
             prompt = first.get("prompt_token_ids") or first["generate_chunk"].get("prompt_token_ids")
-            chunks = [_strip(r["body"]["generate_chunk"]) for r in case.input]
-            return cls(case.id, endpoint, request, [list(prompt or [1])], [chunks])
+            chunks = [_strip(r["body"]["generate_chunk"]) for r in envelopes]
+            return cls(name, endpoint, request, [list(prompt or [1])], [chunks])
         responses = first.get("generate_responses") or [first["generate_response"]]
         prompts = first.get("prompt_token_ids")
         if prompts is None or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts] * len(responses)
         return cls(
-            case.id,
+            name,
             endpoint,
             request,
             [list(p or r.get("prompt_token_ids") or [1]) for p, r in zip(prompts, responses, strict=True)],
@@ -251,11 +251,8 @@ class FakeVllm:
     async def start_async(self) -> None:
         self._runner = web.AppRunner(self.app(), handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = int(self._runner.addresses[0][1])
 
     async def stop_async(self) -> None:
         for event in self._abort_events.values():
