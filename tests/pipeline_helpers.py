@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import sys
 import time
 import uuid
@@ -57,8 +58,13 @@ FAULTS = {
 }
 
 
+@functools.cache
+def _cases() -> dict[str, GoldenCase]:
+    return {c.id: c for c in load_cases()}
+
+
 def case(case_id: str) -> GoldenCase:
-    return next(c for c in load_cases() if c.id == case_id)
+    return copy.deepcopy(_cases()[case_id])
 
 
 def recording(case_id: str) -> Recording:
