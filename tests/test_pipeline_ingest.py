@@ -198,3 +198,32 @@ def test_sigkill_of_ingest_mid_stream_never_mixes_generations(pipeline: Pipeline
             assert comparable(chunks) == second, f"{rid}: tokens of two generations mixed"
             outcomes["regenerated"] += 1
     assert outcomes["complete"] >= 1 and outcomes["cut off"] >= 1, outcomes
+
+
+def test_sigterm_of_ingest_hands_unfinished_requests_on(pipeline: Pipeline) -> None:
+    stream = recording(STREAM_CASE)
+    for process in pipeline.ingests:
+        if process.alive:
+            process.kill()
+    quick = pipeline.start_ingest("--shutdown-timeout-s", "1")
+    records = [envelope(new_id("term"), "chat", request_of(stream, user="fault:slower")) for _ in range(4)]
+    ids = [r["request_id"] for r in records]
+    first = comparable(case(STREAM_CASE).expected)
+
+    async def go() -> dict[str, list[dict[str, Any]]]:
+        reader = await TopicReader(pipeline.bootstrap, pipeline.topics.output).start()
+        try:
+            await pipeline.send(records)
+            await pipeline.wait_for_count(reader, ids, 8)
+            assert quick.terminate() == 0  # running generations are cut after 1 s, then it commits
+            pipeline.start_ingest()
+            return await pipeline.outputs(reader, ids, timeout=90)
+        finally:
+            await reader.stop()
+
+    got = run_sync(go())
+    for rid, outputs in got.items():  # every request ends: whole, or a prefix and the cut-off error
+        chunks = sorted((o for o in outputs if o.get("error") is None), key=lambda o: o["seq"])
+        errors = [o["error"] for o in outputs if o.get("error") is not None]
+        assert comparable(chunks) == first[: len(chunks)], rid
+        assert (errors == [] and len(chunks) == len(first)) or [e["code"] for e in errors] == [503], rid

@@ -122,7 +122,14 @@ class Gateway:
         for tp in partitions:  # fix the start before the first request can be written
             await self.consumer.position(tp)
         self._reader = asyncio.create_task(self._read())
+        self._reader.add_done_callback(self._reader_ended)
         self.ready = True
+
+    def _reader_ended(self, task: asyncio.Task[None]) -> None:
+        """Without its reader the gateway cannot answer: say so on /healthz, and in the log."""
+        self.ready = False
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the output topic reader failed: %r", task.exception())
 
     async def stop(self) -> None:
         self.ready = False
@@ -141,14 +148,14 @@ class Gateway:
             batches = await self.consumer.getmany(timeout_ms=100)
             for records in batches.values():
                 for record in records:
-                    key = record.key.decode(errors="replace") if record.key else None
-                    waiter = self.waiters.get(key) if key else None
+                    key = record.key.decode(errors="replace") if record.key else ""
+                    waiter = self.waiters.get(key)
                     if waiter is None or record.value is None:
                         continue
                     with contextlib.suppress(orjson.JSONDecodeError):
                         value = orjson.loads(record.value)
                         if isinstance(value, dict):
-                            waiter.queue.put_nowait((key, value))  # type: ignore[arg-type]
+                            waiter.queue.put_nowait((key, value))
 
     async def _send(self, request_id: str, value: bytes) -> None:
         assert self.producer is not None

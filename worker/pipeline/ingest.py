@@ -146,9 +146,11 @@ class _Partition:
             return min(self.running)
         return self.next_offset
 
-    async def commit(self) -> None:
+    async def commit(self, offset_floor: int | None = None) -> None:
         async with self.lock:
             offset = self.offset_to_commit()
+            if offset_floor is not None and (offset is None or offset > offset_floor):
+                offset = offset_floor
             records, self.pending = self.pending, []  # taken with the offset, without an await between
             if not records and offset == self.committed:
                 return
@@ -564,13 +566,15 @@ class Ingest:
 
     async def _close_partition(self, partition: _Partition, *, commit: bool) -> None:
         self.partitions.pop(partition.tp, None)
+        # Taken before the cancelled requests leave `running`: the next owner must read them again.
+        floor = partition.offset_to_commit()
         tasks = [r.task for r in partition.running.values() if r.task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         try:
             if commit:
-                await partition.commit()
+                await partition.commit(offset_floor=floor)
         finally:
             await partition.producer.stop()
 
