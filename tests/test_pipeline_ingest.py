@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +27,7 @@ from tests.pipeline_helpers import (
     request_of,
     two_prompt_recording,
 )
+from tests.test_pipeline_records import cli
 from worker.pipeline.fake_vllm import Recording
 
 pytestmark = pytest.mark.kafka
@@ -227,3 +231,27 @@ def test_sigterm_of_ingest_hands_unfinished_requests_on(pipeline: Pipeline) -> N
         errors = [o["error"] for o in outputs if o.get("error") is not None]
         assert comparable(chunks) == first[: len(chunks)], rid
         assert (errors == [] and len(chunks) == len(first)) or [e["code"] for e in errors] == [503], rid
+
+
+def test_kafka_only_with_the_produce_and_consume_commands(pipeline: Pipeline, tmp_path: Path) -> None:
+    """A user with only a broker: `produce` request envelopes, `consume` the OpenAI chunks."""
+    golden = case(STREAM_CASE)
+    rid = new_id("cli")
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(json.dumps(envelope(rid, "chat", recording(STREAM_CASE).request)) + "\n")
+    produced = cli(pipeline.bootstrap, "produce", str(requests), "--topic", pipeline.requests_topic)
+    assert produced.returncode == 0, produced.stderr
+    deadline = time.monotonic() + 60
+    while True:
+        consumed = cli(
+            pipeline.bootstrap, "consume", "--topic", pipeline.topics.output, "--from-beginning", "--assemble"
+        )
+        assert consumed.returncode == 0, consumed.stderr
+        mine = [o for o in map(json.loads, consumed.stdout.splitlines()) if o["request_id"] == rid]
+        if len(mine) == len(golden.expected) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert comparable(mine) == comparable(golden.expected)
+    assembled = consumed.stderr.decode()
+    assert f"== {rid} (chat, {len(golden.expected)} records)" in assembled
+    assert "tool call: get_weather(" in assembled
