@@ -72,16 +72,17 @@ def recording(case_id: str) -> Recording:
     return Recording.from_envelopes(case_id, case(case_id).input)
 
 
-def two_prompt_recording() -> Recording:
+def two_prompt_recording(stream: bool = True) -> Recording:
     """A completion with two prompts (vLLM renders one GenerateRequest per prompt)."""
     one = recording(COMPLETION_CASE)
-    request = {**one.request, "prompt": ["first prompt", "second prompt"]}
+    request = {**one.request, "prompt": ["first prompt", "second prompt"], "stream": stream}
     return Recording("two-prompts", "completion", request, one.prompt_token_ids * 2, one.chunks * 2)
 
 
 def recordings() -> list[Recording]:
     return [recording(c) for c in (STREAM_CASE, ONE_SHOT_CASE, COMPLETION_CASE, N2_CASE)] + [
-        two_prompt_recording()
+        two_prompt_recording(),
+        two_prompt_recording(stream=False),
     ]
 
 

@@ -9,13 +9,16 @@ from typing import Any
 
 import aiohttp
 import openai
+import orjson
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
+from tests.golden_cases import derenderer_for
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import wait_for_http
 from tests.pipeline_helpers import (
     COMPLETION_CASE,
+    CONFIG,
     N2_CASE,
     ONE_SHOT_CASE,
     STREAM_CASE,
@@ -29,6 +32,8 @@ from tests.pipeline_helpers import (
     two_prompt_recording,
 )
 from worker.assembly import AssembledResponse
+from worker.core.envelope_processor import EnvelopeProcessor
+from worker.pipeline.fake_vllm import full_response
 
 pytestmark = pytest.mark.kafka
 
@@ -222,3 +227,30 @@ def test_a_worker_sigkilled_under_gateway_load(pipeline: Pipeline) -> None:
     for answer in answers:  # exactly-once: every stream whole, nothing lost or repeated
         same_answer(answer, want)
     pipeline.workers.start()  # back to two for whatever runs next
+
+
+def test_one_shot_completion_with_two_prompts_equals_vllms_one_shot_derender(pipeline: Pipeline) -> None:
+    two = two_prompt_recording(stream=False)
+    raw = client(pipeline).completions.with_raw_response.create(**request_of(two))
+    assert raw.http_response.status_code == 200
+    # The reference: vLLM's one-shot completion derender of the two generate responses ingest got.
+    responses = [
+        full_response("r", "test-model", ids, chunks)
+        for ids, chunks in zip(two.prompt_token_ids, two.chunks, strict=True)
+    ]
+    body = {
+        "stream": False,
+        "model": "test-model",
+        "generate_responses": responses,
+        "prompt_tokens": [len(ids) for ids in two.prompt_token_ids],
+        "prompt_token_ids": two.prompt_token_ids,
+        "completion_request": request_of(two),
+    }
+    envelope = {"request_id": "r", "seq": 0, "endpoint": "completion", "body": body}
+    result = EnvelopeProcessor(derenderer_for(CONFIG)).process(orjson.dumps(envelope), b"r")
+    assert result.output is not None
+    got = {"seq": 0, "endpoint": "completion", "body": raw.http_response.json()}
+    assert comparable([got]) == comparable([result.output])
+    completion = raw.parse()
+    assert [c.index for c in completion.choices] == [0, 1]
+    assert completion.choices[0].text == completion.choices[1].text != ""

@@ -165,7 +165,7 @@ def _stream_chunk(request_id: str, chunk: JsonDict) -> bytes:
     return orjson.dumps(out)
 
 
-def _full_response(request_id: str, model: str | None, prompt: list[int], chunks: list[JsonDict]) -> JsonDict:
+def full_response(request_id: str, model: str | None, prompt: list[int], chunks: list[JsonDict]) -> JsonDict:
     choices: dict[int, JsonDict] = {}
     usage = None
     for chunk in chunks:
@@ -408,7 +408,7 @@ class FakeVllm:
         chunks = [c for c in recorded if c.get("choices")]
         usage_chunks = [c for c in recorded if not c.get("choices")]
         if not body.get("stream"):
-            response = _full_response(
+            response = full_response(
                 engine_id, generation.model, recording.prompt_token_ids[index], recording.chunks[index]
             )
             return web.Response(body=orjson.dumps(response), content_type="application/json")
