@@ -10,6 +10,7 @@ BENCHMARKS = {
     "parsers": "benchmarks.parser_paths",
     "kafka": "benchmarks.kafka_throughput",
     "audit": "benchmarks.audit",
+    "pipeline": "benchmarks.pipeline",
 }
 
 

@@ -23,6 +23,7 @@ from schemas.derender import (
 )
 from schemas.envelope import DeadLetterRecord, InputEnvelope, OutputEnvelope
 from schemas.openai import ChatCompletionResponse, CompletionResponse, ErrorResponse
+from schemas.pipeline import CancelRecord, IngestMarker, RequestEnvelope
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "json"
 
@@ -40,6 +41,9 @@ EXPORTED: dict[str, type[BaseModel]] = {
     "chat_completion_response": ChatCompletionResponse,
     "completion_response": CompletionResponse,
     "error_response": ErrorResponse,
+    "request_envelope": RequestEnvelope,
+    "cancel_record": CancelRecord,
+    "ingest_marker": IngestMarker,
 }
 
 

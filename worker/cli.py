@@ -1,8 +1,9 @@
 """The ``derender-worker`` command line.
 
 Each sub-command lives with the code it drives and registers itself here:
-``replay`` (offline, ``worker.replay``) and the Kafka commands
-(``worker.runtime.commands``).
+``replay`` (offline, ``worker.replay``), the Kafka commands
+(``worker.runtime.commands``) and the pipeline's ``produce``, ``consume``, ``ingest`` and
+``gateway`` (``worker.pipeline.commands``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         register_runtime(commands)
+        from worker.pipeline.commands import register as register_pipeline
+
+        register_pipeline(commands)
     return parser
 
 

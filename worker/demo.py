@@ -710,6 +710,10 @@ def _kafka_demo(args: argparse.Namespace, view: DemoView, tmp: Path) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    if getattr(args, "pipeline", False):
+        from worker.pipeline.demo import run_pipeline_demo
+
+        return run_pipeline_demo(args)
     if args.offline:
         return run_offline_demo(args)
     if args.pace_ms < 0:
@@ -725,6 +729,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     demo.add_argument("--stream", help="input envelopes (default: the bundled Qwen3 sample)")
     demo.add_argument("--tokenizer", help="model directory (default: the bundled Qwen3 tokenizer)")
     demo.add_argument("--offline", action="store_true", help="derender in-process, without Kafka")
+    demo.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="the whole pipeline: fake vLLM, ingest, two workers, gateway and an openai client",
+    )
     demo.add_argument(
         "--bootstrap-servers",
         help="use this Kafka instead of starting deploy/local/kafka "

@@ -1,0 +1,256 @@
+"""``gateway`` with the real ``openai`` SDK: client -> gateway -> Kafka -> ingest -> fake vLLM -> workers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from tests.golden_cases import derenderer_for
+from tests.kafka_broker import TopicFactory
+from tests.kafka_helpers import wait_for_http
+from tests.pipeline_helpers import (
+    COMPLETION_CASE,
+    CONFIG,
+    N2_CASE,
+    ONE_SHOT_CASE,
+    STREAM_CASE,
+    Pipeline,
+    assemble,
+    case,
+    comparable,
+    recording,
+    reference_outputs,
+    request_of,
+    two_prompt_recording,
+)
+from worker.assembly import AssembledResponse
+from worker.core.envelope_processor import EnvelopeProcessor
+from worker.pipeline.fake_vllm import full_response
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture(scope="module")
+def pipeline(kafka_bootstrap: str) -> Iterator[Pipeline]:
+    factory = TopicFactory(kafka_bootstrap)
+    pipeline = Pipeline(kafka_bootstrap, factory, max_inflight=16).start(workers=2, gateway=True)
+    try:
+        asyncio.run(wait_for_http(f"{pipeline.gateway_url}/healthz", 200, 60, what="(gateway)"))
+        yield pipeline
+    finally:
+        pipeline.stop()
+        factory.cleanup()
+
+
+def client(pipeline: Pipeline, api_key: str = "unused") -> OpenAI:
+    # No retries: a retried request would be a second request, and the tests count what happens.
+    return OpenAI(base_url=f"{pipeline.gateway_url}/v1", api_key=api_key, max_retries=0, timeout=60)
+
+
+def sdk_chunks_as_outputs(chunks: list[Any]) -> list[dict[str, Any]]:
+    """What the SDK parsed, as output envelopes (for ``assemble``)."""
+    return [
+        {"request_id": "r", "seq": i, "endpoint": "chat", "body": {"chunk": c.model_dump()}}
+        for i, c in enumerate(chunks)
+    ]
+
+
+def contains(mine: Any, theirs: Any) -> bool:
+    """``mine`` has every field of ``theirs`` with the same value (the SDK adds fields of its own)."""
+    if isinstance(theirs, dict):
+        return isinstance(mine, dict) and all(contains(mine.get(k), v) for k, v in theirs.items())
+    if isinstance(theirs, list):
+        return isinstance(mine, list) and len(mine) == len(theirs) and all(map(contains, mine, theirs))
+    return bool(mine == theirs)
+
+
+def same_answer(got: AssembledResponse, want: AssembledResponse) -> None:
+    assert sorted(got.choices) == sorted(want.choices)
+    for index, choice in want.choices.items():
+        mine = got.choices[index]
+        assert (mine.content, mine.reasoning, mine.finish_reason) == (
+            choice.content,
+            choice.reasoning,
+            choice.finish_reason,
+        )
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in mine.tool_calls.values()]
+        assert calls == [
+            (c["function"]["name"], c["function"]["arguments"]) for c in choice.tool_calls.values()
+        ]
+
+
+def test_streaming_chat_with_reasoning_and_a_tool_call(pipeline: Pipeline) -> None:
+    golden = case(STREAM_CASE)
+    body = request_of(recording(golden.id))
+    stream = client(pipeline).chat.completions.create(**body)
+    chunks = list(stream)
+    # Chunk for chunk what vLLM's derender gives for these tokens (ids aside), as the SDK parsed it.
+    want = [o["body"]["chunk"] for o in comparable(golden.expected)]
+    got = [o["body"]["chunk"] for o in comparable(sdk_chunks_as_outputs(chunks))]
+    assert len(got) == len(want)
+    for mine, theirs in zip(got, want, strict=True):
+        assert contains(mine, theirs)
+    answer = assemble(sdk_chunks_as_outputs(chunks))
+    same_answer(answer, assemble(golden.expected))
+    assert (
+        answer.choices[0].reasoning and answer.choices[0].tool_calls[0]["function"]["name"] == "get_weather"
+    )
+
+
+def test_one_shot_chat_equals_vllms_one_shot_derender(pipeline: Pipeline) -> None:
+    golden = case(ONE_SHOT_CASE)
+    body = request_of(recording(golden.id))
+    raw = client(pipeline).chat.completions.with_raw_response.create(**body)
+    assert raw.http_response.status_code == 200
+    got = {"seq": 0, "endpoint": "chat", "body": raw.http_response.json()}
+    assert comparable([got]) == comparable(golden.expected)
+    completion = raw.parse()  # the SDK takes it as a ChatCompletion
+    message = completion.choices[0].message
+    assert message.tool_calls and message.tool_calls[0].function.name == "get_weather"
+    assert completion.choices[0].finish_reason == "tool_calls"
+
+
+def test_streaming_completions_one_and_two_prompts_and_n2_chat(pipeline: Pipeline) -> None:
+    sdk = client(pipeline)
+    golden = case(COMPLETION_CASE)
+    chunks = list(sdk.completions.create(**request_of(recording(golden.id))))
+    texts = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert texts == assemble(golden.expected).choices[0].content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+    two = two_prompt_recording()
+    merged: dict[int, str] = {}
+    for chunk in sdk.completions.create(**request_of(two)):
+        for choice in chunk.choices:
+            merged[choice.index] = merged.get(choice.index, "") + choice.text
+    want = [assemble(reference_outputs(two, request_of(two), i)).choices[0].content for i in (0, 1)]
+    assert merged == {0: want[0], 1: want[1]}  # prompt i's choices are numbered i*n+j, as vLLM does
+
+    n2 = recording(N2_CASE)
+    outputs = sdk_chunks_as_outputs(list(sdk.chat.completions.create(**request_of(n2))))
+    same_answer(assemble(outputs), assemble(reference_outputs(n2, request_of(n2))))
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "status"),
+    [
+        ("render-400", openai.BadRequestError, 400),
+        ("generate-500", openai.InternalServerError, 500),
+        ("generate-503", openai.InternalServerError, 503),
+    ],
+)
+def test_vllm_http_errors_reach_the_sdk_with_their_status(
+    pipeline: Pipeline, fault: str, error: type[openai.APIStatusError], status: int
+) -> None:
+    body = request_of(recording(STREAM_CASE), user=f"fault:{fault}")
+    for streaming in (True, False):
+        with pytest.raises(error) as raised:
+            result = client(pipeline).chat.completions.create(**{**body, "stream": streaming})
+            if streaming:  # the error comes with the response, before any chunk
+                list(result)
+        assert raised.value.status_code == status
+
+
+def test_a_stream_cut_mid_sse_ends_with_an_error_event(pipeline: Pipeline) -> None:
+    body = request_of(recording(STREAM_CASE), user="fault:cut")
+    got = []
+    with pytest.raises(openai.APIError, match="cut off"):
+        for chunk in client(pipeline).chat.completions.create(**body):
+            got.append(chunk)
+    assert len(got) == 4  # the chunks before the cut, in order, then the error
+
+
+def test_client_disconnect_aborts_the_generation_upstream(pipeline: Pipeline) -> None:
+    body = request_of(recording(STREAM_CASE), user="fault:stall")
+    before = set(pipeline.fake.aborted)
+
+    async def read_one_chunk_and_leave() -> None:
+        async with aiohttp.ClientSession() as session:
+            url = f"{pipeline.gateway_url}/v1/chat/completions"
+            async with session.post(url, json=body) as response:
+                assert response.status == 200
+                await response.content.readline()  # the first chunk arrived; then the client goes away
+
+    asyncio.run(read_one_chunk_and_leave())
+    deadline = time.monotonic() + 20
+    while not set(pipeline.fake.aborted) - before:
+        assert time.monotonic() < deadline, f"no abort reached vLLM\n{pipeline.logs()}"
+        time.sleep(0.1)
+    assert all(a.startswith("generate-tokens-chatcmpl-") for a in set(pipeline.fake.aborted) - before)
+
+
+def test_models_health_and_api_key(pipeline: Pipeline) -> None:
+    assert [m.id for m in client(pipeline).models.list()] == ["test-model"]
+    plain, plain_port = pipeline.gateway, pipeline.gateway_port
+    guarded = pipeline.start_gateway("--api-key", "sesame")
+    try:
+        asyncio.run(wait_for_http(f"{pipeline.gateway_url}/healthz", 200, 60, what="(gateway with key)"))
+        with pytest.raises(openai.AuthenticationError):
+            client(pipeline, "wrong").models.list()
+        answer = client(pipeline, "sesame").chat.completions.create(**request_of(recording(ONE_SHOT_CASE)))
+        assert answer.choices[0].finish_reason == "tool_calls"
+    finally:
+        guarded.terminate()
+        pipeline.gateway, pipeline.gateway_port = plain, plain_port
+
+
+def test_a_worker_sigkilled_under_gateway_load(pipeline: Pipeline) -> None:
+    golden = case(STREAM_CASE)
+    body = request_of(recording(golden.id), user="fault:slower")
+    sdk = AsyncOpenAI(base_url=f"{pipeline.gateway_url}/v1", api_key="x", max_retries=0, timeout=90)
+    first_chunks = asyncio.Event()
+
+    async def one() -> AssembledResponse:
+        chunks = []
+        async for chunk in await sdk.chat.completions.create(**body):
+            chunks.append(chunk)
+            if len(chunks) == 3:
+                first_chunks.set()
+        return assemble(sdk_chunks_as_outputs(chunks))
+
+    async def go() -> list[AssembledResponse]:
+        tasks = [asyncio.create_task(one()) for _ in range(8)]
+        await asyncio.wait_for(first_chunks.wait(), 60)
+        pipeline.workers.alive[0].kill()  # mid-stream: its partitions move to the other worker
+        return await asyncio.gather(*tasks)
+
+    answers = asyncio.run(go())
+    want = assemble(golden.expected)
+    for answer in answers:  # exactly-once: every stream whole, nothing lost or repeated
+        same_answer(answer, want)
+    pipeline.workers.start()  # back to two for whatever runs next
+
+
+def test_one_shot_completion_with_two_prompts_equals_vllms_one_shot_derender(pipeline: Pipeline) -> None:
+    two = two_prompt_recording(stream=False)
+    raw = client(pipeline).completions.with_raw_response.create(**request_of(two))
+    assert raw.http_response.status_code == 200
+    # The reference: vLLM's one-shot completion derender of the two generate responses ingest got.
+    responses = [
+        full_response("r", "test-model", ids, chunks)
+        for ids, chunks in zip(two.prompt_token_ids, two.chunks, strict=True)
+    ]
+    body = {
+        "stream": False,
+        "model": "test-model",
+        "generate_responses": responses,
+        "prompt_tokens": [len(ids) for ids in two.prompt_token_ids],
+        "prompt_token_ids": two.prompt_token_ids,
+        "completion_request": request_of(two),
+    }
+    envelope = {"request_id": "r", "seq": 0, "endpoint": "completion", "body": body}
+    result = EnvelopeProcessor(derenderer_for(CONFIG)).process(orjson.dumps(envelope), b"r")
+    assert result.output is not None
+    got = {"seq": 0, "endpoint": "completion", "body": raw.http_response.json()}
+    assert comparable([got]) == comparable([result.output])
+    completion = raw.parse()
+    assert [c.index for c in completion.choices] == [0, 1]
+    assert completion.choices[0].text == completion.choices[1].text != ""

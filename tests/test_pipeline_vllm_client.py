@@ -1,0 +1,133 @@
+"""The fake vLLM's wire format and ingest's client for it, without Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from tests.pipeline_helpers import FAULTS, STREAM_CASE, recording, recordings, request_of
+from worker.pipeline.fake_vllm import FakeVllm
+from worker.pipeline.vllm_client import UpstreamError, VllmClient
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeVllm]:
+    server = FakeVllm(recordings(), faults=dict(FAULTS), api_key="k").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def run(fake: FakeVllm, work: Any, idle_timeout_s: float = 5.0) -> Any:
+    async def go() -> Any:
+        async with aiohttp.ClientSession() as session:
+            return await work(VllmClient(session, fake.url, fake.url, "k", idle_timeout_s), session)
+
+    return asyncio.run(go())
+
+
+def test_the_sse_framing_is_vllms(fake: FakeVllm) -> None:
+    chat = recording(STREAM_CASE)
+
+    async def raw(client: VllmClient, session: aiohttp.ClientSession) -> bytes:
+        (rendered,) = await client.render("chat", request_of(chat), "wire")
+        headers = {"Authorization": "Bearer k"}
+        async with session.post(
+            f"{fake.url}/inference/v1/generate", json=rendered, headers=headers
+        ) as response:
+            assert response.headers["Content-Type"].startswith("text/event-stream")
+            return await response.read()
+
+    body = run(fake, raw)
+    events = body.split(b"\n\n")
+    assert events[-2:] == [b"data: [DONE]", b""]
+    chunks = [orjson.loads(e.removeprefix(b"data: ")) for e in events[:-2]]
+    assert all(e.startswith(b"data: {") for e in events[:-2])
+    assert [c["choices"] for c in chunks] == [
+        [{**_choice_defaults(), **choice} for choice in c["choices"]] for c in chat.chunks[0]
+    ]
+    assert {c["request_id"] for c in chunks} == {"generate-tokens-chatcmpl-wire"}
+    assert all(c["output_mode"] == "tokens" for c in chunks)
+
+
+def _choice_defaults() -> dict[str, Any]:
+    keys = ("finish_reason", "stop_reason", "token_ids", "routed_experts", "sampling_mask", "weight_versions")
+    return {**dict.fromkeys(keys), "logprobs": None}
+
+
+def test_the_client_yields_each_chunk_and_stops_at_done(fake: FakeVllm) -> None:
+    chat = recording(STREAM_CASE)
+
+    async def chunks(client: VllmClient, _: aiohttp.ClientSession) -> list[dict[str, Any]]:
+        (rendered,) = await client.render("chat", request_of(chat), "client")
+        return [c async for c in client.generate_stream(rendered)]
+
+    got = run(fake, chunks)
+    assert [[x["token_ids"] for x in c["choices"]] for c in got] == [
+        [x["token_ids"] for x in c["choices"]] for c in chat.chunks[0]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fault", "code", "where"),
+    [
+        ("render-400", 400, "render"),
+        ("generate-503", 503, "generate"),
+        ("error-event", 500, "stream"),
+        ("cut", 502, "stream"),
+        ("stall", 504, "stream"),
+    ],
+)
+def test_every_failure_is_an_upstream_error_with_vllms_status(
+    fake: FakeVllm, fault: str, code: int, where: str
+) -> None:
+    chat = recording(STREAM_CASE)
+
+    async def go(client: VllmClient, _: aiohttp.ClientSession) -> int:
+        seen = 0
+        with pytest.raises(UpstreamError) as raised:
+            (rendered,) = await client.render("chat", request_of(chat, user=f"fault:{fault}"), f"f-{fault}")
+            async for _chunk in client.generate_stream(rendered):
+                seen += 1
+        assert raised.value.error["code"] == code, raised.value.error
+        assert set(raised.value.error) == {"message", "type", "param", "code"}
+        return seen
+
+    seen = run(fake, go, idle_timeout_s=1.0)
+    assert seen == {"render": 0, "generate": 0, "stream": seen}[where]
+
+
+def test_unknown_model_and_missing_key_answer_as_vllm(fake: FakeVllm) -> None:
+    async def go(client: VllmClient, session: aiohttp.ClientSession) -> None:
+        with pytest.raises(UpstreamError) as raised:
+            await client.render("chat", {**request_of(recording(STREAM_CASE)), "model": "nope"}, "m")
+        assert raised.value.error["code"] == 404 and raised.value.error["type"] == "NotFoundError"
+        async with session.post(f"{fake.url}/v1/chat/completions/render", json={}) as response:
+            assert response.status == 401
+
+    run(fake, go)
+
+
+def test_abort_ends_the_stream_with_abort_chunks(fake: FakeVllm) -> None:
+    chat = recording(STREAM_CASE)
+
+    async def go(client: VllmClient, _: aiohttp.ClientSession) -> list[dict[str, Any]]:
+        (rendered,) = await client.render("chat", request_of(chat, user="fault:stall"), "abort-me")
+        got = []
+        async for chunk in client.generate_stream(rendered):
+            got.append(chunk)
+            if len(got) == 2:  # the stream stalls after two chunks: abort it
+                await client.abort([chunk["request_id"]])
+        return got
+
+    got = run(fake, go)
+    assert got[-1]["choices"] == [
+        {**_choice_defaults(), "index": 0, "token_ids": [], "finish_reason": "abort"}
+    ]
+    assert "generate-tokens-chatcmpl-abort-me" in fake.aborted

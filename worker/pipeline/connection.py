@@ -1,0 +1,112 @@
+"""Kafka connection flags and clients of the pipeline commands.
+
+The bootstrap flag has the same environment fallbacks as ``run`` (``DERENDER_BOOTSTRAP_SERVERS``,
+then ``KAFKA_BOOTSTRAP_SERVERS``); TLS and SASL come from ``worker.runtime.kafka_security``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from worker.errors import ConfigurationError
+from worker.runtime.config import FALLBACK_BOOTSTRAP_ENV
+from worker.runtime.kafka_security import KafkaSecurity, add_security_arguments
+from worker.settings import ENV_PREFIX, env_default
+
+_TOPIC_ALREADY_EXISTS = 36
+# As the worker's producers: records carry whole prompts.
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("kafka")
+    group.add_argument(
+        "--bootstrap-servers",
+        default=env_default("bootstrap-servers") or os.environ.get(FALLBACK_BOOTSTRAP_ENV),
+        help="host:port[,host:port...] (env DERENDER_BOOTSTRAP_SERVERS, else KAFKA_BOOTSTRAP_SERVERS)",
+    )
+    group.add_argument("--client-id", default=env_default("client-id"), help="default: host name and pid")
+    add_security_arguments(parser)
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    bootstrap_servers: str
+    client_id: str
+    security: KafkaSecurity
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, role: str) -> Connection:
+        bootstrap = (args.bootstrap_servers or "").strip()
+        if not bootstrap:
+            env = f"{ENV_PREFIX}BOOTSTRAP_SERVERS / {FALLBACK_BOOTSTRAP_ENV}"
+            raise ConfigurationError(f"--bootstrap-servers (or {env}) is required")
+        client_id = args.client_id or f"derender-{role}-{socket.gethostname()}-{os.getpid()}"
+        return cls(bootstrap, client_id, KafkaSecurity.from_args(args))
+
+    def kwargs(self) -> dict[str, Any]:
+        return {
+            "bootstrap_servers": self.bootstrap_servers,
+            "client_id": self.client_id,
+            **self.security.client_kwargs(),
+        }
+
+    def producer(self, **extra: Any) -> AIOKafkaProducer:
+        options: dict[str, Any] = {
+            "enable_idempotence": True,
+            "acks": "all",
+            "max_request_size": MAX_REQUEST_BYTES,
+        }
+        options.update(extra)
+        return AIOKafkaProducer(**self.kwargs(), **options)
+
+    def consumer(self, **extra: Any) -> AIOKafkaConsumer:
+        options: dict[str, Any] = {
+            "isolation_level": "read_committed",
+            "enable_auto_commit": False,
+            "fetch_max_bytes": MAX_REQUEST_BYTES,
+            "max_partition_fetch_bytes": MAX_REQUEST_BYTES,
+        }
+        options.update(extra)
+        return AIOKafkaConsumer(**self.kwargs(), **options)
+
+    async def ensure_topic(self, name: str, partitions: int, replication_factor: int = 1) -> bool:
+        """Create ``name`` unless it exists; True when it was created."""
+        admin = AIOKafkaAdminClient(**self.kwargs())
+        await admin.start()
+        try:
+            response = await admin.create_topics([NewTopic(name, partitions, replication_factor)])
+            codes = [error[1] for error in response.topic_errors]
+            if any(code not in (0, _TOPIC_ALREADY_EXISTS) for code in codes):
+                raise ConfigurationError(f"cannot create topic {name!r}: {response.topic_errors}")
+            return all(code == 0 for code in codes)
+        finally:
+            await admin.close()
+
+
+async def require_topics(connection: Connection, *topics: str) -> dict[str, int]:
+    """The partition count of each topic; a ConfigurationError naming the first one that is missing."""
+    admin = AIOKafkaAdminClient(**connection.kwargs())
+    await admin.start()
+    try:
+        described = await admin.describe_topics(list(topics))
+    finally:
+        await admin.close()
+    counts = {item["topic"]: len(item["partitions"]) for item in described if item["error_code"] == 0}
+    for topic in topics:
+        if not counts.get(topic):
+            raise ConfigurationError(f"topic {topic!r} does not exist")
+    return counts
+
+
+async def topic_partitions(connection: Connection, topic: str) -> list[TopicPartition]:
+    """Every partition of ``topic``; a ConfigurationError when it does not exist."""
+    count = (await require_topics(connection, topic))[topic]
+    return [TopicPartition(topic, p) for p in range(count)]

@@ -1,0 +1,250 @@
+"""``derender-worker demo --pipeline``: the whole pipeline, with a real OpenAI client at the front.
+
+A local fake vLLM (render + generate, serving the recorded Qwen3 streams of the Kafka demo),
+``ingest``, two workers and ``gateway`` on a local Kafka; then the ``openai`` SDK streams a reasoning
+answer and a tool call through the gateway, printed as they arrive. Everything it started is
+stopped at the end, and its topics are deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from worker.demo import (
+    DEMO_STREAM,
+    SAMPLES,
+    DemoError,
+    _delete_topics,
+    _given_bootstrap,
+    _start_local_broker,
+    _wait_for_broker,
+    _worker_model_args,
+)
+from worker.demo_view import make_view
+from worker.pipeline.fake_vllm import FakeVllm, Recording
+
+PARTITIONS = 4
+PACE_S = 0.03
+SERVED_MODEL = "qwen3-demo"
+SHOWN = ("demo-reasoning", "demo-tool")  # the recorded requests the client sends
+_COLOUR = sys.stdout.isatty()
+DIM, BOLD, RESET = ("\033[2m", "\033[1m", "\033[0m") if _COLOUR else ("", "", "")
+
+
+def recordings(stream: Path) -> list[Recording]:
+    """One recording per request of a file of input envelopes (lines that are not envelopes skipped)."""
+    by_request: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for line in stream.read_bytes().splitlines():
+        with contextlib.suppress(orjson.JSONDecodeError):
+            value = orjson.loads(line)
+            if isinstance(value, dict) and isinstance(value.get("body"), dict) and "seq" in value:
+                by_request[value["request_id"]].append(value)
+    return [
+        Recording.from_envelopes(rid, sorted(envelopes, key=lambda e: e["seq"]))
+        for rid, envelopes in by_request.items()
+    ]
+
+
+class Processes:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.running: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, argv: list[str]) -> None:
+        with open(self.log_dir / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        self.running.append((name, proc))
+        print(f"  started {name} (pid {proc.pid})")
+
+    def check(self) -> None:
+        for name, proc in self.running:
+            if proc.poll() is not None:
+                tail = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-15:]
+                raise DemoError(f"{name} exited with {proc.returncode}:\n" + "\n".join(tail))
+
+    def stop(self) -> None:
+        for _, proc in reversed(self.running):
+            if proc.poll() is None:
+                proc.terminate()
+        for _, proc in self.running:
+            try:
+                proc.wait(45)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for_gateway(url: str, processes: Processes) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + 90
+    while True:
+        processes.check()
+        with (
+            contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError),
+            urllib.request.urlopen(f"{url}/healthz", timeout=2) as response,
+        ):
+            if response.status == 200:
+                return
+        if time.monotonic() > deadline:
+            raise DemoError("the gateway did not become healthy within 90 s")
+        time.sleep(0.2)
+
+
+def _chat(base_url: str, request: dict[str, Any]) -> int:
+    """Stream one chat through the gateway with the openai SDK, printing it as it arrives."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="demo", max_retries=0, timeout=60)
+    question = request["messages"][-1]["content"]
+    print(f"\n{BOLD}user:{RESET} {question}\n{BOLD}assistant:{RESET} ", end="", flush=True)
+    body = {k: v for k, v in request.items() if k != "stream"}
+    chunks = 0
+    in_reasoning = False
+    for chunk in client.chat.completions.create(**body, stream=True):
+        chunks += 1
+        for choice in chunk.choices:
+            delta = choice.delta
+            reasoning = (delta.model_extra or {}).get("reasoning")
+            if reasoning:
+                if not in_reasoning:
+                    print(f"{DIM}[reasoning] ", end="")
+                    in_reasoning = True
+                print(reasoning, end="", flush=True)
+            if delta.content:
+                if in_reasoning:
+                    print(f"{RESET}\n", end="")
+                    in_reasoning = False
+                print(delta.content, end="", flush=True)
+            for call in delta.tool_calls or ():
+                if call.function and call.function.name:
+                    print(f"{RESET}\n[tool call] {call.function.name}(", end="", flush=True)
+                    in_reasoning = False
+                if call.function and call.function.arguments:
+                    print(call.function.arguments, end="", flush=True)
+            if choice.finish_reason:
+                print(
+                    f"{RESET}{')' if choice.finish_reason == 'tool_calls' else ''}  [{choice.finish_reason}]"
+                )
+    return chunks
+
+
+def run_pipeline_demo(args: argparse.Namespace) -> int:
+    try:
+        with tempfile.TemporaryDirectory(prefix="derender-pipeline-demo-") as tmp:
+            return _demo(args, Path(tmp))
+    except DemoError as exc:
+        print(f"demo: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("demo: interrupted; everything it started was stopped", file=sys.stderr)
+        return 130
+
+
+def _demo(args: argparse.Namespace, tmp: Path) -> int:
+    stream = Path(args.stream) if args.stream else DEMO_STREAM
+    model_dir = args.tokenizer or str(SAMPLES / "models" / "qwen3")
+    served = recordings(stream)
+    requests = [r.request for r in served if r.name in SHOWN and r.endpoint == "chat"]
+    if not requests:
+        raise DemoError(f"{stream} has none of the requests {SHOWN}")
+    prefix = f"derender-pipeline-demo-{uuid.uuid4().hex[:8]}"
+    topics = {
+        name: f"{prefix}-{name}" for name in ("openai-requests", "requests", "responses", "state", "dlq")
+    }
+    cli = [sys.executable, "-m", "worker.cli"]
+    started = time.monotonic()
+    with contextlib.ExitStack() as cleanup:
+        given = _given_bootstrap(args)
+        bootstrap = given[0] if given else _start_local_broker(make_view(), cleanup, tmp)
+        _wait_for_broker(bootstrap, given[1] if given else "deploy/local/kafka")
+        print(f"pipeline demo: Kafka at {bootstrap}")
+        kafka = ["--bootstrap-servers", bootstrap]
+        worker_topics = [
+            *("--input-topic", topics["requests"], "--output-topic", topics["responses"]),
+            *("--state-topic", topics["state"], "--dlq-topic", topics["dlq"]),
+        ]
+        cleanup.callback(
+            lambda: asyncio.run(_delete_topics(bootstrap, list(topics.values()), f"{prefix}-ingest"))
+        )
+        created = subprocess.run(
+            [*cli, "topics", "create", *kafka, *worker_topics, "--partitions", str(PARTITIONS)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if created.returncode != 0:
+            raise DemoError(f"`topics create` failed:\n{created.stderr.strip()}")
+
+        fake = FakeVllm(served, served_model_names=(SERVED_MODEL,), pace_s=PACE_S).start()
+        cleanup.callback(fake.stop)
+        print(f"  fake vLLM (render + generate) on {fake.url}: {len(served)} recorded generations")
+        processes = Processes(tmp)
+        cleanup.callback(processes.stop)
+        for n in (1, 2):
+            processes.start(
+                f"worker-{n}",
+                [
+                    *cli,
+                    "run",
+                    *kafka,
+                    *worker_topics,
+                    *("--group-id", prefix, "--client-id", f"{prefix}-worker-{n}", "--metrics-port", "0"),
+                    *("--commit-interval-ms", "20"),
+                    *_worker_model_args(model_dir),
+                ],
+            )
+        processes.start(
+            "ingest",
+            [
+                *cli,
+                "ingest",
+                *kafka,
+                *("--requests-topic", topics["openai-requests"], "--input-topic", topics["requests"]),
+                *("--output-topic", topics["responses"], "--group-id", f"{prefix}-ingest"),
+                *("--render-url", fake.url),
+            ],
+        )
+        port = _free_port()
+        processes.start(
+            "gateway",
+            [
+                *cli,
+                "gateway",
+                *kafka,
+                *("--requests-topic", topics["openai-requests"], "--output-topic", topics["responses"]),
+                *("--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_MODEL),
+            ],
+        )
+        base_url = f"http://127.0.0.1:{port}"
+        _wait_for_gateway(base_url, processes)
+        print(f"  gateway: {base_url}/v1 (OpenAI-compatible); client: the openai SDK")
+        chunks = sum(_chat(base_url, request) for request in requests)
+        processes.check()
+    print(
+        f"\npipeline demo: {len(requests)} requests, {chunks} chunks through gateway -> ingest -> "
+        f"2 workers -> gateway in {time.monotonic() - started:.0f} s"
+    )
+    return 0

@@ -1,0 +1,172 @@
+"""``derender-worker produce`` and ``consume``: JSON Lines in and out of a topic.
+
+For a broker without Kafka's console tools. ``produce`` keys each record by its ``request_id``
+(envelopes, request envelopes and cancel records all have one), so a request's records share a
+partition and keep their order. ``consume`` reads with ``read_committed``, so it never shows the
+output of an aborted transaction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Iterable
+from typing import Any, BinaryIO, TextIO
+
+import orjson
+from aiokafka import TopicPartition
+
+from worker.assembly import Assembler, render_text
+from worker.pipeline.connection import Connection, add_connection_arguments, require_topics, topic_partitions
+
+
+def record_key(value: Any) -> bytes | None:
+    """The Kafka key of a JSON value: its ``request_id`` when it is an object that has a string one."""
+    if isinstance(value, dict):
+        request_id = value.get("request_id")
+        if isinstance(request_id, str) and request_id:
+            return request_id.encode()
+    return None
+
+
+async def produce_lines(connection: Connection, topic: str, lines: Iterable[bytes], err: TextIO) -> int:
+    """Send every JSON line to ``topic`` in order; exit status 1 when a line was not JSON."""
+    await require_topics(connection, topic)
+    producer = connection.producer(linger_ms=5)
+    await producer.start()
+    sent = bad = 0
+    try:
+        futures = []
+        for number, line in enumerate(lines, start=1):
+            raw = line.strip()
+            if not raw:
+                continue
+            try:
+                value = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                bad += 1
+                print(f"produce: line {number}: not JSON ({exc})", file=err)
+                continue
+            futures.append(await producer.send(topic, value=raw, key=record_key(value)))
+            sent += 1
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    print(f"produce: {sent} record(s) to {topic}", file=err)
+    return 1 if bad else 0
+
+
+async def consume_records(
+    connection: Connection,
+    topic: str,
+    out: BinaryIO,
+    err: TextIO,
+    *,
+    follow: bool,
+    from_beginning: bool,
+    assemble: bool,
+    max_records: int | None = None,
+) -> int:
+    """Print each committed record value as one line; without ``follow``, stop at the end seen at start."""
+    consumer = connection.consumer()
+    await consumer.start()
+    assembler = Assembler() if assemble else None
+    count = 0
+    try:
+        partitions = await topic_partitions(connection, topic)
+        consumer.assign(partitions)
+        if from_beginning:
+            await consumer.seek_to_beginning(*partitions)
+        else:
+            await consumer.seek_to_end(*partitions)
+        ends: dict[TopicPartition, int] = await consumer.end_offsets(partitions)
+        pending = {tp for tp in partitions if await consumer.position(tp) < ends[tp]}
+        while follow or pending:
+            batches = await consumer.getmany(timeout_ms=200)
+            for records in batches.values():
+                for record in records:
+                    if record.value is None:
+                        continue
+                    out.write(record.value.rstrip(b"\n") + b"\n")
+                    count += 1
+                    if assembler is not None:
+                        _assemble(assembler, record.value)
+                    if max_records is not None and count >= max_records:
+                        out.flush()
+                        return 0
+                out.flush()
+            for tp in list(pending):
+                # read_committed stops at the last stable offset, which transaction markers pass.
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+    finally:
+        await consumer.stop()
+        if assembler is not None:
+            for response in assembler.responses.values():
+                print(render_text(response), file=err)
+    return 0
+
+
+def _assemble(assembler: Assembler, raw: bytes) -> None:
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return
+    is_output = isinstance(value, dict) and "seq" in value and ("body" in value or "error" in value)
+    if is_output and (value.get("error") is not None or isinstance(value.get("body"), dict)):
+        assembler.add(value)
+
+
+def _open(path: str) -> BinaryIO:
+    return sys.stdin.buffer if path == "-" else open(path, "rb")
+
+
+def _produce(args: argparse.Namespace) -> int:
+    connection = Connection.from_args(args, "produce")
+    source = _open(args.file)
+    try:
+        return asyncio.run(produce_lines(connection, args.topic, source, sys.stderr))
+    finally:
+        if source is not sys.stdin.buffer:
+            source.close()
+
+
+def _consume(args: argparse.Namespace) -> int:
+    connection = Connection.from_args(args, "consume")
+    try:
+        return asyncio.run(
+            consume_records(
+                connection,
+                args.topic,
+                sys.stdout.buffer,
+                sys.stderr,
+                follow=args.follow,
+                from_beginning=args.from_beginning,
+                assemble=args.assemble,
+                max_records=args.max_records,
+            )
+        )
+    except KeyboardInterrupt:
+        return 130
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    produce = commands.add_parser("produce", help="send JSON Lines to a topic, keyed by request_id")
+    produce.add_argument("file", help="JSON Lines ('-': stdin)")
+    produce.add_argument("--topic", required=True)
+    add_connection_arguments(produce)
+    produce.set_defaults(handler=_produce)
+
+    consume = commands.add_parser("consume", help="print a topic's committed records as JSON Lines")
+    consume.add_argument("--topic", required=True)
+    consume.add_argument("--follow", action="store_true", help="keep reading new records (Ctrl-C stops)")
+    consume.add_argument(
+        "--from-beginning", action="store_true", help="start at the oldest record (default: the end)"
+    )
+    consume.add_argument(
+        "--assemble", action="store_true", help="print each assembled response of output envelopes to stderr"
+    )
+    consume.add_argument("--max-records", type=int, default=None, help="stop after this many records")
+    add_connection_arguments(consume)
+    consume.set_defaults(handler=_consume)
