@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from worker.audit import register as register_audit
 from worker.demo import register as register_demo
 from worker.errors import ConfigurationError, DerenderWorkerError
+from worker.pipeline.commands import register as register_pipeline
+from worker.runtime.commands import register as register_runtime
 from worker.settings import ModelSettings, add_model_arguments
 
 Handler = Callable[[argparse.Namespace], int]
@@ -51,15 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     _register_replay(commands)
     register_demo(commands)
     register_audit(commands)  # `audit`: files here, topics through worker.runtime.audit_source
-    try:
-        from worker.runtime.commands import register as register_runtime
-    except ImportError:  # the Kafka runtime is optional for offline use
-        pass
-    else:
-        register_runtime(commands)
-        from worker.pipeline.commands import register as register_pipeline
-
-        register_pipeline(commands)
+    register_runtime(commands)
+    register_pipeline(commands)
     return parser
 
 
