@@ -52,7 +52,10 @@ def _lead_id(decoder: TextDecoder) -> int:
     """The token of the lone byte 0xE2 (a three-byte lead): a run of it never completes."""
     backend = decoder.tokenizer.backend
     lead = backend.token_to_id("<0xE2>")
-    return lead if lead is not None else backend.token_to_id(decoding._BYTE_LEVEL_CHARS[0xE2])
+    if lead is None:
+        lead = backend.token_to_id(decoding._BYTE_LEVEL_CHARS[0xE2])
+    assert lead is not None
+    return int(lead)
 
 
 def _stream(decoder: TextDecoder, ids: Sequence[int], chunk: int) -> tuple[str, int]:

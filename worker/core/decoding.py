@@ -30,6 +30,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from worker.core.model_dir import LoadedTokenizer
 
@@ -71,15 +72,19 @@ _BYTE_LEVEL_BYTES = _byte_level_alphabet()
 _BYTE_LEVEL_CHARS = {byte: char for char, byte in _BYTE_LEVEL_BYTES.items()}
 
 
-def _decoder_kind(decoder: object) -> _DecoderKind:
+def _decoder_kind(decoder: Any) -> _DecoderKind:
     try:
-        spec = json.loads(decoder.__getstate__())  # type: ignore[attr-defined]
+        spec = json.loads(decoder.__getstate__())
     except (AttributeError, TypeError, ValueError):
+        return _DecoderKind.OTHER
+    if not isinstance(spec, dict):
         return _DecoderKind.OTHER
     if spec.get("type") == "ByteLevel":
         return _DecoderKind.BYTE_LEVEL
     parts = spec.get("decoders") if spec.get("type") == "Sequence" else None
     if not isinstance(parts, list):
+        return _DecoderKind.OTHER
+    if not all(isinstance(part, dict) for part in parts):
         return _DecoderKind.OTHER
     types = [part.get("type") for part in parts]
     strip = parts[-1] if types[-1:] == ["Strip"] else None
