@@ -41,14 +41,20 @@ _STRING_TOOL = {
     "type": "function",
     "function": {
         "name": "write_file",
-        "parameters": {"type": "object", "properties": {"content": {"type": "string"}, "n": {"type": "integer"}}},
+        "parameters": {
+            "type": "object",
+            "properties": {"content": {"type": "string"}, "n": {"type": "integer"}},
+        },
     },
 }
-_DS = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>{{\"content\": \"{}\"}}"
+_GLM_CALL = "<tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>{}</arg_value>\n</tool_call>"
+_ARGS = '{{"content": "{}"}}'
+_QWEN_CALL = "<tool_call>\n<function=write_file>\n"
+_DS = '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>{{"content": "{}"}}'
 PARSER_SHAPES: list[tuple[str, str, str]] = [
-    ("hermes", "qwen3", '<tool_call>\n{{"name": "write_file", "arguments": {{"content": "{}"}}}}\n</tool_call>'),
-    ("llama3_json", "llama-3.1", '<|python_tag|>{{"name": "write_file", "parameters": {{"content": "{}"}}}}'),
-    ("mistral", "mistral-7b-v0.3", '[TOOL_CALLS] [{{"name": "write_file", "arguments": {{"content": "{}"}}}}]'),
+    ("hermes", "qwen3", '<tool_call>\n{{"name": "write_file", "arguments": ' + _ARGS + "}}\n</tool_call>"),
+    ("llama3_json", "llama-3.1", '<|python_tag|>{{"name": "write_file", "parameters": ' + _ARGS + "}}"),
+    ("mistral", "mistral-7b-v0.3", '[TOOL_CALLS] [{{"name": "write_file", "arguments": ' + _ARGS + "}}]"),
     ("deepseek_v31", "deepseek-v3", _DS + "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
     (
         "kimi_k2",
@@ -58,7 +64,7 @@ PARSER_SHAPES: list[tuple[str, str, str]] = [
     ),
     ("pythonic", "llama-3", '[write_file(content="{}")]'),
     ("llama4_pythonic", "llama-3", '<|python_start|>[write_file(content="{}")]<|python_end|>'),
-    ("glm45", "qwen3", "<tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>{}</arg_value>\n</tool_call>"),
+    ("glm45", "qwen3", _GLM_CALL),
     (
         "qwen3_coder",
         "qwen3",
@@ -69,8 +75,8 @@ PARSER_SHAPES: list[tuple[str, str, str]] = [
 XML_SHAPES: list[tuple[str, str, str]] = [
     ("glm45 many args", "glm45", "<tool_call>write_file\n{}</tool_call>"),
     ("glm45 open key", "glm45", "<tool_call>write_file\n<arg_key>{}</tool_call>"),
-    ("qwen3_coder many args", "qwen3_coder", "<tool_call>\n<function=write_file>\n{}</function>\n</tool_call>"),
-    ("qwen3_coder open name", "qwen3_coder", "<tool_call>\n<function=write_file>\n<parameter={}</tool_call>"),
+    ("qwen3_coder many args", "qwen3_coder", _QWEN_CALL + "{}</function>\n</tool_call>"),
+    ("qwen3_coder open name", "qwen3_coder", _QWEN_CALL + "<parameter={}</tool_call>"),
 ]
 FILLER = "Line of text, numbers 12345 and punctuation; café, 北京. "
 
