@@ -23,8 +23,9 @@ incomplete strings are only allowed once the call's name was sent):
   is sent (possibly ``""``), and the record carries nothing else;
 * a record that cannot be read yields nothing and changes nothing.
 
-Like vLLM, each record re-reads all objects (cost grows with the output; the
-calls are short JSON objects in practice).
+Like vLLM, each record re-reads the object in progress (its cost grows with
+that call's text, at most ``max_model_len`` tokens); finished objects are
+read once and kept, where vLLM re-reads them all.
 Llama has a structural tag, so with strict tool calling ``required``/named
 choices parse the native format like ``auto``.
 """
@@ -349,6 +350,8 @@ class Llama3JsonToolParser(ToolParser):
         self._index = -1  # vLLM's current_tool_id
         self._name_sent = False
         self._streamed: list[str] = []
+        self._kept: list[Any] = []  # finished objects, read once
+        self._kept_end = 0
 
     # -- one-shot ------------------------------------------------------
 
@@ -388,6 +391,7 @@ class Llama3JsonToolParser(ToolParser):
                 self._mode, self._calls_at = True, 0
             elif not BOT.startswith(text) or not text:
                 self._mode = False if text else None
+            self._kept_end = self._calls_at
         if not self._mode:
             return DeltaOut(content=delta_text)
         try:
@@ -396,24 +400,36 @@ class Llama3JsonToolParser(ToolParser):
             return None
 
     def _read(self) -> tuple[list[Any], list[bool]] | None:
-        """All objects so far (re-read every record, as vLLM does) and which are complete."""
+        """All objects so far and which are complete.
+
+        vLLM re-reads every object at every record; an object that is complete and followed by
+        more text reads the same forever, so it is read once and kept, and a record re-reads
+        only the object in progress.
+        """
         text = self._text
         allow_str = self._name_sent
-        objects: list[Any] = []
-        complete: list[bool] = []
-        start = self._calls_at
+        objects: list[Any] = list(self._kept)
+        complete: list[bool] = [True] * len(objects)
+        start = self._kept_end
         while start < len(text):
             try:
                 obj, consumed = partial_loads(text[start:], allow_str)
             except Exception:
                 return None
-            complete.append(_is_json(text[start : start + consumed]))
+            whole = _is_json(text[start : start + consumed])
+            complete.append(whole)
+            # Kept only when the "; " separator follows: other text can make vLLM's read of the
+            # whole rest fail at this object later.
+            followed = text[start + consumed : start + consumed + 3] == "; {"
             start += consumed + 2  # the "; " between objects
             if "parameters" in obj:
                 if "arguments" in obj:
                     return None  # vLLM asserts: both keys given
                 obj["arguments"] = obj["parameters"]
             objects.append(obj)
+            if whole and followed and len(self._kept) == len(objects) - 1:
+                self._kept.append(obj)
+                self._kept_end = start
         return objects, complete
 
     def _step(self) -> DeltaOut | None:
