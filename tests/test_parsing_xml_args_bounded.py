@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from typing import Any
 
 import pytest
@@ -19,10 +20,12 @@ import pytest
 from tests.parsing_helpers import qwen3, qwen3_encode, records
 from worker.core.parsing import ParseRequest
 from worker.core.parsing.tools import _xml_args
+from worker.core.parsing.tools._xml_args import NAME_IN_ARGS_RE
 from worker.core.parsing.tools._xml_engine import EngineToolParser, ToolGrammar
 from worker.core.parsing.tools.glm45 import Glm47MoeToolParser
 from worker.core.parsing.tools.qwen3_coder import Qwen3EngineToolParser
 from worker.core.parsing.types import DeltaOut, ParserTokenizer
+from worker.core.parsing.util import NameProbe
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -228,3 +231,20 @@ def test_each_record_scans_only_its_own_text(
         assert fed <= len(piece) + len("</parameter>"), (piece, fed)
         total += fed
     assert total <= len(text)
+
+
+@pytest.mark.parametrize("pattern", [NAME_IN_ARGS_RE, re.compile(r'"name"\s*:\s*"([^"]*)"')])
+def test_name_probe_finds_what_a_full_search_finds(pattern: re.Pattern[str]) -> None:
+    """A nameless call's name, searched as the text arrives: the full search's answer at every step."""
+    rng = random.Random(5)
+    alphabet = ['"', "name", ":", " ", "\n", "x", '"name"', '": "', "\x1c", "\\"]
+    for _ in range(2000):
+        probe = NameProbe(pattern)
+        text = ""
+        for _ in range(rng.randint(1, 30)):
+            piece = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4)))
+            text += piece
+            probe.feed(piece)
+            match = pattern.search(text)
+            assert probe.done == (match is not None), text
+            assert probe.name == (match.group(1) or None if match else None), text

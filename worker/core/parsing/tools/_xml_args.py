@@ -415,37 +415,5 @@ class ArgsStream:
 ArgScanner = GlmArgScanner | QwenArgScanner
 ScannerFactory = Callable[[], ArgScanner]
 
-_NAME_IN_ARGS_RE = re.compile(rf'"name"{WS}*:{WS}*"([^"]*)"')
-
-
-class NameProbe:
-    """``"name": "..."`` searched in argument text arriving in pieces, each character a few times.
-
-    A match still in progress holds at most three quotes (around ``name`` and the value's
-    opening one), so after a failed search only the text from the third-last quote is kept;
-    the search reruns only when a quote arrives, since a match ends with one.
-    """
-
-    def __init__(self) -> None:
-        self._parts: list[str] = []
-        self.done = False
-        self.name: str | None = None
-
-    def feed(self, text: str) -> None:
-        if self.done or not text:
-            return
-        self._parts.append(text)
-        if '"' not in text:
-            return
-        region = "".join(self._parts)
-        match = _NAME_IN_ARGS_RE.search(region)
-        if match is not None:
-            self.done, self.name, self._parts = True, match.group(1) or None, []
-            return
-        cut = len(region)
-        for _ in range(3):
-            cut = region.rfind('"', 0, cut)
-            if cut < 0:
-                self._parts = [region]
-                return
-        self._parts = [region[cut:]]
+#: A call's name written into its arguments (when the markup gave none).
+NAME_IN_ARGS_RE = re.compile(rf'"name"{WS}*:{WS}*"([^"]*)"')

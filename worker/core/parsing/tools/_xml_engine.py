@@ -34,8 +34,8 @@ from worker.core.parsing.tools._schema import (
     has_tool,
     streamable_string_keys,
 )
+from worker.core.parsing.tools._xml_args import NAME_IN_ARGS_RE, ArgScanner, ArgsStream, ScannerFactory
 from worker.core.parsing.tools._xml_args import WS as WS  # the patterns' whitespace, for the formats
-from worker.core.parsing.tools._xml_args import ArgScanner, ArgsStream, NameProbe, ScannerFactory
 from worker.core.parsing.types import (
     DeltaOut,
     ExtractedCalls,
@@ -44,6 +44,7 @@ from worker.core.parsing.types import (
     ToolCallDeltaOut,
     ToolCallOut,
 )
+from worker.core.parsing.util import NameProbe
 
 
 class St(Enum):
@@ -416,7 +417,7 @@ class _Slot:
         self.streamed = ""
         self.extend: Extender | None = None
         self.value_streams = False
-        self.name_probe = NameProbe()
+        self.name_probe = NameProbe(NAME_IN_ARGS_RE)
         self.scanner = scanner
         self.arg_events: list[tuple[str, ...]] = []
         self.args_stream: ArgsStream | None = None
