@@ -99,7 +99,8 @@ class ToolGrammar:
     strip_trailing_reasoning_ws: bool = True
     #: GLM strips whitespace around the function name it streams
     strip_names: bool = False
-    #: the streaming argument scanner (same results as ``convert_args``, one pass)
+    #: the streaming argument scanner (same results as ``convert_args``, one pass); None
+    #: rebuilds the JSON from the whole argument text per record, vLLM's way (the tests' reference)
     arg_scanner: ScannerFactory | None = None
     #: ``convert_args`` drops one leading and one trailing newline of each value
     trim_values: bool = False
