@@ -9,11 +9,13 @@ ratio <= 4):
 * a max-size completion record (``max_model_len`` minus the prompt), vs the
   same count in a chat record;
 * many logprob positions at ``--max-logprobs`` candidates, vs the same tokens
-  without logprobs (reported, not targeted: logprobs cost per candidate);
+  without logprobs, and per entry it carries vs per ordinary token (its work
+  is linear in its entries: positions x (1 + candidates));
 * long tool calls in 1-token records through each tool parser: the mean cost
   of the last decile's records vs the first decile's (flat = O(delta)).
 
-``python -m benchmarks adversarial [--rounds N]``; prints figures, asserts nothing.
+``python -m benchmarks adversarial [--rounds N] [--shapes records|parsers]``; prints figures,
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -168,11 +170,18 @@ def _record_rows(rounds: int) -> list[tuple[str, list[float], list[float]]]:
         }
         for t in ids
     ]
+    with_logprobs = _record_cost(settings, _stream_record("completion", ids, {"content": content}), rounds)
+    plain = _record_cost(settings, _stream_record("completion", ids), rounds)
+    rows.append(
+        (f"{positions:,} logprob positions x {max_logprobs} candidates (completion)", with_logprobs, plain)
+    )
+    # The same record per entry it carries (each position: the sampled id and its candidates).
+    entries = positions * (1 + max_logprobs)
     rows.append(
         (
-            f"{positions:,} logprob positions x {max_logprobs} candidates (completion)",
-            _record_cost(settings, _stream_record("completion", ids, {"content": content}), rounds),
-            _record_cost(settings, _stream_record("completion", ids), rounds),
+            "  the same, per logprob entry vs per ordinary token",
+            [cost / entries for cost in with_logprobs],
+            [cost / positions for cost in plain],
         )
     )
     return rows
@@ -240,10 +249,13 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks adversarial")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=3500, help="tokens per long tool call")
+    parser.add_argument("--shapes", choices=("all", "records", "parsers"), default="all")
     args = parser.parse_args(argv)
     print(f"adversarial shapes vs ordinary records of the same token count (median of {args.rounds} rounds)")
     print(f"{'shape':<66}{'adversarial':>16}{'ordinary':>16}{'ratio':>8}")
-    rows = _record_rows(args.rounds) + _parser_rows(args.rounds, args.tokens)
+    rows = _record_rows(args.rounds) if args.shapes in ("all", "records") else []
+    if args.shapes in ("all", "parsers"):
+        rows += _parser_rows(args.rounds, args.tokens)
     for label, bad, good in rows:
         bad_m, bad_s = _median_spread(bad)
         good_m, good_s = _median_spread(good)

@@ -151,6 +151,8 @@ class TextDecoder:
         # transformers skips its clean-up for BPE models; only others get it.
         self._clean_up = tokenizer.clean_up_tokenization_spaces and type(backend.model).__name__ != "BPE"
         self._piece_cache: dict[int, str] = {}
+        # Logprob candidates repeat across positions: each id is decoded once (vocabulary-bounded).
+        self._string_cache: dict[int, tuple[str, bytes | None]] = {}
         self._kind = _decoder_kind(decoder) if decoder is not None else _DecoderKind.OTHER
 
     # --- helpers -----------------------------------------------------------------------------
@@ -273,18 +275,27 @@ class TextDecoder:
 
     def token_strings(self, token_ids: Sequence[int]) -> list[tuple[str, list[int] | None]]:
         """Each id decoded alone, with its UTF-8 bytes; ``("", None)`` for an id with no piece."""
-        marker = self.tokenizer.leading_space_marker
         out: list[tuple[str, list[int] | None]] = []
+        cache = self._string_cache
         for token_id in token_ids:
-            raw = self.piece(token_id)
-            if raw is None:
-                out.append(("", None))
-                continue
-            text = self.decode([token_id]) or ""
-            if marker is not None:
-                text = _restore_leading_spaces(raw, text, marker)
-            out.append((text, list(text.encode("utf-8", errors="replace"))))
+            known = cache.get(token_id)
+            if known is None:
+                known = self._token_string(token_id)
+                if len(cache) < 200_000:
+                    cache[token_id] = known
+            text, data = known
+            out.append((text, None if data is None else list(data)))
         return out
+
+    def _token_string(self, token_id: int) -> tuple[str, bytes | None]:
+        raw = self.piece(token_id)
+        if raw is None:
+            return "", None
+        text = self.decode([token_id]) or ""
+        marker = self.tokenizer.leading_space_marker
+        if marker is not None:
+            text = _restore_leading_spaces(raw, text, marker)
+        return text, text.encode("utf-8", errors="replace")
 
 
 def _restore_leading_spaces(raw_piece: str, text: str, marker: str) -> str:
