@@ -33,6 +33,7 @@ choices parse the native format like ``auto``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +50,8 @@ from worker.core.parsing.types import (
 
 BOT = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
+_STRING_STOP = re.compile(r'["\\]')
+_STRUCTURAL = re.compile(r'["\[\]{}]')
 
 
 class _Partial(Exception):
@@ -81,17 +84,20 @@ def _complete_str(text: str, start: int, allow_str: bool) -> tuple[int, str | No
     length = len(text)
     i = start + 1
     last_escaped = -1
-    while i < length:
-        char = text[i]
-        if char == "\\":
-            last_escaped = i + 1
-            if last_escaped == length:
-                break
-            i += 2
-            continue
-        if char == '"':
-            return i + 1, None
-        i += 1
+    while True:
+        # Jump to the next quote or backslash (the string's text in between is skipped in C).
+        stop = _STRING_STOP.search(text, i)
+        if stop is None:
+            i = length
+            break
+        pos = stop.start()
+        if text[pos] == '"':
+            return pos + 1, None
+        last_escaped = pos + 1
+        if last_escaped == length:
+            i = pos
+            break
+        i = pos + 2
     if not allow_str:
         return None
     # Cut a trailing, truncated \u / \U / \x escape (the library's windows).
@@ -248,7 +254,7 @@ def _escaped(text: str, pos: int) -> bool:
 
 def _ensure_json(text: str, allow_str: bool) -> str:
     """The library's fast path: bracket scan, then complete only the last open container."""
-    tokens = [(i, c) for i, c in enumerate(text) if c in '"[]{}']
+    tokens = [(found.start(), found.group()) for found in _STRUCTURAL.finditer(text)]
     if not tokens or tokens[0][1] == '"':
         head, tail = _fix(text, allow_str)
         return head + tail
@@ -316,11 +322,17 @@ def _is_json(text: str) -> bool:
 
 
 def _common_prefix_len(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    # Bisection on slice comparisons: the text is compared in C, not char by char.
+    low, high = 0, min(len(a), len(b))
+    if a[:high] == b[:high]:
+        return high
+    while high - low > 1:  # a[:low] == b[:low] and a[:high] != b[:high]
+        mid = (low + high) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid
+    return low
 
 
 def _dump(value: Any) -> str:
