@@ -11,6 +11,7 @@ BENCHMARKS = {
     "kafka": "benchmarks.kafka_throughput",
     "audit": "benchmarks.audit",
     "pipeline": "benchmarks.pipeline",
+    "adversarial": "benchmarks.adversarial",
 }
 
 

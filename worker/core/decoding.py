@@ -10,20 +10,118 @@ Three decoders live here, each matching one vLLM code path:
 * ``token_strings``: per-token strings and UTF-8 bytes for logprobs, with the
   leading-space restoration of ``convert_ids_list_to_tokens``.
 
+vLLM's window never advances while its text ends in U+FFFD (or yields no new
+text), so a run of bytes that never completes a character grows it without
+bound and makes every token cost the whole run. Here a window with more than
+``MAX_PENDING_TOKENS`` unread tokens is forced forward: the text no later
+token can change is emitted and the window keeps only what can still change
+(at most one incomplete UTF-8 sequence), rebuilt so that every later token
+decodes exactly as in vLLM's unbounded window. The concatenated text is
+vLLM's; only the record that carries it can come earlier.
+
 Everything runs on the Rust ``tokenizers`` object; the metadata that decides
 what is "special" was resolved through transformers at load time.
 """
 
 from __future__ import annotations
 
+import codecs
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
 
 from worker.core.model_dir import LoadedTokenizer
 
 REPLACEMENT_CHAR = "\ufffd"
 # vLLM primes the window with this many prompt tokens (plus two for specials).
 _SEED_OFFSET = 5
+#: Unread tokens a window may hold before it is forced forward. No UTF-8
+#: character is longer than 4 bytes, so a character still being completed
+#: spans at most 4 pending byte tokens; 4x that leaves every ordinary stream
+#: (a few pending tokens at most) exactly as vLLM chunks it.
+MAX_PENDING_TOKENS = 16
+#: A byte-fallback token that no UTF-8 sequence can start: as the window's
+#: context it keeps a run that can never become valid text invalid.
+_INVALID_BYTE_TOKEN = "<0xFF>"
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+class _DecoderKind(Enum):
+    """Decoder families whose forced step is exact (every bundled tokenizer is one)."""
+
+    BYTE_LEVEL = "byte_level"  # GPT-2 byte-level BPE: the text is the lossy UTF-8 of all bytes
+    BYTE_FALLBACK = "byte_fallback"  # SentencePiece: ▁ -> space, <0xNN> runs, one leading space stripped
+    OTHER = "other"
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """The byte-level BPE alphabet: one printable character per byte value."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {byte: byte for byte in printable}
+    extra = 0
+    for byte in range(256):
+        if byte not in chars:
+            chars[byte] = 256 + extra
+            extra += 1
+    return {chr(code): byte for byte, code in chars.items()}
+
+
+_BYTE_LEVEL_BYTES = _byte_level_alphabet()
+_BYTE_LEVEL_CHARS = {byte: char for char, byte in _BYTE_LEVEL_BYTES.items()}
+
+
+def _decoder_kind(decoder: Any) -> _DecoderKind:
+    try:
+        spec = json.loads(decoder.__getstate__())
+    except (AttributeError, TypeError, ValueError):
+        return _DecoderKind.OTHER
+    if not isinstance(spec, dict):
+        return _DecoderKind.OTHER
+    if spec.get("type") == "ByteLevel":
+        return _DecoderKind.BYTE_LEVEL
+    parts = spec.get("decoders") if spec.get("type") == "Sequence" else None
+    if not isinstance(parts, list):
+        return _DecoderKind.OTHER
+    if not all(isinstance(part, dict) for part in parts):
+        return _DecoderKind.OTHER
+    types = [part.get("type") for part in parts]
+    strip = parts[-1] if types[-1:] == ["Strip"] else None
+    if types[:3] != ["Replace", "ByteFallback", "Fuse"] or len(types) != 3 + (strip is not None):
+        return _DecoderKind.OTHER
+    if parts[0].get("pattern") != {"String": "\u2581"} or parts[0].get("content") != " ":
+        return _DecoderKind.OTHER
+    if strip is not None and (strip.get("content"), strip.get("start"), strip.get("stop")) != (" ", 1, 0):
+        return _DecoderKind.OTHER
+    return _DecoderKind.BYTE_FALLBACK
+
+
+def _token_bytes(token: str) -> bytes:
+    """A byte-level token's bytes (a token outside the alphabet stands for its UTF-8)."""
+    table = _BYTE_LEVEL_BYTES
+    if all(char in table for char in token):
+        return bytes(table[char] for char in token)
+    return token.encode("utf-8", errors="surrogatepass")
+
+
+def _fallback_byte(token: str) -> int | None:
+    """The byte a SentencePiece ``<0xNN>`` token stands for, else None."""
+    if len(token) != 6 or not token.startswith("<0x") or token[5] != ">":
+        return None
+    digits = token[3:5]
+    if not (all(c in _HEX for c in digits) or (digits[0] == "+" and digits[1] in _HEX)):
+        return None
+    return int(digits, 16)
+
+
+def _can_become_valid(data: bytes) -> bool:
+    """Whether some continuation makes ``data`` valid UTF-8."""
+    try:
+        codecs.getincrementaldecoder("utf-8")("strict").decode(data, final=False)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 @dataclass(slots=True)
@@ -53,6 +151,9 @@ class TextDecoder:
         # transformers skips its clean-up for BPE models; only others get it.
         self._clean_up = tokenizer.clean_up_tokenization_spaces and type(backend.model).__name__ != "BPE"
         self._piece_cache: dict[int, str] = {}
+        # Logprob candidates repeat across positions: each id is decoded once (vocabulary-bounded).
+        self._string_cache: dict[int, tuple[str, bytes | None]] = {}
+        self._kind = _decoder_kind(decoder) if decoder is not None else _DecoderKind.OTHER
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -123,27 +224,78 @@ class TextDecoder:
             tokens = tokens[prefix_offset:]
             read_offset -= prefix_offset
             prefix_offset = 0
+            if len(tokens) - read_offset > MAX_PENDING_TOKENS and read_offset >= 0:
+                forced, tokens, read_offset = self._force_forward(tokens, read_offset)
+                parts.append(forced)
         window.tokens = tokens
         window.prefix_offset = prefix_offset
         window.read_offset = read_offset
         return "".join(parts)
 
+    def _force_forward(self, tokens: list[str], read_offset: int) -> tuple[str, list[str], int]:
+        """Emit what no later token can change; the new window and its read offset (prefix 0).
+
+        ``tokens`` is a rebased window (prefix offset 0) stuck with many unread tokens.
+        """
+        join = self._join
+        emitted = join(tokens[:read_offset])
+        if self._kind is _DecoderKind.BYTE_LEVEL:
+            # The text is the lossy UTF-8 of the concatenated bytes: everything but a trailing
+            # incomplete sequence (at most 3 bytes) is final, and it starts a fresh decode.
+            data = b"".join(_token_bytes(token) for token in tokens)
+            decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            decoder.decode(data, final=False)
+            pending = decoder.getstate()[0]
+            done = data[: len(data) - len(pending)]
+            text = join(["".join(_BYTE_LEVEL_CHARS[b] for b in done)])
+            rest = ["".join(_BYTE_LEVEL_CHARS[b] for b in pending)] if pending else []
+            return text[len(emitted) :], rest, 0
+        if self._kind is _DecoderKind.BYTE_FALLBACK:
+            run_start = len(tokens)
+            while run_start > 0 and _fallback_byte(tokens[run_start - 1]) is not None:
+                run_start -= 1
+            run = bytes(_fallback_byte(token) or 0 for token in tokens[run_start:])
+            if run and not _can_become_valid(run):
+                # A run that is already invalid decodes as one U+FFFD per byte token until it ends;
+                # an invalid byte as the context keeps the rest of the run invalid.
+                return join(tokens)[len(emitted) :], [_INVALID_BYTE_TOKEN], 1
+            if run_start >= read_offset:
+                text = join(tokens[:run_start])
+                # What follows is decoded on its own; the leading space it may start with is
+                # stripped only when nothing at all came before it in the window.
+                if join([*tokens[:run_start], "\u2581x"]) == "x":
+                    context: list[str] = []
+                else:
+                    context = [_INVALID_BYTE_TOKEN, ""]
+                return text[len(emitted) :], [*context, *tokens[run_start:]], len(context)
+        # Unknown decoder family: same bound, the window's text taken as it is now.
+        return join(tokens)[len(emitted) :], [], 0
+
     # --- per-token strings for logprobs -------------------------------------------------------
 
     def token_strings(self, token_ids: Sequence[int]) -> list[tuple[str, list[int] | None]]:
         """Each id decoded alone, with its UTF-8 bytes; ``("", None)`` for an id with no piece."""
-        marker = self.tokenizer.leading_space_marker
         out: list[tuple[str, list[int] | None]] = []
+        cache = self._string_cache
         for token_id in token_ids:
-            raw = self.piece(token_id)
-            if raw is None:
-                out.append(("", None))
-                continue
-            text = self.decode([token_id]) or ""
-            if marker is not None:
-                text = _restore_leading_spaces(raw, text, marker)
-            out.append((text, list(text.encode("utf-8", errors="replace"))))
+            known = cache.get(token_id)
+            if known is None:
+                known = self._token_string(token_id)
+                if len(cache) < 200_000:
+                    cache[token_id] = known
+            text, data = known
+            out.append((text, None if data is None else list(data)))
         return out
+
+    def _token_string(self, token_id: int) -> tuple[str, bytes | None]:
+        raw = self.piece(token_id)
+        if raw is None:
+            return "", None
+        text = self.decode([token_id]) or ""
+        marker = self.tokenizer.leading_space_marker
+        if marker is not None:
+            text = _restore_leading_spaces(raw, text, marker)
+        return text, text.encode("utf-8", errors="replace")
 
 
 def _restore_leading_spaces(raw_piece: str, text: str, marker: str) -> str:

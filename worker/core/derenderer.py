@@ -234,6 +234,38 @@ class Derenderer:
                     f"exceeds max_model_len ({limit})."
                 )
 
+    def _check_stream_choices(self, choices: Sequence[GenerateTokensStreamChoice], prompt_len: int) -> None:
+        """Bounds vLLM 0.33.0 leaves off streamed chunks, so one record's work stays O(its tokens).
+
+        A completion chunk's delta is bounded by ``max_model_len`` as chat's is, logprob
+        positions by the chunk's own tokens, candidates by ``max_logprobs``.
+        """
+        limit = self.options.max_model_len
+        max_logprobs = self.options.max_logprobs
+        delta_len = sum(len(c.token_ids) for c in choices if c.token_ids)
+        if prompt_len + delta_len > limit:
+            raise RequestError(
+                f"prompt_token_ids length ({prompt_len}) plus delta ({delta_len}) "
+                f"exceeds max_model_len ({limit})."
+            )
+        for choice in choices:
+            content = choice.logprobs.content if choice.logprobs is not None else None
+            if not content:
+                continue
+            tokens = len(choice.token_ids or ())
+            if len(content) > tokens:
+                raise RequestError(
+                    f"logprobs.content length ({len(content)}) in choice {choice.index} exceeds "
+                    f"its token_ids length ({tokens})."
+                )
+            if max_logprobs >= 0:
+                for entry in content:
+                    if len(entry.top_logprobs) > max_logprobs:
+                        raise RequestError(
+                            f"top_logprobs count ({len(entry.top_logprobs)}) in choice {choice.index} "
+                            f"exceeds max_logprobs ({max_logprobs})."
+                        )
+
     def _drop_stop(
         self,
         token_ids: Sequence[int],
@@ -496,6 +528,7 @@ class Derenderer:
                 f"prompt_token_ids length ({prompt_len}) plus output_token_ids length ({prior_output_len}) "
                 f"plus delta ({delta_len}) exceeds max_model_len ({limit})."
             )
+        self._check_stream_choices(choices, prompt_len)
         return model
 
     def chat_stream(
@@ -665,6 +698,8 @@ class Derenderer:
         self._check_prompt_ids(body.prompt_token_ids)
         if len(body.generate_chunk.choices) > 1:
             raise RequestError("derender_completion_stream expects at most one choice per chunk")
+        prompt_len = len(body.prompt_token_ids) if body.prompt_token_ids is not None else 0
+        self._check_stream_choices(body.generate_chunk.choices, prompt_len)
         return model
 
     def completion_stream(

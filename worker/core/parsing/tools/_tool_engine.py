@@ -34,6 +34,7 @@ from worker.core.parsing.types import (
     ToolCallDeltaOut,
     ToolCallOut,
 )
+from worker.core.parsing.util import NameProbe
 
 # -- engine states and events ------------------------------------------------
 
@@ -184,13 +185,14 @@ class _ToolEngine:
 
 
 class Slot:
-    __slots__ = ("_parts", "id", "name", "name_sent")
+    __slots__ = ("_parts", "id", "name", "name_probe", "name_sent")
 
     def __init__(self) -> None:
         self.id = ""
         self.name = ""
         self._parts: list[str] = []  # argument text; joined only when read
         self.name_sent = False
+        self.name_probe = NameProbe(_NAME_IN_ARGS)
 
     @property
     def args(self) -> str:
@@ -200,6 +202,7 @@ class Slot:
 
     def add_args(self, text: str) -> None:
         self._parts.append(text)
+        self.name_probe.feed(text)
 
 
 _NAME_IN_ARGS = re.compile(r'"name"\s*:\s*"([^"]*)"')
@@ -321,8 +324,8 @@ class EngineToolParser(ToolParser):
         return bool(name)
 
     def _name_from_args(self, slot: Slot) -> str | None:
-        match = _NAME_IN_ARGS.search(slot.args)
-        return match.group(1) or None if match else None
+        # Searched as the text arrives: a nameless call would otherwise rescan all of it per record.
+        return slot.name_probe.name
 
     def _ensure_id(self, slot: Slot, name: str) -> None:
         if not slot.id:

@@ -9,15 +9,14 @@ pipeline for tool parsing; a format module only supplies a
 :class:`ToolGrammar` (markers, transitions, argument converter).
 
 Streaming keeps the engine alive across records, so each record costs its
-own length, except that the arguments JSON of the current call is rebuilt
-whenever a record is not a plain continuation of an open value (vLLM's
-``arg_value_extender`` fast path covers long values).
+own length: the current call's arguments are scanned once and their JSON is
+kept per argument (``_xml_args``), where vLLM rebuilds it from the whole
+argument text whenever a record is not a plain continuation of an open value.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -35,6 +34,8 @@ from worker.core.parsing.tools._schema import (
     has_tool,
     streamable_string_keys,
 )
+from worker.core.parsing.tools._xml_args import NAME_IN_ARGS_RE, ArgScanner, ArgsStream, ScannerFactory
+from worker.core.parsing.tools._xml_args import WS as WS  # the patterns' whitespace, for the formats
 from worker.core.parsing.types import (
     DeltaOut,
     ExtractedCalls,
@@ -43,10 +44,7 @@ from worker.core.parsing.types import (
     ToolCallDeltaOut,
     ToolCallOut,
 )
-
-#: ``\s`` of the ``regex`` module vLLM compiles its patterns with (Unicode
-#: White_Space); Python's ``re`` would also match U+001C..U+001F.
-WS = r"[^\S\x1c-\x1f]"
+from worker.core.parsing.util import NameProbe
 
 
 class St(Enum):
@@ -101,6 +99,11 @@ class ToolGrammar:
     strip_trailing_reasoning_ws: bool = True
     #: GLM strips whitespace around the function name it streams
     strip_names: bool = False
+    #: the streaming argument scanner (same results as ``convert_args``, one pass); None
+    #: rebuilds the JSON from the whole argument text per record, vLLM's way (the tests' reference)
+    arg_scanner: ScannerFactory | None = None
+    #: ``convert_args`` drops one leading and one trailing newline of each value
+    trim_values: bool = False
     reasoning_markup: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -391,20 +394,38 @@ class _Machine:
 
 # Not _tool_engine.Slot: these calls stream converted JSON (safe prefix, extender), not raw text.
 class _Slot:
-    __slots__ = ("args", "extend", "id", "name", "name_sent", "streamed", "string_keys", "value_streams")
+    __slots__ = (
+        "arg_events",
+        "arg_parts",
+        "args_stream",
+        "extend",
+        "id",
+        "name",
+        "name_probe",
+        "name_sent",
+        "scanner",
+        "streamed",
+        "string_keys",
+        "value_streams",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, scanner: ArgScanner | None) -> None:
         self.id = ""
         self.name = ""
-        self.args = ""
+        self.arg_parts: list[str] = []
         self.name_sent = False
         self.string_keys: set[str] | None = None
         self.streamed = ""
         self.extend: Extender | None = None
         self.value_streams = False
+        self.name_probe = NameProbe(NAME_IN_ARGS_RE)
+        self.scanner = scanner
+        self.arg_events: list[tuple[str, ...]] = []
+        self.args_stream: ArgsStream | None = None
 
-
-_NAME_IN_ARGS_RE = re.compile(rf'"name"{WS}*:{WS}*"([^"]*)"')
+    @property
+    def args(self) -> str:
+        return "".join(self.arg_parts)
 
 
 def safe_arg_prefix(text: str, string_keys: set[str] | None) -> tuple[str, bool]:
@@ -560,7 +581,8 @@ class EngineToolParser(ToolParser):
             elif kind is Ev.CALL_START:
                 seen_tool = True
                 while len(self._slots) <= index:
-                    self._slots.append(_Slot())
+                    factory = self.g.arg_scanner if self._streaming else None
+                    self._slots.append(_Slot(factory() if factory is not None else None))
             elif kind is Ev.NAME:
                 seen_tool = True
                 self._slots[index].name += value
@@ -605,8 +627,7 @@ class EngineToolParser(ToolParser):
             slot.id = random_tool_call_id()
 
     def _name_from_args(self, slot: _Slot) -> str | None:
-        match = _NAME_IN_ARGS_RE.search(slot.args)
-        return match.group(1) or None if match else None
+        return slot.name_probe.name
 
     def _send_name(self, index: int, name: str | None, calls: list[ToolCallDeltaOut]) -> None:
         if name is not None and self.g.strip_names:
@@ -623,7 +644,13 @@ class EngineToolParser(ToolParser):
     def _on_arg(self, index: int, value: str, calls: list[ToolCallDeltaOut]) -> None:
         slot = self._slots[index]
         if value:
-            slot.args += value
+            slot.name_probe.feed(value)
+            if slot.scanner is None:
+                slot.arg_parts.append(value)
+            elif slot.args_stream is None:
+                slot.arg_events += slot.scanner.feed(value)
+            else:
+                slot.value_streams = slot.args_stream.apply(slot.scanner.feed(value))
         if not slot.name_sent:
             # The first argument event (even an empty one) sends the name.
             if slot.name:
@@ -654,7 +681,23 @@ class EngineToolParser(ToolParser):
         if remaining and slot.name_sent:
             calls.append(args_delta(index, remaining))
 
+    def _args_stream(self, slot: _Slot) -> ArgsStream:
+        """The slot's incremental arguments JSON, typed by the tool the call names."""
+        if slot.args_stream is None:
+            properties = find_tool_properties(self.tools, slot.name) if slot.name else {}
+            slot.args_stream = ArgsStream(properties, slot.string_keys, trim_newlines=self.g.trim_values)
+            slot.args_stream.apply(slot.arg_events)
+            slot.arg_events = []
+            slot.value_streams = False
+        return slot.args_stream
+
     def _arg_delta(self, slot: _Slot, raw_delta: str) -> str | None:
+        if slot.scanner is not None:
+            stream = self._args_stream(slot)
+            # value_streams holds whether this record's events only lengthened the open value.
+            return stream.diff(grew_only=slot.value_streams)
+        if not self._streaming:
+            return None  # one-shot reads the finished calls, never these diffs
         if slot.extend is not None:
             # Fast path: the delta only lengthens the open trailing value.
             diff = slot.extend(raw_delta)
@@ -682,6 +725,10 @@ class EngineToolParser(ToolParser):
         return safe[len(previous) :] or None
 
     def _final_args_diff(self, slot: _Slot) -> str | None:
+        if slot.scanner is not None:
+            return self._args_stream(slot).final_diff()
+        if not self._streaming:
+            return None
         try:
             final = self.g.convert_args(slot.args, False)
         except (ValueError, TypeError):

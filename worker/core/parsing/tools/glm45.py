@@ -38,6 +38,7 @@ from typing import Any
 
 from worker.core.parsing.reasoning.glm45 import GLM_THINK_MARKERS, GLM_TOOL_MARKERS
 from worker.core.parsing.registry import tool_parser
+from worker.core.parsing.tools._xml_args import GlmArgScanner
 from worker.core.parsing.tools._xml_engine import WS, EngineToolParser, Ev, Extender, St, ToolGrammar
 from worker.core.parsing.types import ParserTokenizer
 from worker.core.parsing.util import thinking_requested
@@ -123,6 +124,7 @@ def glm_tool_grammar(thinking: bool) -> ToolGrammar:
         validate_tool_names=True,
         strip_trailing_reasoning_ws=True,
         strip_names=True,
+        arg_scanner=GlmArgScanner,
     )
 
 

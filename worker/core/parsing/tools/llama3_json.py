@@ -23,8 +23,9 @@ incomplete strings are only allowed once the call's name was sent):
   is sent (possibly ``""``), and the record carries nothing else;
 * a record that cannot be read yields nothing and changes nothing.
 
-Like vLLM, each record re-reads all objects (cost grows with the output; the
-calls are short JSON objects in practice).
+Like vLLM, each record re-reads the object in progress (its cost grows with
+that call's text, at most ``max_model_len`` tokens); finished objects are
+read once and kept, where vLLM re-reads them all.
 Llama has a structural tag, so with strict tool calling ``required``/named
 choices parse the native format like ``auto``.
 """
@@ -32,6 +33,7 @@ choices parse the native format like ``auto``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,6 +50,8 @@ from worker.core.parsing.types import (
 
 BOT = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
+_STRING_STOP = re.compile(r'["\\]')
+_STRUCTURAL = re.compile(r'["\[\]{}]')
 
 
 class _Partial(Exception):
@@ -80,17 +84,20 @@ def _complete_str(text: str, start: int, allow_str: bool) -> tuple[int, str | No
     length = len(text)
     i = start + 1
     last_escaped = -1
-    while i < length:
-        char = text[i]
-        if char == "\\":
-            last_escaped = i + 1
-            if last_escaped == length:
-                break
-            i += 2
-            continue
-        if char == '"':
-            return i + 1, None
-        i += 1
+    while True:
+        # Jump to the next quote or backslash (the string's text in between is skipped in C).
+        stop = _STRING_STOP.search(text, i)
+        if stop is None:
+            i = length
+            break
+        pos = stop.start()
+        if text[pos] == '"':
+            return pos + 1, None
+        last_escaped = pos + 1
+        if last_escaped == length:
+            i = pos
+            break
+        i = pos + 2
     if not allow_str:
         return None
     # Cut a trailing, truncated \u / \U / \x escape (the library's windows).
@@ -247,7 +254,7 @@ def _escaped(text: str, pos: int) -> bool:
 
 def _ensure_json(text: str, allow_str: bool) -> str:
     """The library's fast path: bracket scan, then complete only the last open container."""
-    tokens = [(i, c) for i, c in enumerate(text) if c in '"[]{}']
+    tokens = [(found.start(), found.group()) for found in _STRUCTURAL.finditer(text)]
     if not tokens or tokens[0][1] == '"':
         head, tail = _fix(text, allow_str)
         return head + tail
@@ -315,11 +322,17 @@ def _is_json(text: str) -> bool:
 
 
 def _common_prefix_len(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    # Bisection on slice comparisons: the text is compared in C, not char by char.
+    low, high = 0, min(len(a), len(b))
+    if a[:high] == b[:high]:
+        return high
+    while high - low > 1:  # a[:low] == b[:low] and a[:high] != b[:high]
+        mid = (low + high) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid
+    return low
 
 
 def _dump(value: Any) -> str:
@@ -349,6 +362,8 @@ class Llama3JsonToolParser(ToolParser):
         self._index = -1  # vLLM's current_tool_id
         self._name_sent = False
         self._streamed: list[str] = []
+        self._kept: list[Any] = []  # finished objects, read once
+        self._kept_end = 0
 
     # -- one-shot ------------------------------------------------------
 
@@ -388,6 +403,7 @@ class Llama3JsonToolParser(ToolParser):
                 self._mode, self._calls_at = True, 0
             elif not BOT.startswith(text) or not text:
                 self._mode = False if text else None
+            self._kept_end = self._calls_at
         if not self._mode:
             return DeltaOut(content=delta_text)
         try:
@@ -396,24 +412,36 @@ class Llama3JsonToolParser(ToolParser):
             return None
 
     def _read(self) -> tuple[list[Any], list[bool]] | None:
-        """All objects so far (re-read every record, as vLLM does) and which are complete."""
+        """All objects so far and which are complete.
+
+        vLLM re-reads every object at every record; an object that is complete and followed by
+        more text reads the same forever, so it is read once and kept, and a record re-reads
+        only the object in progress.
+        """
         text = self._text
         allow_str = self._name_sent
-        objects: list[Any] = []
-        complete: list[bool] = []
-        start = self._calls_at
+        objects: list[Any] = list(self._kept)
+        complete: list[bool] = [True] * len(objects)
+        start = self._kept_end
         while start < len(text):
             try:
                 obj, consumed = partial_loads(text[start:], allow_str)
             except Exception:
                 return None
-            complete.append(_is_json(text[start : start + consumed]))
+            whole = _is_json(text[start : start + consumed])
+            complete.append(whole)
+            # Kept only when the "; " separator follows: other text can make vLLM's read of the
+            # whole rest fail at this object later.
+            followed = text[start + consumed : start + consumed + 3] == "; {"
             start += consumed + 2  # the "; " between objects
             if "parameters" in obj:
                 if "arguments" in obj:
                     return None  # vLLM asserts: both keys given
                 obj["arguments"] = obj["parameters"]
             objects.append(obj)
+            if whole and followed and len(self._kept) == len(objects) - 1:
+                self._kept.append(obj)
+                self._kept_end = start
         return objects, complete
 
     def _step(self) -> DeltaOut | None:

@@ -48,6 +48,7 @@ from typing import Any
 
 from worker.core.parsing.reasoning.qwen3 import QWEN3_ID_MARKERS, QWEN3_MARKERS
 from worker.core.parsing.registry import tool_parser
+from worker.core.parsing.tools._xml_args import QwenArgScanner
 from worker.core.parsing.tools._xml_engine import WS, EngineToolParser, Ev, Extender, St, ToolGrammar
 from worker.core.parsing.types import ParserTokenizer
 
@@ -187,6 +188,8 @@ def qwen3_tool_grammar(thinking: bool) -> ToolGrammar:
         convert_args=convert_args,
         value_extender=value_extender,
         strip_trailing_reasoning_ws=False,
+        arg_scanner=QwenArgScanner,
+        trim_values=True,
     )
 
 

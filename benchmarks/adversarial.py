@@ -1,0 +1,272 @@
+"""Adversarial records against ordinary ones of the same token count (bounded work per record).
+
+Each shape's cost is printed beside an ordinary record (or stream) with as many
+tokens, as a median of rounds with its spread, and the ratio (target: every
+ratio <= 4):
+
+* an undecodable byte run: one record of byte tokens that never complete a
+  character (vLLM's window never advances on it), vs ordinary text;
+* a max-size completion record (``max_model_len`` minus the prompt), vs the
+  same count in a chat record;
+* many logprob positions at ``--max-logprobs`` candidates, vs the same tokens
+  without logprobs, and per entry it carries vs per ordinary token (its work
+  is linear in its entries: positions x (1 + candidates));
+* long tool calls in 1-token records through each tool parser: the mean cost
+  of the last decile's records vs the first decile's (flat = O(delta)).
+
+``python -m benchmarks adversarial [--rounds N] [--shapes records|parsers]``; prints figures,
+asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.model_dir import load_tokenizer
+from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
+from worker.settings import ModelSettings
+
+MODELS = Path(__file__).resolve().parent.parent / "samples" / "models"
+PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
+JsonDict = dict[str, Any]
+
+#: (parser, model dir, call text with {} where the long argument goes, tools)
+_STRING_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "write_file",
+        "parameters": {
+            "type": "object",
+            "properties": {"content": {"type": "string"}, "n": {"type": "integer"}},
+        },
+    },
+}
+_GLM_CALL = "<tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>{}</arg_value>\n</tool_call>"
+_ARGS = '{{"content": "{}"}}'
+_QWEN_CALL = "<tool_call>\n<function=write_file>\n"
+_DS = '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>{{"content": "{}"}}'
+PARSER_SHAPES: list[tuple[str, str, str]] = [
+    ("hermes", "qwen3", '<tool_call>\n{{"name": "write_file", "arguments": ' + _ARGS + "}}\n</tool_call>"),
+    ("llama3_json", "llama-3.1", '<|python_tag|>{{"name": "write_file", "parameters": ' + _ARGS + "}}"),
+    ("mistral", "mistral-7b-v0.3", '[TOOL_CALLS] [{{"name": "write_file", "arguments": ' + _ARGS + "}}]"),
+    ("deepseek_v31", "deepseek-v3", _DS + "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    (
+        "kimi_k2",
+        "qwen3",
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.write_file:0<|tool_call_argument_begin|>"
+        '{{"content": "{}"}}<|tool_call_end|><|tool_calls_section_end|>',
+    ),
+    ("pythonic", "llama-3", '[write_file(content="{}")]'),
+    ("llama4_pythonic", "llama-3", '<|python_start|>[write_file(content="{}")]<|python_end|>'),
+    ("glm45", "qwen3", _GLM_CALL),
+    (
+        "qwen3_coder",
+        "qwen3",
+        "<tool_call>\n<function=write_file>\n<parameter=content>\n{}\n</parameter>\n</function>\n</tool_call>",
+    ),
+]
+#: Argument shapes the XML parsers had to rescan: many short arguments, a key that never closes.
+XML_SHAPES: list[tuple[str, str, str]] = [
+    ("glm45 many args", "glm45", "<tool_call>write_file\n{}</tool_call>"),
+    ("glm45 open key", "glm45", "<tool_call>write_file\n<arg_key>{}</tool_call>"),
+    ("qwen3_coder many args", "qwen3_coder", _QWEN_CALL + "{}</function>\n</tool_call>"),
+    ("qwen3_coder open name", "qwen3_coder", _QWEN_CALL + "<parameter={}</tool_call>"),
+]
+FILLER = "Line of text, numbers 12345 and punctuation; café, 北京. "
+
+
+def _median_spread(samples: list[float]) -> tuple[float, float]:
+    return statistics.median(samples), (max(samples) - min(samples)) / 2
+
+
+def _timed(fn: Callable[[], object], rounds: int) -> list[float]:
+    out = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def _settings(model: str, **extra: Any) -> ModelSettings:
+    return ModelSettings(tokenizer=str(MODELS / model), served_model_names=("bench",), **extra)
+
+
+def _stream_record(endpoint: str, ids: list[int], logprobs: JsonDict | None = None) -> bytes:
+    choice: JsonDict = {"index": 0, "token_ids": ids, "finish_reason": "length"}
+    if logprobs is not None:
+        choice["logprobs"] = logprobs
+    body: JsonDict = {
+        "stream": True,
+        "model": "bench",
+        "prompt_token_ids": PROMPT,
+        "generate_chunk": {"request_id": "b", "choices": [choice]},
+    }
+    if endpoint == "chat":
+        body["chat_request"] = {"model": "bench", "messages": [{"role": "user", "content": "hi"}]}
+    else:
+        body["completion_request"] = {"model": "bench", "prompt": "hi"}
+        if logprobs is not None:
+            body["completion_request"]["logprobs"] = 20
+    return orjson.dumps({"request_id": "b", "seq": 0, "endpoint": endpoint, "body": body})
+
+
+def _record_cost(settings: ModelSettings, value: bytes, rounds: int) -> list[float]:
+    derenderer = settings.build_derenderer()
+
+    def once() -> None:
+        result = EnvelopeProcessor(derenderer, max_record_bytes=64 << 20).process(value)
+        assert result.output is not None and "error" not in result.output, result.output
+
+    once()
+    return _timed(once, rounds)
+
+
+def _record_rows(rounds: int) -> list[tuple[str, list[float], list[float]]]:
+    rows = []
+    for model in ("qwen3", "mistral-7b-v0.3"):
+        settings = _settings(model, max_model_len=40960)
+        backend = settings.build_derenderer().tokenizer.backend
+        lead = backend.token_to_id("<0xE2>")
+        if lead is None:
+            lead = backend.token_to_id("â")  # byte-level spelling of the lone byte 0xE2
+        n = 16000
+        ordinary = (backend.encode(FILLER * 2000, add_special_tokens=False).ids)[:n]
+        rows.append(
+            (
+                f"undecodable byte run, {n:,} tokens ({model})",
+                _record_cost(settings, _stream_record("chat", [lead] * n), rounds),
+                _record_cost(settings, _stream_record("chat", ordinary), rounds),
+            )
+        )
+    settings = _settings("qwen3")
+    limit = settings.build_derenderer().options.max_model_len
+    backend = settings.build_derenderer().tokenizer.backend
+    ids = (backend.encode(FILLER * 8000, add_special_tokens=False).ids)[: limit - len(PROMPT)]
+    rows.append(
+        (
+            f"max-size completion record, {len(ids):,} tokens",
+            _record_cost(settings, _stream_record("completion", ids), rounds),
+            _record_cost(settings, _stream_record("chat", ids), rounds),
+        )
+    )
+    settings = _settings("qwen3", max_model_len=40960)
+    max_logprobs = settings.build_derenderer().options.max_logprobs
+    positions = 4000
+    ids = (backend.encode(FILLER * 2000, add_special_tokens=False).ids)[:positions]
+    content = [
+        {
+            "token_id": t,
+            "logprob": -0.5,
+            "top_logprobs": [{"token_id": t + k, "logprob": -1.0 - k} for k in range(max_logprobs)],
+        }
+        for t in ids
+    ]
+    with_logprobs = _record_cost(settings, _stream_record("completion", ids, {"content": content}), rounds)
+    plain = _record_cost(settings, _stream_record("completion", ids), rounds)
+    rows.append(
+        (f"{positions:,} logprob positions x {max_logprobs} candidates (completion)", with_logprobs, plain)
+    )
+    # The same record per entry it carries (each position: the sampled id and its candidates).
+    entries = positions * (1 + max_logprobs)
+    rows.append(
+        (
+            "  the same, per logprob entry vs per ordinary token",
+            [cost / entries for cost in with_logprobs],
+            [cost / positions for cost in plain],
+        )
+    )
+    return rows
+
+
+def _parser_stream_costs(parser: str, model: str, text: str, tools: list[JsonDict]) -> list[float]:
+    """Per-record seconds of one call in 1-token records through a live parser session."""
+    loaded = load_tokenizer(MODELS / model)
+    parsing = ChatParsing.create(
+        adapter_for(loaded), reasoning_parser=None, tool_parser=parser, enable_auto_tool_choice=True
+    )
+    assert parsing is not None
+    request = ParseRequest(tools=tools, tool_choice="auto", parallel_tool_calls=None)
+    settings = _settings(model)
+    decoder = settings.build_derenderer().decoder
+    ids: list[int] = loaded.backend.encode(text, add_special_tokens=False).ids
+    window = decoder.seed_window([1], False)
+    texts = [decoder.extend(window, [token], False) for token in ids]
+    session = parsing.new_stream(request, [1])
+    costs = []
+    for token, piece in zip(ids, texts, strict=True):
+        start = time.perf_counter()
+        session.step(piece, [token], None)
+        costs.append(time.perf_counter() - start)
+    return costs
+
+
+def _deciles(costs: list[float]) -> tuple[float, float]:
+    size = max(len(costs) // 10, 1)
+    return statistics.mean(costs[:size]), statistics.mean(costs[-size:])
+
+
+def _parser_rows(rounds: int, tokens: int) -> list[tuple[str, list[float], list[float]]]:
+    rows = []
+    words = " ".join(FILLER.split()[:6])
+    for parser, model, shape in PARSER_SHAPES:
+        body = (words + " ") * (tokens // 8)
+        text = shape.format(body)
+        firsts, lasts = [], []
+        for _ in range(rounds):
+            first, last = _deciles(_parser_stream_costs(parser, model, text, [_STRING_TOOL]))
+            firsts.append(first)
+            lasts.append(last)
+        rows.append((f"{parser}: long argument, last vs first decile", lasts, firsts))
+    for label, parser, shape in XML_SHAPES:
+        if "many" in label:
+            unit = (
+                "<arg_key>n</arg_key><arg_value>1</arg_value>\n"
+                if parser == "glm45"
+                else "<parameter=n>\n1\n</parameter>\n"
+            )
+            body = unit * (tokens // 12)
+        else:
+            body = "x " * (tokens // 2)
+        firsts, lasts = [], []
+        for _ in range(rounds):
+            first, last = _deciles(_parser_stream_costs(parser, "qwen3", shape.format(body), [_STRING_TOOL]))
+            firsts.append(first)
+            lasts.append(last)
+        rows.append((f"{label}: last vs first decile", lasts, firsts))
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks adversarial")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=3500, help="tokens per long tool call")
+    parser.add_argument("--shapes", choices=("all", "records", "parsers"), default="all")
+    args = parser.parse_args(argv)
+    print(f"adversarial shapes vs ordinary records of the same token count (median of {args.rounds} rounds)")
+    print(f"{'shape':<66}{'adversarial':>16}{'ordinary':>16}{'ratio':>8}")
+    rows = _record_rows(args.rounds) if args.shapes in ("all", "records") else []
+    if args.shapes in ("all", "parsers"):
+        rows += _parser_rows(args.rounds, args.tokens)
+    for label, bad, good in rows:
+        bad_m, bad_s = _median_spread(bad)
+        good_m, good_s = _median_spread(good)
+        unit, scale = ("ms", 1e3) if good_m > 1e-3 else ("µs", 1e6)
+        print(
+            f"{label:<66}{bad_m * scale:>9.1f}±{bad_s * scale:<4.1f}{unit}"
+            f"{good_m * scale:>9.1f}±{good_s * scale:<4.1f}{unit}{bad_m / good_m:>8.2f}"
+        )
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -1,0 +1,45 @@
+"""llama3_json reads a finished call once: a record re-reads only the object in progress.
+
+vLLM re-reads every object of the output at every record; the parser keeps the
+objects that are complete and followed by ``; {``, which read the same forever.
+The work is checked by counting the characters handed to the partial-JSON reader.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.parsing_helpers import records, sample_encode, sample_tokenizer, tool_parsing
+from worker.core.parsing import ParseRequest
+from worker.core.parsing.tools import llama3_json
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+CALL = '{"name": "get_weather", "parameters": {"city": "Zürich", "days": 3}}'
+
+
+def test_each_record_reads_only_the_object_in_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[int] = []
+    original = llama3_json.partial_loads
+
+    def counting(text: str, allow_str: bool) -> tuple[Any, int]:
+        read.append(len(text))
+        return original(text, allow_str)
+
+    monkeypatch.setattr(llama3_json, "partial_loads", counting)
+    text = "<|python_tag|>" + "; ".join([CALL] * 40)
+    ids = sample_encode("llama-3.1", text)
+    session = tool_parsing("llama-3.1", "llama3_json").new_stream(
+        ParseRequest(tools=TOOLS, tool_choice="auto", parallel_tool_calls=None), [1]
+    )
+    names = 0
+    for piece, chunk in records(sample_tokenizer("llama-3.1"), [[i] for i in ids]):
+        read.clear()
+        delta, _ = session.step(piece, chunk, None)
+        # One partial read of the current object (plus the one it just finished and the next).
+        assert sum(read) <= 3 * (len(CALL) + 2), sum(read)
+        names += sum(
+            1 for call in (delta.tool_calls if delta else []) if call.function and call.function.name
+        )
+    assert names == 40

@@ -1,0 +1,419 @@
+"""Streaming the arguments of an XML-ish tool call in O(delta) per record.
+
+vLLM's engine adapters rebuild a call's arguments JSON from the whole raw
+argument text with regular expressions whenever a record is more than a
+plain continuation of the open value: O(arguments) per record, and worse on
+text that makes the lazy patterns backtrack (a key that never closes). Here
+the raw text is scanned once, left to right, by a small state machine per
+format with the patterns' exact semantics (leftmost match, lazy key or value
+up to the first terminator), and the JSON is kept per argument, so a record
+costs its own text plus, when it completes an argument, that argument once
+(its type conversion). What is streamed is what the regular expressions
+would give: the safe JSON prefix of ``convert_args(raw, partial=True)`` with
+the tool schema's types, and at the end of the call the rest of
+``convert_args(raw, partial=False)``.
+
+Two differences, both only on malformed markup: an argument whose markers
+are spelled across a completed argument is not seen (the regular
+expressions scan the text with completed arguments cut out), and while a
+repeated argument name is still open its earlier position counts as changed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from worker.core.parsing.tools._schema import coerce, schema_types
+
+#: ``\s`` of the ``regex`` module vLLM compiles its patterns with (Unicode
+#: White_Space); Python's ``re`` would also match U+001C..U+001F.
+WS = r"[^\S\x1c-\x1f]"
+
+#: ("done", key, value) | ("open", key) | ("grow", raw text added to the open value)
+ArgEvent = tuple[str, ...]
+
+
+def _is_ws(ch: str) -> bool:
+    """``\\s`` of the ``regex`` module vLLM compiles its patterns with."""
+    return ch.isspace() and not "\x1c" <= ch <= "\x1f"
+
+
+def _lstrip_ws(text: str) -> str:
+    start = 0
+    while start < len(text) and _is_ws(text[start]):
+        start += 1
+    return text[start:]
+
+
+class GlmArgScanner:
+    """``<arg_key>K</arg_key>\\s*<arg_value>V</arg_value>`` pairs, fed the parser's argument pieces.
+
+    The lexer hands every ``<arg_key>``-family marker over as a piece of its own, so the
+    scan works on pieces: a marker is one step, a text piece never holds one.
+    """
+
+    _KEY_START, _KEY_END, _VALUE_START, _VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+
+    def __init__(self) -> None:
+        self._state = "seek"
+        self._key: list[str] = []
+        self._ws = ""
+        self._value: list[str] = []
+        self._open = False
+
+    def feed(self, piece: str) -> list[ArgEvent]:
+        state = self._state
+        if state == "seek":
+            if piece == self._KEY_START:
+                self._state, self._key = "key", []
+            return []
+        if state == "key":
+            if piece == self._KEY_END:
+                self._state, self._ws = "key_end", ""
+            else:
+                self._key.append(piece)
+            return []
+        if state == "key_end":
+            if piece == self._VALUE_START:
+                key = "".join(self._key).strip()
+                self._state, self._value, self._open = "value", [], bool(key)
+                self._key = [key]
+                return [("open", key)] if key else []
+            if all(_is_ws(ch) for ch in piece):
+                self._ws += piece
+                return []
+            # Not followed by <arg_value>: the lazy key runs on past this </arg_key>.
+            self._key += [self._KEY_END, self._ws]
+            self._ws = ""
+            if piece == self._KEY_END:
+                return []
+            self._state = "key"
+            self._key.append(piece)
+            return []
+        if piece == self._VALUE_END:
+            self._state = "seek"
+            self._open = False
+            return [("done", self._key[0], "".join(self._value))]
+        self._value.append(piece)
+        return [("grow", piece)] if self._open and piece else []
+
+
+_PARAMETER = "parameter"
+#: Positions of the value-end matcher (one live candidate: no pattern accepts "<" after its first char).
+_IDLE, _LT, _START_EQ, _SLASH, _END_GT = 0, 1, 10, 11, 20
+
+
+def _step(state: int, ch: str) -> int:
+    """One char through ``<\\s*parameter\\s*=`` | ``<\\s*/\\s*parameter\\s*>``; -1/-2 on a match."""
+    if ch == "<":
+        return _LT
+    if state == _IDLE:
+        return _IDLE
+    if state == _LT:
+        if _is_ws(ch):
+            return _LT
+        return _SLASH if ch == "/" else (2 if ch == "p" else _IDLE)
+    if state == _SLASH:
+        if _is_ws(ch):
+            return _SLASH
+        return 12 if ch == "p" else _IDLE
+    if state in (_START_EQ, _END_GT):
+        if _is_ws(ch):
+            return state
+        if state == _START_EQ:
+            return -1 if ch == "=" else _IDLE
+        return -2 if ch == ">" else _IDLE
+    matched = state - 1 if state < _SLASH else state - _SLASH  # chars of "parameter" seen
+    return state + 1 if ch == _PARAMETER[matched] else _IDLE
+
+
+class QwenArgScanner:
+    """``<parameter=NAME>VALUE</parameter>`` (or up to the next ``<parameter=``); tags may hold whitespace."""
+
+    def __init__(self) -> None:
+        self._state = "seek"
+        self._matcher = _IDLE
+        self._name: list[str] = []
+        self._value: list[str] = []
+        self._value_len = 0
+        self._candidate = 0  # where in the value a possible end tag starts
+        self._named = False  # the open value has a name (convert_args shows it)
+
+    def feed(self, text: str) -> list[ArgEvent]:
+        events: list[ArgEvent] = []
+        pos = 0
+        size = len(text)
+        while pos < size:
+            state = self._state
+            if state == "seek" and self._matcher == _IDLE:
+                found = text.find("<", pos)
+                if found < 0:
+                    return events
+                pos = found
+            if state == "name":
+                end = text.find(">", pos)
+                if end < 0:
+                    self._name.append(text[pos:])
+                    return events
+                self._name.append(text[pos:end])
+                pos = end + 1
+                self._open_value(events)
+                continue
+            if state == "value" and self._matcher == _IDLE:
+                found = text.find("<", pos)
+                chunk = text[pos:] if found < 0 else text[pos:found]
+                if chunk:
+                    self._grow(chunk, events)
+                if found < 0:
+                    return events
+                pos = found
+            ch = text[pos]
+            pos += 1
+            if state == "value":
+                if ch == "<":
+                    self._candidate = self._value_len
+                self._grow(ch, events)
+            self._matcher = _step(self._matcher, ch)
+            if self._matcher >= 0:
+                continue
+            matched, self._matcher = self._matcher, _IDLE
+            if state == "value":
+                value = "".join(self._value)[: self._candidate]
+                events.append(("done", _lstrip_ws("".join(self._name)), _trim(value)))
+            if matched == -1:
+                self._state, self._name = "name", []
+            elif state == "value":
+                self._state = "seek"
+        return events
+
+    def _open_value(self, events: list[ArgEvent]) -> None:
+        segment = "".join(self._name)
+        self._name = [segment]
+        self._state, self._value, self._value_len, self._matcher = "value", [], 0, _IDLE
+        key = _lstrip_ws(segment) or segment[-1:]
+        self._named = bool(key)
+        if key:
+            events.append(("open", key))
+
+    def _grow(self, text: str, events: list[ArgEvent]) -> None:
+        self._value.append(text)
+        self._value_len += len(text)
+        if self._named:
+            events.append(("grow", text))
+
+
+def _trim(value: str) -> str:
+    """One leading and one trailing newline dropped (template markup around values)."""
+    if value.startswith("\n"):
+        value = value[1:]
+    if value.endswith("\n"):
+        value = value[:-1]
+    return value
+
+
+def _escape(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+class ArgsStream:
+    """One call's arguments JSON as ``json.dumps`` of the parsed arguments, typed by the schema.
+
+    Keeps one rendered ``"key": value`` piece per argument and what has been streamed, so the
+    next diff is found without rebuilding the object.
+    """
+
+    def __init__(
+        self, properties: dict[str, Any], string_keys: set[str] | None, *, trim_newlines: bool
+    ) -> None:
+        self._properties = properties
+        self._string_keys = string_keys
+        self._trim = trim_newlines
+        self._order: list[str] = []
+        self._position: dict[str, int] = {}
+        self._rendered: dict[str, str] = {}  # done arguments' JSON values
+        self._open: str | None = None
+        self._open_new = False
+        self._open_raw: list[str] = []
+        self._open_text: list[str] = []  # the open value as convert_args shows it (escaped)
+        self._held = ""
+        self._started = False
+        # What has been streamed: whole pieces, then the head of the next one.
+        self._sent: list[str] = []
+        self._head = ""  # streamed head of the last piece; the open value's parts follow it
+        self._head_open_parts = 0
+        self._head_is_open = False
+        self._any_sent = False
+        self._changed: set[int] = set()  # streamed pieces that differ now
+
+    # -- feeding -------------------------------------------------------------------
+
+    def apply(self, events: list[ArgEvent]) -> bool:
+        """Take scanner events; True when only the open value grew."""
+        structural = False
+        for event in events:
+            if event[0] == "grow":
+                self._grow(event[1])
+                continue
+            if self._head_is_open:
+                # The open value's streamed parts are about to be reset: keep them as text.
+                self._head, self._head_is_open = self._sent_head(), False
+            if event[0] == "open":
+                structural = True
+                key = event[1]
+                self._open, self._open_raw, self._open_text = key, [], []
+                self._held, self._started = "", False
+                self._open_new = key not in self._position
+                if self._open_new:
+                    self._position[key] = len(self._order)
+                    self._order.append(key)
+                elif self._position[key] < len(self._sent):
+                    self._changed.add(self._position[key])
+            else:
+                structural = True
+                self._done(event[1], event[2])
+        return not structural
+
+    def _grow(self, raw: str) -> None:
+        if self._open is None:
+            return
+        self._open_raw.append(raw)
+        if not self._trim:
+            self._open_text.append(_escape(raw))
+            return
+        text = self._held + raw
+        if not self._started and text:
+            self._started = True
+            text = text.removeprefix("\n")
+        self._held = "\n" if text.endswith("\n") else ""
+        text = text[: len(text) - len(self._held)]
+        if text:
+            self._open_text.append(_escape(text))
+
+    def _done(self, key: str, value: str) -> None:
+        open_key, self._open = self._open, None
+        if self._open_new and open_key is not None and open_key != key:
+            # The name read while open differs from the finished one (whitespace-only names).
+            del self._position[open_key]
+            self._order.pop()
+        if key not in self._position:
+            self._position[key] = len(self._order)
+            self._order.append(key)
+        rendered = self._render(key, value)
+        self._rendered[key] = rendered
+        index = self._position[key]
+        if index < len(self._sent):
+            if self._piece(key, rendered) == self._sent[index]:
+                self._changed.discard(index)
+            else:
+                self._changed.add(index)
+
+    def _render(self, key: str, value: str) -> str:
+        schema = self._properties.get(key)
+        if isinstance(schema, dict):
+            return json.dumps(coerce(value, schema_types(schema)), ensure_ascii=False)
+        return json.dumps(value, ensure_ascii=False)
+
+    @staticmethod
+    def _piece(key: str, rendered: str) -> str:
+        return f"{json.dumps(key, ensure_ascii=False)}: {rendered}"
+
+    def _streams(self, key: str) -> bool:
+        # The safe prefix compares the key as it is spelled in the JSON.
+        return self._string_keys is None or _escape(key) in self._string_keys
+
+    def _full(self, index: int) -> str:
+        key = self._order[index]
+        if key == self._open and not self._open_new:
+            # An open repeat of an earlier name shows its partial value there.
+            partial = "".join(self._open_raw)
+            return self._piece(key, self._render(key, _trim(partial) if self._trim else partial))
+        return self._piece(key, self._rendered[key])
+
+    def _head_of(self, index: int) -> str:
+        key = self._order[index]
+        start = f"{json.dumps(key, ensure_ascii=False)}: "
+        if not self._streams(key):
+            return start
+        if key == self._open:
+            return start + '"' + "".join(self._open_text)
+        rendered = self._rendered[key]
+        return start + rendered[:-1] if rendered.startswith('"') else start
+
+    # -- diffs -----------------------------------------------------------------------
+
+    def _sent_head(self) -> str:
+        if self._head_is_open:
+            return self._head + "".join(self._open_text[: self._head_open_parts])
+        return self._head
+
+    def diff(self, grew_only: bool) -> str | None:
+        """The new safe prefix text of the streaming (partial) arguments, or None."""
+        count = len(self._order)
+        if count == 0:
+            return None
+        last = count - 1
+        sent = len(self._sent)
+        if self._changed or sent > last:
+            return None
+        if grew_only and self._head_is_open and sent == last:
+            # The open value only lengthened: its new escaped text is the whole diff.
+            if not self._streams(self._order[last]):
+                return None
+            added = "".join(self._open_text[self._head_open_parts :])
+            self._head_open_parts = len(self._open_text)
+            return added or None
+        pieces = [self._full(i) for i in range(sent, last)]
+        head = self._head_of(last)
+        current = pieces[0] if pieces else head
+        previous = self._sent_head()
+        if self._any_sent and not current.startswith(previous):
+            return None
+        out = ("" if self._any_sent else "{") + current[len(previous) :]
+        if pieces:
+            out += "".join(", " + piece for piece in pieces[1:]) + ", " + head
+        self._sent.extend(pieces)
+        self._head_is_open = self._order[last] == self._open and self._streams(self._order[last])
+        if self._head_is_open:
+            self._head = f"{json.dumps(self._order[last], ensure_ascii=False)}: " + '"'
+            self._head_open_parts = len(self._open_text)
+        else:
+            self._head = head
+        self._any_sent = True
+        return out or None
+
+    def final_diff(self) -> str | None:
+        """The rest of the finished arguments JSON (open arguments dropped), or None."""
+        final = [key for key in self._order if key in self._rendered]
+        changed = [i for i in self._changed if i >= len(final) or self._sent[i] != self._final(final[i])]
+        if changed or len(self._sent) > len(final):
+            return None
+        sent = len(self._sent)
+        if sent == len(final):
+            if self._any_sent:
+                return None
+            out = "{}"
+        else:
+            current = self._final(final[sent])
+            previous = self._sent_head()
+            if self._any_sent and (final[sent] != self._order[sent] or not current.startswith(previous)):
+                return None
+            rest = [self._final(key) for key in final[sent + 1 :]]
+            out = ("" if self._any_sent else "{") + current[len(previous) :]
+            out += "".join(", " + piece for piece in rest) + "}"
+        self._sent = [self._final(key) for key in final]
+        self._head, self._head_is_open = "", False
+        self._any_sent = True
+        return out or None
+
+    def _final(self, key: str) -> str:
+        return self._piece(key, self._rendered[key])
+
+
+ArgScanner = GlmArgScanner | QwenArgScanner
+ScannerFactory = Callable[[], ArgScanner]
+
+#: A call's name written into its arguments (when the markup gave none).
+NAME_IN_ARGS_RE = re.compile(rf'"name"{WS}*:{WS}*"([^"]*)"')
