@@ -493,3 +493,54 @@ def test_replay_never_dies_and_good_lines_are_unaffected(tmp_path: Path) -> None
         ]
 
     assert good_of(done.stdout) == good_of(reference.stdout) and len(good_of(done.stdout)) == 3
+
+
+# --- live memory estimate --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prompt_len", "tokens", "n", "parsers"),
+    [(9, 5, 1, False), (4000, 5, 1, False), (4000, 100, 4, False), (20, 5, 1, True), (20, 300, 1, True)],
+)
+def test_live_bytes_is_close_to_what_tracemalloc_measures(
+    prompt_len: int, tokens: int, n: int, parsers: bool
+) -> None:
+    import gc
+    import tracemalloc
+
+    config = {**CONFIG, "max_model_len": None}
+    if parsers:
+        config |= {"reasoning_parser": "qwen3", "tool_parser": "hermes", "enable_auto_tool_choice": True}
+    processor = EnvelopeProcessor(derenderer_for(config))
+    backend = processor.derenderer.tokenizer.backend
+    ids = backend.encode("Derender turns ids into text. Café 北京 🤗 " * 300, add_special_tokens=False).ids
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+    def request(rid: str) -> list[bytes]:
+        chat = {"model": "test-model", "messages": [{"role": "user", "content": "hi " * 50}], "n": n}
+        if parsers:
+            chat["tools"] = tools
+        records = chat_stream(
+            rid, [[t] for t in ids[:tokens]], prompt_token_ids=ids[:prompt_len], chat_request=chat
+        )
+        for seq, record in enumerate(records):
+            record["body"]["generate_chunk"]["choices"][0]["index"] = seq % n
+            record["body"]["generate_chunk"]["choices"][0].pop("finish_reason", None)
+        return [orjson.dumps(r) for r in records]
+
+    for value in request("warm-up"):  # caches of the decoder and parsers
+        processor.process(value)
+    batches = [request(f"r{i}") for i in range(10)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for batch in batches:
+            for value in batch:
+                assert processor.process(value).output is not None
+        gc.collect()
+        measured = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    estimate = sum(processor.requests[f"r{i}"].live_bytes() for i in range(10))
+    assert 0.7 * measured <= estimate <= 1.4 * measured, (estimate, measured)
