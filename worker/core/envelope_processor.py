@@ -281,7 +281,7 @@ def _dead_letter_headers(
         total += len(name) + len(text)
         if total > MAX_DEAD_LETTER_HEADERS_BYTES:
             return out, True
-        out.append((str(name), text))
+        out.append((str(name).encode("utf-8", errors="replace").decode("utf-8"), text))
     return out, False
 
 
@@ -641,8 +641,7 @@ class EnvelopeProcessor:
 
         if endpoint == "chat":
             chat = _validate(DerenderChatStreamRequest, body)
-            chat.chat_request = self._request_for(ctx, raw_request, ChatCompletionRequest)  # type: ignore[assignment]
-            self._check_context(ctx, given)
+            chat.chat_request = self._request_for(ctx, raw_request, ChatCompletionRequest, given)  # type: ignore[assignment]
             index = self._choice_index(ctx, chat.generate_chunk.choices)
             state = self._state_for(ctx, index, chat.stream_state)
             chunk, state = self.derenderer.chat_stream(chat, state)
@@ -651,9 +650,8 @@ class EnvelopeProcessor:
         else:
             completion = _validate(DerenderCompletionStreamRequest, body)
             completion.completion_request = self._request_for(  # type: ignore[assignment]
-                ctx, raw_request, CompletionRequest
+                ctx, raw_request, CompletionRequest, given
             )
-            self._check_context(ctx, given)
             index = self._choice_index(ctx, completion.generate_chunk.choices)
             state = self._state_for(ctx, index, completion.stream_state)
             chunk, state = self.derenderer.completion_stream(completion, state)
@@ -692,15 +690,16 @@ class EnvelopeProcessor:
             self._close(rid, seq)
         return self.output_result(rid, output, closed=done, source=source, wire=orjson.Fragment(wire_json))
 
-    def _check_context(self, ctx: RequestContext, given: JsonDict) -> None:
+    def _check_context(self, ctx: RequestContext, given: JsonDict, request_raw: JsonDict | None) -> None:
         """Measure the request context when this record sets or changes it: it must encode (for
-        the state topic) and fit the per-request state limit, or the record is refused here."""
-        if ctx.request_raw is ctx.measured_request and all(
+        the state topic) and fit the per-request state limit, or the record is refused here,
+        before the request takes any of it."""
+        if request_raw is ctx.measured_request and all(
             ctx.inherited.get(name, _MISSING) == v for name, v in given.items()
         ):
             return
         try:
-            size, request_size = measure_context({**ctx.inherited, **given}, ctx.request_raw)
+            size, request_size = measure_context({**ctx.inherited, **given}, request_raw)
         except TypeError as exc:  # cannot happen for input within the bounds; refused if it does
             raise RequestError(f"the request context cannot be stored: {exc}") from exc
         if size > self.max_request_state_bytes:
@@ -711,7 +710,7 @@ class EnvelopeProcessor:
                 error_type="RequestStateTooLargeError",
             )
         ctx.context_bytes, ctx.request_bytes = size, request_size
-        ctx.measured_request = ctx.request_raw
+        ctx.measured_request = request_raw
 
     def _choice_index(self, ctx: RequestContext, choices: Sequence[Any]) -> int:
         """The choice this record continues; it must be one of the request's ``n``."""
@@ -731,21 +730,26 @@ class EnvelopeProcessor:
         ctx: RequestContext,
         raw: Any,
         model_cls: type[ChatCompletionRequest] | type[CompletionRequest],
+        given: JsonDict,
     ) -> ChatCompletionRequest | CompletionRequest | None:
-        """The request object for this record: its own, else the one the request started with."""
-        if raw is None:
-            return ctx.request
-        if not isinstance(raw, dict):
-            raise RequestError(f"{_REQUEST_FIELD[ctx.endpoint]} must be an object", error_type="Bad Request")
-        if raw == ctx.request_raw:
-            return ctx.request
-        try:
-            parsed = model_cls.model_validate(raw)
-        except ValidationError as exc:
-            message, param = _validation_message(exc)
-            raise RequestError(message, error_type="Bad Request", param=param) from exc
-        ctx.request, ctx.request_raw = parsed, raw
-        return parsed
+        """The request object for this record: its own, else the one the request started with.
+        A new one is adopted once the context it makes was measured (``_check_context``)."""
+        request, request_raw = ctx.request, ctx.request_raw
+        if raw is not None:
+            if not isinstance(raw, dict):
+                raise RequestError(
+                    f"{_REQUEST_FIELD[ctx.endpoint]} must be an object", error_type="Bad Request"
+                )
+            if raw != ctx.request_raw:
+                try:
+                    request = model_cls.model_validate(raw)
+                except ValidationError as exc:
+                    message, param = _validation_message(exc)
+                    raise RequestError(message, error_type="Bad Request", param=param) from exc
+                request_raw = raw
+        self._check_context(ctx, given, request_raw)
+        ctx.request, ctx.request_raw = request, request_raw
+        return request
 
     def _state_for(
         self, ctx: RequestContext, index: int, carried: DerenderStreamState | None
