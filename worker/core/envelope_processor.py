@@ -694,8 +694,8 @@ class EnvelopeProcessor:
         """Measure the request context when this record sets or changes it: it must encode (for
         the state topic) and fit the per-request state limit, or the record is refused here,
         before the request takes any of it."""
-        if request_raw is ctx.measured_request and all(
-            ctx.inherited.get(name, _MISSING) == v for name, v in given.items()
+        if request_raw is ctx.measured_request and (
+            not given or all(ctx.inherited.get(name, _MISSING) == v for name, v in given.items())
         ):
             return
         try:
