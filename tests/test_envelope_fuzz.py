@@ -10,7 +10,9 @@ come out exactly as they do alone.
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import itertools
 import json
 import os
@@ -25,7 +27,7 @@ from hypothesis import strategies as st
 from schemas.envelope import DeadLetterRecord, OutputEnvelope
 from tests.golden_cases import MODELS_DIR, normalize
 from worker.core.derenderer import Derenderer
-from worker.core.envelope_processor import EnvelopeProcessor, ProcessResult, RequestContext
+from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult, RequestContext
 from worker.runtime.state_store import encode_progress, encode_snapshot
 from worker.settings import ModelSettings
 
@@ -375,3 +377,35 @@ def _key_of(value: bytes) -> bytes | None:
         return None
     rid = data.get("request_id") if isinstance(data, dict) else None
     return rid.encode("utf-8", errors="surrogatepass") if isinstance(rid, str) else None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.one_of(
+        st.binary(max_size=3000),
+        st.text(max_size=1000).map(lambda t: t.encode("utf-8", errors="surrogatepass")),
+        st.integers(0, 3000).map(lambda n: b"\x00" * n),
+    ),
+    key=st.one_of(st.none(), st.binary(max_size=6000)),
+    headers=st.lists(st.tuples(st.text(max_size=10), st.binary(max_size=3000)), max_size=12),
+    reason=st.text(max_size=5000),
+    limit=st.integers(100, 20_000),
+)
+def test_a_dead_letter_fits_its_limit_whenever_its_fixed_part_does(
+    value: bytes, key: bytes | None, headers: list[tuple[str, bytes]], reason: str, limit: int
+) -> None:
+    letter = DeadLetter(reason, value, key)
+    source = {"topic": "in", "partition": 0, "offset": 1}
+    payload = letter.encode(headers, source, max_bytes=limit)
+    record = DeadLetterRecord.model_validate_json(payload)
+    kafka_key = len(letter.kafka_key or b"")
+    fixed = len(DeadLetter(reason, b"", key).encode(headers, source, max_bytes=10**9)) + kafka_key
+    if limit >= fixed:
+        assert len(payload) + kafka_key <= limit
+    original = (
+        base64.b64decode(record.original)
+        if record.original_encoding == "base64"
+        else record.original.encode()
+    )
+    assert value.startswith(original) and (record.truncated or original == value)
+    assert (record.original_size, record.original_sha256) == (len(value), hashlib.sha256(value).hexdigest())

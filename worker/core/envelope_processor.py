@@ -247,7 +247,7 @@ class DeadLetter:
         record: JsonDict = {
             "reason": _clip(self.reason),
             "original": "",
-            "original_encoding": "utf-8",
+            "original_encoding": "base64",  # the longer name, while measuring the rest
             "original_size": len(value),
             "original_sha256": hashlib.sha256(value).hexdigest(),
             "truncated": headers_cut or (self.key is not None and len(self.key) > MAX_DEAD_LETTER_KEY_BYTES),
@@ -303,17 +303,19 @@ def _prefix_that_fits(
 ) -> tuple[str, Literal["utf-8", "base64"]]:
     """A prefix of ``value`` whose JSON string (``full_size`` bytes for all of it) fits in
     ``budget`` bytes, nearly the longest."""
+    if budget <= 2:
+        return "", encoding  # not even an empty string fits: the record stays over (never here)
     if encoding == "utf-8":
-        n = max(budget - 2, 0) * len(value) // max(full_size - 2, 1)
+        n = (budget - 2) * len(value) // max(full_size - 2, 1)
         for _ in range(8):  # escapes are spread unevenly: shrink by what the last try overshot
             # The value is valid UTF-8: "ignore" only drops a character cut in half at the end.
             text = value[:n].decode("utf-8", errors="ignore")
             size = len(orjson.dumps(text))
             if size <= budget:
                 return text, "utf-8"
-            n = min(n - 1, n * max(budget - 2, 0) // (size - 2))
+            n = min(n - 1, n * (budget - 2) // (size - 2))
         return "", "utf-8"
-    n = max(budget - 2, 0) // 4 * 3
+    n = (budget - 2) // 4 * 3
     return base64.b64encode(value[:n]).decode("ascii"), "base64"
 
 
