@@ -325,17 +325,17 @@ def test_a_request_context_past_the_state_limit_is_refused() -> None:
     assert _error_code(_run_between(orjson.dumps(record), max_request_state_bytes=8000)) == 413
 
 
-def test_a_later_record_whose_request_is_too_large_leaves_the_context_alone() -> None:
+def test_a_later_record_whose_request_is_too_large_fails_the_request() -> None:
     from worker.runtime.state_store import encode_snapshot
 
     processor = _processor(max_request_state_bytes=8000)
     records = [orjson.loads(r) for r in _good()]
     processor.process(orjson.dumps(records[0]))
     records[1]["body"]["chat_request"] = {"model": "test-model", "messages": [{"content": "x" * 10_000}]}
-    assert _error_code(processor.process(orjson.dumps(records[1]))) == 413
     assert len(encode_snapshot(processor.requests["good"])) <= 8000
-    last = processor.process(orjson.dumps(records[2]))
-    assert last.output is not None and "body" in last.output and last.closed
+    refused = processor.process(orjson.dumps(records[1]))
+    assert _error_code(refused) == 413 and refused.closed
+    assert _error_code(processor.process(orjson.dumps(records[2]))) == 409
 
 
 def test_state_bytes_bound_the_encoded_state_records() -> None:

@@ -40,7 +40,7 @@ from schemas.envelope import InputEnvelope
 from schemas.openai import ChatCompletionRequest, CompletionRequest
 from worker.core.derenderer import Derenderer
 from worker.core.sequence_state import SequenceState
-from worker.errors import InvalidRecordError, RequestError, SequenceError
+from worker.errors import InvalidRecordError, RequestError, RequestStateTooLargeError, SequenceError
 
 JsonDict = dict[str, Any]
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -619,9 +619,10 @@ class EnvelopeProcessor:
             if too_deep:
                 raise _too_deep_error()
             return self._derender_stream(ctx, rid, seq, endpoint, body, source)
-        except RequestError:
-            if created:
-                # The request never got going: its later records must not run without its context.
+        except RequestError as exc:
+            # A request that never got going: its later records must not run without its context.
+            # One past its state limit cannot go on either.
+            if created or isinstance(exc, RequestStateTooLargeError):
                 self._close(rid, seq)
             raise
 
@@ -671,13 +672,10 @@ class EnvelopeProcessor:
         wire_json = orjson.dumps(wire)  # validated, bounded values: it cannot fail
         ctx.note_wire(index, len(wire_json))
         if ctx.state_bytes() > self.max_request_state_bytes:
-            self._close(rid, seq)
-            raise RequestError(
+            raise RequestStateTooLargeError(
                 f"the state of request {rid!r} ({ctx.state_bytes()} bytes: its request, prompt and "
                 f"{len(ctx.sequences)} choice state(s)) exceeds the limit of {self.max_request_state_bytes} "
-                "bytes per request",
-                code=413,
-                error_type="RequestStateTooLargeError",
+                "bytes per request"
             )
         output = {
             "request_id": rid,
@@ -705,11 +703,9 @@ class EnvelopeProcessor:
         except TypeError as exc:  # cannot happen for input within the bounds; refused if it does
             raise RequestError(f"the request context cannot be stored: {exc}") from exc
         if size > self.max_request_state_bytes:
-            raise RequestError(
+            raise RequestStateTooLargeError(
                 f"the request context of {size} bytes (request and prompt) exceeds the limit of "
-                f"{self.max_request_state_bytes} bytes per request",
-                code=413,
-                error_type="RequestStateTooLargeError",
+                f"{self.max_request_state_bytes} bytes per request"
             )
         ctx.context_bytes, ctx.request_bytes = size, request_size
         ctx.measured_request = request_raw
