@@ -179,7 +179,7 @@ DEEP_BODIES: dict[str, dict[str, Any]] = {
     ),
     "an unknown body field": _first(extra=_nested(DEEP)),
     "just past the limit": _first(
-        generate_chunk={"request_id": "bad", "choices": [], "metrics": {"x": _nested(MAX_JSON_DEPTH)}}
+        generate_chunk={"request_id": "bad", "choices": [], "metrics": {"x": _nested(MAX_JSON_DEPTH - 3)}}
     ),
 }
 
