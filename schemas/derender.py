@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, Field, NonNegativeInt, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from schemas.bounds import Int64, NonNegativeInt64, PositiveInt64
 from schemas.generate import GenerateTokensResponse, GenerateTokensStreamResponse
 from schemas.openai import (
     ChatCompletionRequest,
@@ -29,13 +30,13 @@ class DerenderStreamState(BaseModel):
     """
 
     prev_tokens: list[str] = Field(default_factory=list)
-    prefix_offset: int = Field(default=0, ge=0)
-    read_offset: int = Field(default=0, ge=0)
+    prefix_offset: NonNegativeInt64 = 0
+    read_offset: NonNegativeInt64 = 0
     role_sent: bool = False
-    logprob_context_token_ids: list[int] = Field(default_factory=list, max_length=LOGPROB_CONTEXT_WINDOW)
-    logprob_text_offset: int = Field(default=0, ge=0)
-    output_token_ids: list[int] = Field(default_factory=list)
-    output_chunk_lens: list[Annotated[int, Field(gt=0)]] = Field(default_factory=list)
+    logprob_context_token_ids: list[Int64] = Field(default_factory=list, max_length=LOGPROB_CONTEXT_WINDOW)
+    logprob_text_offset: NonNegativeInt64 = 0
+    output_token_ids: list[Int64] = Field(default_factory=list)
+    output_chunk_lens: list[PositiveInt64] = Field(default_factory=list)
     tools_streamed: bool = False
     last_tool_call_ids: list[str] = Field(default_factory=list)
 
@@ -56,6 +57,17 @@ class DerenderStreamState(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _offsets_inside_window(self) -> DerenderStreamState:
+        # Stricter than vLLM, which would silently drop text and emit a negative read_offset.
+        if not self.prefix_offset <= self.read_offset <= len(self.prev_tokens):
+            raise ValueError(
+                "stream_state offsets must satisfy 0 <= prefix_offset <= read_offset <= len(prev_tokens) "
+                f"(got prefix_offset={self.prefix_offset}, read_offset={self.read_offset}, "
+                f"len(prev_tokens)={len(self.prev_tokens)})"
+            )
+        return self
+
 
 class DerenderChatRequest(BaseModel):
     """Body of ``/v1/chat/completions/derender`` with ``stream=false``."""
@@ -63,8 +75,8 @@ class DerenderChatRequest(BaseModel):
     stream: Literal[False] = False
     model: str | None = None
     generate_response: GenerateTokensResponse
-    prompt_tokens: int | None = None
-    prompt_token_ids: list[NonNegativeInt] | None = None
+    prompt_tokens: Int64 | None = None
+    prompt_token_ids: list[NonNegativeInt64] | None = None
     chat_request: ChatCompletionRequest | None = None
 
 
@@ -74,8 +86,8 @@ class DerenderCompletionRequest(BaseModel):
     stream: Literal[False] = False
     model: str | None = None
     generate_responses: list[GenerateTokensResponse]
-    prompt_tokens: list[int] | None = None
-    prompt_token_ids: list[list[NonNegativeInt] | None] | None = None
+    prompt_tokens: list[Int64] | None = None
+    prompt_token_ids: list[list[NonNegativeInt64] | None] | None = None
     completion_request: CompletionRequest | None = None
 
     @model_validator(mode="after")
@@ -100,8 +112,8 @@ class DerenderChatStreamRequest(BaseModel):
     model: str | None = None
     generate_chunk: GenerateTokensStreamResponse
     stream_state: DerenderStreamState | None = None
-    prompt_tokens: int | None = None
-    prompt_token_ids: list[NonNegativeInt] | None = None
+    prompt_tokens: Int64 | None = None
+    prompt_token_ids: list[NonNegativeInt64] | None = None
     chat_request: ChatCompletionRequest | None = None
 
 
@@ -112,8 +124,8 @@ class DerenderCompletionStreamRequest(BaseModel):
     model: str | None = None
     generate_chunk: GenerateTokensStreamResponse
     stream_state: DerenderStreamState | None = None
-    prompt_tokens: int | None = None
-    prompt_token_ids: list[NonNegativeInt] | None = None
+    prompt_tokens: Int64 | None = None
+    prompt_token_ids: list[NonNegativeInt64] | None = None
     completion_request: CompletionRequest | None = None
 
 

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.bounds import NonNegativeInt64
+
 ENVELOPE_VERSION = 1
 MAX_REQUEST_ID_LENGTH = 512
 
@@ -26,7 +28,7 @@ class InputEnvelope(BaseModel):
     request_id: str = Field(
         min_length=1, max_length=MAX_REQUEST_ID_LENGTH, description="Equals the Kafka record key."
     )
-    seq: int = Field(ge=0, description="Position of this record in its request's stream: 0, 1, 2, ...")
+    seq: NonNegativeInt64 = Field(description="Position of this record in its request's stream: 0, 1, 2, ...")
     endpoint: Endpoint
     body: dict[str, Any] = Field(
         description=(
@@ -58,7 +60,7 @@ class OutputEnvelope(BaseModel):
     """The answer to one input envelope: ``body`` or ``error``, never both."""
 
     request_id: str
-    seq: int
+    seq: NonNegativeInt64
     endpoint: Endpoint
     body: dict[str, Any] | None = Field(
         default=None,
@@ -75,8 +77,26 @@ class DeadLetterRecord(BaseModel):
     """A record that was not a valid input envelope, with why."""
 
     reason: str
-    original: str = Field(description="The record value: UTF-8 text, or base64 when it is not valid UTF-8.")
+    original: str = Field(
+        description=(
+            "The record value (only its first bytes when truncated): UTF-8 text, or base64 when it is "
+            "not valid UTF-8 or when base64 is the shorter JSON string (e.g. many NUL bytes)."
+        )
+    )
     original_encoding: Literal["utf-8", "base64"] = "utf-8"
+    original_size: NonNegativeInt64 | None = Field(
+        default=None, description="Size of the whole record value in bytes."
+    )
+    original_sha256: str | None = Field(
+        default=None, description="SHA-256 of the whole record value, lowercase hex."
+    )
+    truncated: bool = Field(
+        default=False,
+        description=(
+            "The dead letter did not fit under the worker's output limit: original holds only the "
+            "value's first bytes (or the key or headers were cut). It cannot be re-driven as is."
+        ),
+    )
     key: str | None = None
     headers: list[tuple[str, str]] = Field(default_factory=list)
     source: SourcePosition | None = None

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from schemas.bounds import Int64, NonNegativeInt64
 
 _PLACEHOLDER_PREFIX = "token_id:"
 
@@ -20,8 +22,9 @@ def _token_id_from_placeholder(data: Any) -> Any:
         token = data.get("token")
         if isinstance(token, str) and token.startswith(_PLACEHOLDER_PREFIX):
             digits = token[len(_PLACEHOLDER_PREFIX) :]
-            if not digits.lstrip("-").isdigit():
-                raise ValueError(f"malformed logprob placeholder {token!r}: expected token_id:<int>")
+            # More than 20 characters cannot be an int64; the field's bound rejects the rest.
+            if not digits.lstrip("-").isdigit() or len(digits) > 20:
+                raise ValueError(f"malformed logprob placeholder {token[:64]!r}: expected token_id:<int64>")
             converted = {k: v for k, v in data.items() if k not in ("token", "bytes")}
             converted["token_id"] = int(digits)
             return converted
@@ -31,9 +34,9 @@ def _token_id_from_placeholder(data: Any) -> Any:
 class GenerateLogProb(BaseModel):
     """One candidate at one position."""
 
-    token_id: int
+    token_id: Int64
     logprob: float
-    rank: int | None = None
+    rank: Int64 | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -54,20 +57,20 @@ class GenerateLogProbs(BaseModel):
 class UsageInfo(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    prompt_tokens: int = 0
-    total_tokens: int = 0
-    completion_tokens: int | None = 0
+    prompt_tokens: Int64 = 0
+    total_tokens: Int64 = 0
+    completion_tokens: Int64 | None = 0
     prompt_tokens_details: dict[str, Any] | None = None
     completion_tokens_details: dict[str, Any] | None = None
 
 
 class _ChoiceCommon(BaseModel):
-    index: int
-    stop_reason: int | str | None = None
+    index: Int64
+    stop_reason: Int64 | str | None = None
     """The stop string or token id that ended generation; None on EOS, length and abort."""
-    token_ids: list[int] | None = None
+    token_ids: list[Int64] | None = None
     routed_experts: str | None = None
-    sampling_mask: list[list[int]] | None = None
+    sampling_mask: list[list[Int64]] | None = None
     weight_versions: list[dict[str, Any]] | None = None
     logprobs: GenerateLogProbs | None = None
 
@@ -94,7 +97,7 @@ class GenerateTokensStreamChoice(_ChoiceCommon):
 class _ResponseCommon(BaseModel):
     request_id: str = ""
     usage: UsageInfo | None = None
-    prompt_token_ids: list[NonNegativeInt] | None = None
+    prompt_token_ids: list[NonNegativeInt64] | None = None
     mm_placeholders: dict[str, list[dict[str, Any]]] | None = None
     metrics: dict[str, Any] | None = None
 
@@ -111,7 +114,7 @@ class GenerateTokensResponse(_ResponseCommon):
 
     output_mode: Literal["tokens"] = "tokens"
     model: str | None = None
-    created: int | None = None
+    created: Int64 | None = None
     prompt_logprobs: list[dict[str, Any] | None] | None = None
     prompt_token_id_logprobs: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
@@ -119,4 +122,4 @@ class GenerateTokensResponse(_ResponseCommon):
     choices: list[GenerateTokensChoice]
 
 
-TokenIds = Annotated[list[NonNegativeInt], Field(description="token ids")]
+TokenIds = Annotated[list[NonNegativeInt64], Field(description="token ids")]

@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from schemas.bounds import Int64
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -62,18 +64,18 @@ class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    n: int | None = 1
+    n: Int64 | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = Field(default_factory=list)
-    stop_token_ids: list[int] | None = Field(default_factory=list)
+    stop_token_ids: list[Int64] | None = Field(default_factory=list)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: Int64 = 0
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool = True
     return_token_ids: bool | None = None
-    logprob_token_ids: list[int] | None = None
+    logprob_token_ids: list[Int64] | None = None
 
     def stop_strings(self) -> list[str]:
         """``stop`` as a list without empty strings, as ``SamplingParams`` normalizes it."""
@@ -87,7 +89,7 @@ class ChatCompletionRequest(_SamplingFields):
 
     messages: list[dict[str, Any]]
     logprobs: bool | None = False
-    top_logprobs: int | None = 0
+    top_logprobs: Int64 | None = 0
     tools: list[ChatCompletionToolsParam] | None = None
     tool_choice: ToolChoice = "none"
     parallel_tool_calls: bool | None = True
@@ -139,7 +141,7 @@ class CompletionRequest(_SamplingFields):
     """The original (post ``adjust_request``) completion request from ``/render``."""
 
     prompt: Any = None
-    logprobs: int | None = None
+    logprobs: Int64 | None = None
     echo: bool | None = False
 
 

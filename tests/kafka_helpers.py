@@ -387,9 +387,9 @@ class Replay:
 def replay(derenderer: Derenderer, records: Iterable[Record], max_record_bytes: int | None = None) -> Replay:
     """The reference: every record through one in-process ``EnvelopeProcessor`` in produce order."""
     processor = (
-        EnvelopeProcessor(derenderer, max_record_bytes=max_record_bytes)
+        EnvelopeProcessor(derenderer, max_record_bytes=max_record_bytes, require_key=True)
         if max_record_bytes
-        else EnvelopeProcessor(derenderer)
+        else EnvelopeProcessor(derenderer, require_key=True)
     )
     outputs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     dead: list[str] = []

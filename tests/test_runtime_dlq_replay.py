@@ -12,7 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tests.kafka_broker import TopicFactory
-from worker.core.envelope_processor import DeadLetter, serialize
+from worker.core.envelope_processor import DeadLetter
 from worker.errors import ConfigurationError
 from worker.runtime.dlq_replay import (
     ReplayOptions,
@@ -33,10 +33,9 @@ LETTERS: list[tuple[bytes | None, bytes, str, list[tuple[str, str]]]] = [
 
 
 def _dead_letter_value(key: bytes | None, value: bytes, reason: str, headers: list[tuple[str, str]]) -> bytes:
-    # Exactly what the worker writes (records.records_for).
-    return serialize(
-        DeadLetter(reason, value, key).to_record(headers, {"topic": "in", "partition": 0, "offset": 1})
-    )
+    # Exactly what the worker writes (the core's dead-letter encoding).
+    encoded = [(name, text.encode()) for name, text in headers]
+    return DeadLetter(reason, value, key).encode(encoded, {"topic": "in", "partition": 0, "offset": 1})
 
 
 # --- pure -------------------------------------------------------------------------------------
@@ -69,6 +68,14 @@ def test_decode_key_falls_back_to_the_json_key() -> None:
 def test_decode_rejects_what_is_not_a_dead_letter(value: bytes | None) -> None:
     with pytest.raises(ValueError):
         decode_dead_letter(value, None)
+
+
+def test_a_truncated_dead_letter_is_not_re_driven() -> None:
+    value = b"x" * 10_000
+    raw = DeadLetter("r", value, b"k").encode(None, None, max_bytes=2_000)
+    assert json.loads(raw)["truncated"] is True
+    with pytest.raises(ValueError, match="truncated"):
+        decode_dead_letter(raw, b"k")
 
 
 def test_parse_since() -> None:

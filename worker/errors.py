@@ -55,3 +55,11 @@ class ModelNotFoundError(RequestError):
 
 class SequenceError(RequestError):
     """The record does not fit the request's stream: a gap in ``seq``, or the request expired."""
+
+
+class RequestStateTooLargeError(RequestError):
+    """A request's state (context plus choice states) would pass the per-request limit: the
+    request fails, the partition goes on."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=413, error_type="RequestStateTooLargeError")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.bounds import INT64_MAX, INT64_MIN
 from schemas.derender import (
     DerenderChatRequest,
     DerenderChatStreamRequest,
@@ -77,9 +78,12 @@ def _ids_if(wanted: bool, ids: Sequence[int] | None) -> list[int] | None:
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> JsonDict:
+    total = prompt_tokens + completion_tokens
+    if not INT64_MIN <= total <= INT64_MAX:  # each count fits; their sum must be writable too
+        raise RequestError(f"token counts add up to {total}, past the 64-bit range", param="usage")
     return {
         "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
+        "total_tokens": total,
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": None,
         "completion_tokens_details": None,

@@ -17,6 +17,9 @@ dead-letter record's Kafka key (the original key's exact bytes; the JSON ``key``
 lossy for non-UTF-8 keys) and with the original ``headers``. Same key, same partitioner: a record
 goes back to the partition it came from while the partition count is unchanged.
 
+A truncated dead letter (its original did not fit under the worker's output limit; ``truncated``)
+cannot be re-driven: it is reported and skipped as undecodable.
+
 Caveats, by design of the worker: the replay is a new record, so a stream record whose request
 went on (or was closed) meanwhile is a duplicate (skipped) or a gap (error output) when it
 arrives; and running the same replay twice sends the records twice. Use ``--since`` /
@@ -76,6 +79,10 @@ def decode_dead_letter(value: bytes | None, kafka_key: bytes | None) -> ReplayIt
         letter = DeadLetterRecord.model_validate_json(value)
     except ValidationError as exc:
         raise ValueError(f"not a DeadLetterRecord: {exc.error_count()} validation errors") from exc
+    if letter.truncated:
+        raise ValueError(
+            f"truncated dead letter: only part of the original {letter.original_size} bytes was kept"
+        )
     if letter.original_encoding == "base64":
         try:
             original = base64.b64decode(letter.original, validate=True)

@@ -34,10 +34,13 @@ from worker.runtime.delivery import Sink
 from worker.runtime.memory import MemoryBudget, new_stream_request, refusal_output
 from worker.runtime.metrics import Metrics
 from worker.runtime.prometheus_export import labelled
-from worker.runtime.records import OutgoingRecord, Source, records_for
+from worker.runtime.records import OutgoingRecord, records_for, source_of
 from worker.runtime.state_store import encode_progress, encode_snapshot, progress_key
 
 log = logging.getLogger(__name__)
+
+# A dead letter that any dead-letter topic takes (the broker's default max.message.bytes is 1 MiB).
+_FALLBACK_DEAD_LETTER = 256 * 1024
 
 
 class PartitionTask:
@@ -101,31 +104,31 @@ class PartitionTask:
             return
         value: bytes = record.value if record.value is not None else b""
         self.metrics.timing(m.RECORD_AGE_MS, max(0.0, time.time() * 1000 - record.timestamp))
-        result = self._refused(value, record.key)
+        source = source_of(record)
+        result = self._refused(value, record.key, source)
         if result is None:
             started = time.perf_counter()
-            try:
-                result = self.processor.process(value, record.key)
-            except Exception as exc:
-                # A bug in the core must not stall the partition forever (poison pill): the record
-                # is dead-lettered with the error, processing goes on.
-                log.exception("processing %s offset %d failed", self.tp, record.offset)
-                self.metrics.increment(m.PROCESS_ERRORS)
-                result = ProcessResult(
-                    dead_letter=DeadLetter(f"processing failed: {exc!r}", value, record.key)
-                )
+            result = self.processor.process(value, record.key, source=source, headers=record.headers)
             self.metrics.timing(m.DERENDER_MS, (time.perf_counter() - started) * 1000)
+            if result.internal_error is not None:
+                log.error(
+                    "processing %s offset %d failed", self.tp, record.offset, exc_info=result.internal_error
+                )
+                self.metrics.increment(m.PROCESS_ERRORS)
             if result.request_id is not None:
                 self._track(result.request_id, len(value))
-        source = Source(record.topic, record.partition, record.offset)
         reason = result.dead_letter.reason if result.dead_letter is not None else None
         try:
-            await self._emit(result, source, record.headers)
+            await self._emit(result)
         except MessageSizeTooLargeError as exc:
-            # Retrying cannot help (the partition would stall on it): dead-letter the input.
+            # The topic takes less than the core's output limit. Retrying cannot help: dead-letter
+            # the input, cut to a size any topic takes, so this cannot fail the same way again.
             reason = f"the output for this record is too large to produce: {exc}"
+            letter = DeadLetter(reason, value, record.key)
             await self._emit(
-                ProcessResult(dead_letter=DeadLetter(reason, value, record.key)), source, record.headers
+                self.processor.dead_letter_result(
+                    letter, record.headers, source, max_bytes=_FALLBACK_DEAD_LETTER
+                )
             )
         # Duplicates and error outputs count as valid: only dead letters feed the breaker.
         trip = self.dead_letters.observe(self.tp.partition, reason, record.offset)
@@ -137,7 +140,7 @@ class PartitionTask:
             self.oldest_timestamp_ms = record.timestamp
         self.metrics.increment(m.RECORDS_CONSUMED)
 
-    def _refused(self, value: bytes, key: bytes | None) -> ProcessResult | None:
+    def _refused(self, value: bytes, key: bytes | None, source: dict[str, Any]) -> ProcessResult | None:
         """A 503 error output instead of processing, when the record would open a request past a cap."""
         refusal = self.budget.refusal(len(value))
         if refusal is None:
@@ -146,7 +149,9 @@ class PartitionTask:
         if envelope is None:
             return None  # an open request's record, a one-shot, or something the processor rejects
         self.metrics.increment(labelled(m.REQUESTS_REJECTED, cap=refusal.cap))
-        return ProcessResult(request_id=envelope.request_id, output=refusal_output(envelope, refusal))
+        return self.processor.output_result(
+            envelope.request_id, refusal_output(envelope, refusal), source=source
+        )
 
     def _track(self, rid: str, opening_bytes: int) -> None:
         """Keep ``sizes`` and the budget in step with whether ``rid`` is open after a record."""
@@ -170,17 +175,17 @@ class PartitionTask:
         for result in results:
             if result.request_id is not None:
                 self._track(result.request_id, 0)
-            await self._emit(result, None, None)
+            await self._emit(result)
         self.metrics.increment(m.REQUESTS_EXPIRED, len(results))
         return len(results)
 
-    async def _emit(self, result: ProcessResult, source: Source | None, headers: Any) -> None:
+    async def _emit(self, result: ProcessResult) -> None:
         if result.duplicate:
             self.metrics.increment(m.RECORDS_DUPLICATE)
             return
         if result.dead_letter is not None:
             self.metrics.increment(m.RECORDS_DEAD_LETTERED)
-        for out in records_for(result, self.topics, source, headers):
+        for out in records_for(result, self.topics):
             await self.sink.send(out)
             self.has_pending_output = True
             self.metrics.increment(self._produced_key(out.topic))

@@ -1,24 +1,21 @@
-"""From a ``ProcessResult`` to the Kafka records it sends (output or dead letter)."""
+"""From a ``ProcessResult`` to the Kafka record it sends (output or dead letter).
+
+The bytes are the core's (``ProcessResult.payload``, serialized within the record's boundary and
+the output limit); nothing is serialized here.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from worker.core.envelope_processor import ProcessResult, serialize
+from worker.core.envelope_processor import ProcessResult
 from worker.runtime.config import TopicNames
 
 
-@dataclass(frozen=True, slots=True)
-class Source:
-    """Where an input record sat; becomes ``OutputEnvelope.source``."""
-
-    topic: str
-    partition: int
-    offset: int
-
-    def as_json(self) -> dict[str, Any]:
-        return {"topic": self.topic, "partition": self.partition, "offset": self.offset}
+def source_of(record: Any) -> dict[str, Any]:
+    """Where an input record (``aiokafka.ConsumerRecord``) sat; becomes ``OutputEnvelope.source``."""
+    return {"topic": record.topic, "partition": record.partition, "offset": record.offset}
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,31 +26,15 @@ class OutgoingRecord:
     partition: int | None = None  # None: the producer hashes the key
 
 
-def decode_headers(headers: Any) -> list[tuple[str, str]]:
-    """Kafka headers (str, bytes) as the dead-letter record's (str, str) pairs."""
-    out = []
-    for name, value in headers or ():
-        text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
-        out.append((str(name), text))
-    return out
-
-
-def records_for(
-    result: ProcessResult, topics: TopicNames, source: Source | None, headers: Any = None
-) -> list[OutgoingRecord]:
+def records_for(result: ProcessResult, topics: TopicNames) -> list[OutgoingRecord]:
     """The output (or dead letter) for one result; a duplicate sends nothing.
 
     Output records are keyed by request_id, so one request's outputs share an output
     partition and, being sent in order by one producer, keep their order.
     """
-    if result.dead_letter is not None:
-        letter = result.dead_letter
-        value = serialize(letter.to_record(decode_headers(headers), source.as_json() if source else None))
-        return [OutgoingRecord(topics.dlq, letter.key, value)]
-    if result.output is None:
+    if result.payload is None:
         return []
-    output = result.output
-    if source is not None:
-        output = {**output, "source": source.as_json()}
+    if result.dead_letter is not None:
+        return [OutgoingRecord(topics.dlq, result.dead_letter.kafka_key, result.payload)]
     key = result.request_id.encode("utf-8") if result.request_id is not None else None
-    return [OutgoingRecord(topics.output, key, serialize(output))]
+    return [OutgoingRecord(topics.output, key, result.payload)]

@@ -442,7 +442,9 @@ class Worker:
                 self.readiness.partitions_revoked([tp.partition])
                 await sinks.pop(tp).close()
                 continue
-            processor = EnvelopeProcessor(self.derenderer, max_record_bytes=self.max_record_bytes)
+            processor = EnvelopeProcessor(
+                self.derenderer, max_record_bytes=self.max_record_bytes, require_key=True
+            )
             restored += install_snapshots(processor, snapshots[tp.partition], now)
             self.tasks[tp] = PartitionTask(
                 tp,
