@@ -27,7 +27,7 @@ from typing import Any, BinaryIO, TextIO
 import orjson
 
 from worker.core.derenderer import Derenderer
-from worker.core.envelope_processor import EnvelopeProcessor, ProcessResult, serialize
+from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.parsing.ids import RANDOM_TOOL_CALL_ID
 from worker.core.parsing.tools.mistral import MISTRAL_TOOL_CALL_ID
 from worker.errors import ConfigurationError, DerenderWorkerError
@@ -270,10 +270,8 @@ class Auditor:
         processor = self._processors.get(partition)
         if processor is None:
             processor = self._processors[partition] = self._new_processor()
-        try:
-            result = processor.process(value, key)
-        except Exception:  # the worker dead-letters a record the core fails on; so does the audit
-            result = ProcessResult()
+        at = None if source is None else {"topic": source[0], "partition": source[1], "offset": source[2]}
+        result = processor.process(value, key, source=at)
         if result.request_id is None or (result.output is None and not result.duplicate):
             self.counts.dead_letters += 1
             return None
@@ -298,9 +296,8 @@ class Auditor:
             self.counts.duplicates += 1  # the worker writes nothing for it either
             return None
         self._note_seq(request, output)
-        if source is not None:
-            output = {**output, "source": {"topic": source[0], "partition": source[1], "offset": source[2]}}
-        data = serialize(output)
+        data = result.payload
+        assert data is not None  # every output is serialized inside the processor's boundary
         slot = _Slot(output["seq"], data)
         request.slots.append(slot)
         self.counts.derendered += 1
@@ -725,7 +722,11 @@ def _audit(args: argparse.Namespace) -> int:
             # Loaded at the first record, after Kafka answered: a bad address fails in seconds.
             if not loaded:
                 loaded.append(model.build_derenderer())
-            return model.processor_for(loaded[0])
+            processor = model.processor_for(loaded[0])
+            # Records read from the input topic follow the worker's placement rule (keyed by
+            # request_id); JSON Lines files have no keys, as for replay.
+            processor.require_key = args.input_file is None
+            return processor
 
         if not needs_kafka(args):
             return audit_files(args, factory, err)
