@@ -33,6 +33,7 @@ from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.delivery import Sink
 from worker.runtime.memory import MemoryBudget, new_stream_request, refusal_output
 from worker.runtime.metrics import Metrics
+from worker.runtime.poison import ResetTracker
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.records import OutgoingRecord, Source, records_for
 from worker.runtime.state_store import encode_progress, encode_snapshot, progress_key
@@ -55,6 +56,7 @@ class PartitionTask:
         dead_letters: DeadLetterPolicy | None = None,
         budget: MemoryBudget | None = None,
         restored_sizes: Mapping[str, int] | None = None,
+        resets: ResetTracker | None = None,
     ) -> None:
         self.tp = tp
         self.epoch = epoch  # the worker's open counter when this task was made
@@ -72,6 +74,7 @@ class PartitionTask:
         self.dead_letters = dead_letters or DeadLetterPolicy(DeadLetterLimits(None, max_consecutive=None))
         self.trip: Trip | None = None  # set by the record that tripped this partition's breaker
         self.budget = budget or MemoryBudget()
+        self.resets = resets or ResetTracker()  # the worker's: it outlives this task
         # State bytes per open request, as added to the budget (see ``memory``).
         self.sizes: dict[str, int] = {}
         # The context of each request's live context record in the state topic (its request object
@@ -101,7 +104,13 @@ class PartitionTask:
             return
         value: bytes = record.value if record.value is not None else b""
         self.metrics.timing(m.RECORD_AGE_MS, max(0.0, time.time() * 1000 - record.timestamp))
-        result = self._refused(value, record.key)
+        skip = self.resets.skip(self.tp.partition, record.offset, value)
+        if skip is not None:  # a poison record that kept resetting the partition (``poison``)
+            self.metrics.increment(m.RECORDS_POISON_SKIPPED)
+            kept = (value, record.key) if skip.with_original else (b"", None)
+            result: ProcessResult | None = ProcessResult(dead_letter=DeadLetter(skip.reason, *kept))
+        else:
+            result = self._refused(value, record.key)
         if result is None:
             started = time.perf_counter()
             try:

@@ -38,13 +38,14 @@ from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import ConfigurationError
 from worker.runtime import metrics_names as m
 from worker.runtime.config import KafkaSettings
-from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
+from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy, Trip
 from worker.runtime.delivery import AtLeastOnceSink, Sink, TransactionalSink
 from worker.runtime.health_server import ReadinessState
 from worker.runtime.lifecycle import Lifecycle, WorkerState
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask
+from worker.runtime.poison import ResetTracker
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.rebalance import RebalanceListener
 from worker.runtime.state_store import StateRestorer, install_snapshots
@@ -97,6 +98,7 @@ class Worker:
         metrics: Metrics | None = None,
         readiness: ReadinessState | None = None,
         dead_letters: DeadLetterPolicy | None = None,
+        resets: ResetTracker | None = None,
     ) -> None:
         self.settings = settings
         self.derenderer = derenderer
@@ -110,6 +112,8 @@ class Worker:
             DeadLetterLimits(max_ratio=None, max_consecutive=None)
         )
         self.budget = MemoryBudget(settings.max_open_requests, settings.max_state_bytes)
+        # Resets per partition and offset; like the breakers, they outlive tasks and revocations.
+        self.resets = resets or ResetTracker()
         self._security = settings.security.client_kwargs()  # one SSLContext, shared by every client
         self._parser_evictions = 0
         self.tasks: dict[TopicPartition, PartitionTask] = {}
@@ -234,14 +238,24 @@ class Worker:
                     continue
                 if self.dead_letters.is_tripped(tp.partition):
                     continue  # paused: fetched before the pause took effect
+                record = None
                 try:
                     for record in records:
                         await task.handle(record)
                         if task.trip is not None:
                             break
-                except Exception:
-                    log.exception("sending for %s failed; resetting the partition", tp)
-                    await self._reset_partition(tp)
+                        if self.resets.isolating(tp.partition, record.offset):
+                            # After a failed commit: one record per transaction names the culprit.
+                            self.metrics.increment(m.COMMITS_ISOLATED)
+                            await task.commit()
+                            self.resets.committed(tp.partition, task.position)
+                except Exception as exc:
+                    log.exception(
+                        "record %s offset %s failed; resetting the partition",
+                        tp,
+                        getattr(record, "offset", None),
+                    )
+                    await self._reset_partition(tp, record.offset if record is not None else None, exc)
                     continue
                 if task.trip is not None:
                     self._pause_tripped(task)
@@ -257,17 +271,25 @@ class Worker:
         """Stop consuming a partition whose breaker tripped; its processed records still commit.
 
         aiokafka drops records already fetched for a paused partition, so nothing past the
-        tripping record is processed; a re-assignment comes back unpaused, with a fresh breaker.
+        tripping record is processed. The breaker stays tripped in this process, also across a
+        revocation: a re-assignment pauses the partition again (``_open_partitions``).
         """
         trip = task.trip
         assert trip is not None
-        if task.tp in self._consumer.paused():
-            return
-        self._consumer.pause(task.tp)
+        if task.tp not in self._consumer.paused():
+            self.metrics.increment(m.DLQ_BREAKER_TRIPS)
+            log.error(trip.describe(), extra={"partition": task.tp.partition})
+        self._pause(task.tp, trip)
+
+    def _pause(self, tp: TopicPartition, trip: Trip) -> None:
+        if tp not in self._consumer.paused():
+            self._consumer.pause(tp)
         self.readiness.breaker_tripped(trip)
-        log.error(trip.describe(), extra={"partition": task.tp.partition})
-        self.metrics.increment(m.DLQ_BREAKER_TRIPS)
-        self.metrics.gauge(m.PARTITIONS_PAUSED, len(self.dead_letters.tripped()))
+        self._update_paused_gauge()
+
+    def _update_paused_gauge(self) -> None:
+        owned = {tp.partition for tp in self.tasks}
+        self.metrics.gauge(m.PARTITIONS_PAUSED, len(owned & set(self.dead_letters.tripped())))
 
     def _update_gauges(self) -> None:
         """Per step: consumer lag per partition and the memory budget (cheap: no broker calls)."""
@@ -322,7 +344,11 @@ class Worker:
             if isinstance(result, BaseException):
                 log.warning("commit of %s failed, resetting it: %r", task.tp, result)
                 self.metrics.increment(m.COMMITS_FAILED)
-                await self._reset_partition(task.tp)
+                # Which record is to blame is unknown: the reopened partition isolates the range.
+                self.resets.commit_failed(task.tp.partition, task.committed_position, task.position)
+                await self._reset_partition(task.tp, None, result)
+            else:
+                self.resets.committed(task.tp.partition, task.position)
 
     async def _maybe_expire(self) -> None:
         now = time.monotonic()
@@ -335,9 +361,9 @@ class Worker:
             try:
                 if await task.expire(ttl) and self._commit_due_at is None:
                     self._commit_due_at = now + self.settings.commit_interval_ms / 1000
-            except Exception:
+            except Exception as exc:
                 log.exception("expiring requests of %s failed; resetting the partition", tp)
-                await self._reset_partition(tp)
+                await self._reset_partition(tp, None, exc)
                 continue
             open_requests += len(task.processor.requests)
             live_parsers += task.processor.live_parsers
@@ -381,13 +407,13 @@ class Worker:
                 if task is not None:
                     await self._close_task(task)
             # Every revoked partition, also one that never opened (it would stay "restoring").
+            # Their breakers and reset counts stay (see dead_letter_policy and poison).
             for tp in revoked:
                 p = tp.partition
                 self.readiness.partitions_revoked([p])
-                self.dead_letters.forget(p)
                 self.metrics.gauges.pop(labelled(m.CONSUMER_LAG, partition=p), None)
             self.metrics.gauge(m.PARTITIONS_OWNED, len(self.tasks))
-            self.metrics.gauge(m.PARTITIONS_PAUSED, len(self.dead_letters.tripped()))
+            self._update_paused_gauge()
 
     async def partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         async with self._lock:
@@ -455,8 +481,12 @@ class Worker:
                 epoch=self._epoch,
                 dead_letters=self.dead_letters,
                 budget=self.budget,
+                resets=self.resets,
                 restored_sizes={rid: len(value) for rid, value in snapshots[tp.partition].items()},
             )
+            trip = self.dead_letters.tripped().get(tp.partition)
+            if trip is not None:  # tripped earlier in this process: it stays paused
+                self._pause(tp, trip)
         # Partitions that failed to open stay "restoring": not ready until _heal opens them.
         self.readiness.partitions_restored(tp.partition for tp in sinks if tp in self.tasks)
         self.metrics.increment(m.STATE_RESTORED_REQUESTS, restored)
@@ -492,9 +522,33 @@ class Worker:
         await task.sink.abort()
         await task.sink.close()
 
-    async def _reset_partition(self, tp: TopicPartition) -> None:
-        """Throw away the partition's uncommitted work and reopen it from committed state."""
+    async def _reset_partition(
+        self, tp: TopicPartition, offset: int | None = None, error: BaseException | None = None
+    ) -> None:
+        """Throw away the partition's uncommitted work and reopen it from committed state.
+
+        ``offset``: the record whose handling failed (``None``: unknown, e.g. a failed commit). The
+        reset counts towards that record's retries and, like a dead letter, towards the breaker.
+        """
         self.metrics.increment(m.PARTITION_RESETS)
+        reason = f"partition reset: {error!r}"
+        if offset is not None:
+            self.metrics.increment(m.RESETS_BY_RECORD)
+            resets = self.resets.record_failed(tp.partition, offset, repr(error))
+            log.warning(
+                "offset %d of %s reset its partition (%d of %d in a row)",
+                offset,
+                tp,
+                resets,
+                self.resets.max_retries,
+                extra={"partition": tp.partition},
+            )
+        trip = self.dead_letters.observe(tp.partition, reason, offset)
+        if trip is not None:
+            self.metrics.increment(m.DLQ_BREAKER_TRIPS)
+            log.error(trip.describe(), extra={"partition": tp.partition})
+            if tp in self._consumer.assignment():
+                self._pause(tp, trip)
         self.readiness.partitions_assigned([tp.partition])
         task = self.tasks.pop(tp, None)
         if task is not None:
