@@ -74,7 +74,8 @@ def test_bad_settings_are_configuration_errors(monkeypatch: pytest.MonkeyPatch) 
 
 def test_state_topic_must_mirror_input_partitions() -> None:
     check_layout(TOPICS, {"in": 6, "out": 3, "state": 6, "dlq": 1})
-    with pytest.raises(ConfigurationError, match="must be equal"):
+    check_layout(TOPICS, {"in": 6, "out": 3, "state": 12, "dlq": 1})  # mid-way through growing both
+    with pytest.raises(ConfigurationError, match="needs at least as many"):
         check_layout(TOPICS, {"in": 6, "out": 6, "state": 3, "dlq": 6})
     with pytest.raises(ConfigurationError, match="missing topics"):
         check_layout(TOPICS, {"in": 6, "out": 6, "state": 6})

@@ -115,6 +115,10 @@ class _Recorder:
     async def create_topics(self, new_topics: list[Any], timeout_ms: int) -> Any:
         return SimpleNamespace(topic_errors=[(t.name, 0) for t in new_topics])
 
+    async def describe_configs(self, resources: list[Any]) -> list[Any]:
+        entries = [("max.message.bytes", str(64 * 1024 * 1024), False, 1, False, [])]
+        return [SimpleNamespace(resources=[(0, "", 2, r.name, entries) for r in resources])]
+
     def subscribe(self, topics: list[str], listener: Any) -> None:
         pass
 
@@ -139,7 +143,8 @@ def test_security_kwargs_reach_every_client(monkeypatch: pytest.MonkeyPatch) -> 
     asyncio.run(topics.create_topics("k:9092", TOPICS, 1, 1, settings.security.client_kwargs()))
     kinds = [kind for kind, _ in made]
     assert sorted(set(kinds)) == ["Admin", "Consumer", "Producer", "RestoreConsumer"]
-    assert kinds.count("Producer") == 2 and kinds.count("Admin") == 2
+    # Admin clients: partition counts and max.message.bytes at start-up, then `topics create`.
+    assert kinds.count("Producer") == 2 and kinds.count("Admin") == 3
     for kind, kwargs in made:
         assert kwargs["security_protocol"] == "SASL_PLAINTEXT", kind
         assert kwargs["sasl_mechanism"] == "SCRAM-SHA-512", kind

@@ -14,7 +14,8 @@ partition and offset, in a row, and tells the partition to skip the record after
   there holds one record, whose offset is then known and counted as above. Isolation costs one
   commit per record of that range (bounded by ``--max-uncommitted-records``), once per failure.
 
-A reset caused by another offset starts the count again; committing past an offset forgets it.
+Counts are per record (several poison records may wait in one uncommitted range) and are
+forgotten once the partition commits past them; a skipped record is committed at once.
 The count lives in the worker (not in the partition task, which a reset drops) and survives a
 revocation: if the partition comes back, its committed offset decides whether the count still
 applies. The skip itself is an ordinary dead letter whose reason names the resets and the last
@@ -71,14 +72,15 @@ class ResetTracker:
         if max_retries <= 0:
             raise ConfigurationError(f"--max-record-retries must be positive, got {max_retries}")
         self.max_retries = max_retries
-        self._counts: dict[int, _Count] = {}
+        self._counts: dict[int, dict[int, _Count]] = {}  # partition -> offset -> count
         self._isolate_until: dict[int, int] = {}
 
     def record_failed(self, partition: int, offset: int, error: str) -> int:
         """A reset caused by the record at ``offset``; how many in a row it has caused now."""
-        count = self._counts.get(partition)
-        if count is None or count.offset != offset:
-            count = self._counts[partition] = _Count(offset, 0, error)
+        counts = self._counts.setdefault(partition, {})
+        count = counts.get(offset)
+        if count is None:
+            count = counts[offset] = _Count(offset, 0, error)
         count.resets += 1
         count.last_error = error[:500]
         return count.resets
@@ -100,14 +102,15 @@ class ResetTracker:
 
     def committed(self, partition: int, position: int) -> None:
         """``position`` is committed: a count for an earlier offset no longer applies."""
-        count = self._counts.get(partition)
-        if count is not None and count.offset < position:
-            del self._counts[partition]
+        counts = self._counts.get(partition)
+        if counts:
+            for offset in [o for o in counts if o < position]:
+                del counts[offset]
 
     def skip(self, partition: int, offset: int, value: bytes) -> Skip | None:
         """How to skip the record at ``offset`` if it has used up its retries, else ``None``."""
-        count = self._counts.get(partition)
-        if count is None or count.offset != offset or count.resets < self.max_retries:
+        count = self._counts.get(partition, {}).get(offset)
+        if count is None or count.resets < self.max_retries:
             return None
         reason = (
             f"poison record: it reset its partition {count.resets} times in a row "
@@ -119,6 +122,11 @@ class ResetTracker:
         digest = hashlib.sha256(value).hexdigest()
         return Skip(f"{reason}; original of {len(value)} bytes (sha256 {digest}) not kept", False)
 
-    def resets(self, partition: int) -> int:
-        count = self._counts.get(partition)
+    def is_poison(self, partition: int, offset: int) -> bool:
+        """Whether the record at ``offset`` is to be skipped (and then committed on its own)."""
+        count = self._counts.get(partition, {}).get(offset)
+        return count is not None and count.resets >= self.max_retries
+
+    def resets(self, partition: int, offset: int) -> int:
+        count = self._counts.get(partition, {}).get(offset)
         return count.resets if count is not None else 0

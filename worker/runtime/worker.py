@@ -46,10 +46,11 @@ from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask
 from worker.runtime.poison import ResetTracker
+from worker.runtime.preflight import check_record_limits
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.rebalance import RebalanceListener
 from worker.runtime.state_store import StateRestorer, install_snapshots
-from worker.runtime.topics import check_layout, partition_counts
+from worker.runtime.topics import check_layout, max_message_bytes, partition_counts
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +175,7 @@ class Worker:
             # Inputs may themselves be written transactionally: never act on aborted ones.
             isolation_level="read_committed",
             session_timeout_ms=s.session_timeout_ms,
+            rebalance_timeout_ms=s.rebalance_timeout_ms,
             heartbeat_interval_ms=max(100, s.session_timeout_ms // 4),
             max_poll_records=s.max_poll_records,
             **self._security,
@@ -182,6 +184,7 @@ class Worker:
         topics = s.topics
         names = [topics.input, topics.output, topics.state, topics.dlq]
         check_layout(topics, await partition_counts(s.bootstrap_servers, names, self._security))
+        check_record_limits(topics, await max_message_bytes(s.bootstrap_servers, names, self._security))
         self._restorer = StateRestorer(s.bootstrap_servers, s.client_id, topics.state, self._security)
         await self._restorer.start()
         self._consumer.subscribe([topics.input], listener=RebalanceListener(self))
@@ -244,8 +247,11 @@ class Worker:
                         await task.handle(record)
                         if task.trip is not None:
                             break
-                        if self.resets.isolating(tp.partition, record.offset):
-                            # After a failed commit: one record per transaction names the culprit.
+                        if self.resets.isolating(tp.partition, record.offset) or self.resets.is_poison(
+                            tp.partition, record.offset
+                        ):
+                            # After a failed commit, one record per transaction names the culprit;
+                            # a skipped poison record is committed at once, so it is skipped once.
                             self.metrics.increment(m.COMMITS_ISOLATED)
                             await task.commit()
                             self.resets.committed(tp.partition, task.position)
