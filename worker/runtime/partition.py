@@ -6,7 +6,7 @@ opens and closes within one interval never reaches the state topic, and tombston
 written only for a request whose state was written before (``persisted``).
 
 The first state record of a request is its full context record (key ``request_id``); later
-commits write only its small progress record (key ``request_id`` + ``PROGRESS_SUFFIX``), unless
+commits write only its small progress record (``StateKeys.progress``), unless
 a record changed the context (new inherited fields or request), which rewrites the context
 record and tombstones the progress key. See ``state_store`` for the two kinds.
 
@@ -28,7 +28,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 
 from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult
 from worker.runtime import metrics_names as m
-from worker.runtime.config import TopicNames
+from worker.runtime.config import DEFAULT_GROUP_ID, TopicNames
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy, Trip
 from worker.runtime.delivery import Sink
 from worker.runtime.memory import MemoryBudget, new_stream_request, refusal_output
@@ -36,7 +36,7 @@ from worker.runtime.metrics import Metrics
 from worker.runtime.poison import ResetTracker
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.records import OutgoingRecord, Source, records_for
-from worker.runtime.state_store import encode_progress, encode_snapshot, progress_key
+from worker.runtime.state_store import StateKeys, encode_progress, encode_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class PartitionTask:
         budget: MemoryBudget | None = None,
         restored_sizes: Mapping[str, int] | None = None,
         resets: ResetTracker | None = None,
+        keys: StateKeys | None = None,
     ) -> None:
         self.tp = tp
         self.epoch = epoch  # the worker's open counter when this task was made
@@ -75,6 +76,7 @@ class PartitionTask:
         self.trip: Trip | None = None  # set by the record that tripped this partition's breaker
         self.budget = budget or MemoryBudget()
         self.resets = resets or ResetTracker()  # the worker's: it outlives this task
+        self.keys = keys or StateKeys(DEFAULT_GROUP_ID)
         # State bytes per open request, as added to the budget (see ``memory``).
         self.sizes: dict[str, int] = {}
         # The context of each request's live context record in the state topic (its request object
@@ -217,7 +219,7 @@ class PartitionTask:
         partition = self.tp.partition
         state = self.topics.state
         for rid in self.dirty:
-            key = rid.encode("utf-8")
+            key = self.keys.context(rid)
             ctx = requests.get(rid)
             if ctx is not None:
                 written = self._contexts.get(rid)
@@ -225,13 +227,13 @@ class PartitionTask:
                     snapshot = encode_snapshot(ctx)  # complete: supersedes any progress record
                     out.append(OutgoingRecord(state, key, snapshot, partition))
                     if rid in self._progress:
-                        out.append(OutgoingRecord(state, progress_key(rid), None, partition))
+                        out.append(OutgoingRecord(state, self.keys.progress(rid), None, partition))
                         self._progress.discard(rid)
                     self._contexts[rid] = (ctx.request_raw, dict(ctx.inherited))
                     self._context_bytes[rid] = size = len(snapshot)
                 else:
                     progress = encode_progress(ctx)
-                    out.append(OutgoingRecord(state, progress_key(rid), progress, partition))
+                    out.append(OutgoingRecord(state, self.keys.progress(rid), progress, partition))
                     self._progress.add(rid)
                     size = self._context_bytes.get(rid, 0) + len(progress)
                 self.persisted.add(rid)
@@ -244,7 +246,7 @@ class PartitionTask:
                     out.append(OutgoingRecord(state, key, None, partition))
                     self.persisted.discard(rid)
                 if rid in self._progress:
-                    out.append(OutgoingRecord(state, progress_key(rid), None, partition))
+                    out.append(OutgoingRecord(state, self.keys.progress(rid), None, partition))
                     self._progress.discard(rid)
                 self._contexts.pop(rid, None)
                 self._context_bytes.pop(rid, None)

@@ -49,7 +49,7 @@ from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_record_limits
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.rebalance import RebalanceListener
-from worker.runtime.state_store import StateRestorer, install_snapshots
+from worker.runtime.state_store import StateKeys, StateRestorer, install_snapshots
 from worker.runtime.topics import check_layout, max_message_bytes, partition_counts
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,9 @@ class Worker:
         names = [topics.input, topics.output, topics.state, topics.dlq]
         check_layout(topics, await partition_counts(s.bootstrap_servers, names, self._security))
         check_record_limits(topics, await max_message_bytes(s.bootstrap_servers, names, self._security))
-        self._restorer = StateRestorer(s.bootstrap_servers, s.client_id, topics.state, self._security)
+        self._restorer = StateRestorer(
+            s.bootstrap_servers, s.client_id, topics.state, self._security, StateKeys(s.group_id)
+        )
         await self._restorer.start()
         self._consumer.subscribe([topics.input], listener=RebalanceListener(self))
         log.info(
@@ -488,6 +490,7 @@ class Worker:
                 dead_letters=self.dead_letters,
                 budget=self.budget,
                 resets=self.resets,
+                keys=self._restorer.keys,
                 restored_sizes={rid: len(value) for rid, value in snapshots[tp.partition].items()},
             )
             trip = self.dead_letters.tripped().get(tp.partition)
