@@ -50,12 +50,16 @@ from worker.runtime.preflight import check_record_limits
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.rebalance import RebalanceListener
 from worker.runtime.state_store import StateKeys, StateRestorer, install_snapshots
-from worker.runtime.topics import check_layout, max_message_bytes, partition_counts
+from worker.runtime.topics import check_layout, layout_problem, max_message_bytes, partition_counts
 
 log = logging.getLogger(__name__)
 
 MAX_POLL_TIMEOUT_MS = 100
 HEAL_BACKOFF_S = 1.0
+# How soon a partition count change is seen (aiokafka's default is 5 minutes), and how often input
+# partitions without a state partition are checked again.
+METADATA_MAX_AGE_MS = 10_000
+LAYOUT_RECHECK_S = 10.0
 METRICS_LOG_INTERVAL_S = 30.0
 
 
@@ -125,6 +129,10 @@ class Worker:
         self._commit_due_at: float | None = None
         self._next_expiry_at = 0.0
         self._next_heal_at = 0.0
+        # Assigned input partitions with no state partition: not opened (see _check_layout).
+        self._unplaced: set[TopicPartition] = set()
+        self._next_layout_check_at = 0.0
+        self._layout_message: str | None = None
         self._next_metrics_log_at = 0.0
         self._epoch = 0  # bumped whenever partitions are opened; see _step
 
@@ -176,6 +184,7 @@ class Worker:
             isolation_level="read_committed",
             session_timeout_ms=s.session_timeout_ms,
             rebalance_timeout_ms=s.rebalance_timeout_ms,
+            metadata_max_age_ms=METADATA_MAX_AGE_MS,
             heartbeat_interval_ms=max(100, s.session_timeout_ms // 4),
             max_poll_records=s.max_poll_records,
             **self._security,
@@ -389,6 +398,8 @@ class Worker:
         if self.lifecycle.state is not WorkerState.RUNNING or time.monotonic() < self._next_heal_at:
             return
         missing = set(self._consumer.assignment()) - set(self.tasks)
+        if time.monotonic() < self._next_layout_check_at:
+            missing -= self._unplaced
         if missing:
             await self._open_partitions(missing)
 
@@ -415,6 +426,10 @@ class Worker:
                 if task is not None:
                     await self._close_task(task)
             # Every revoked partition, also one that never opened (it would stay "restoring").
+            self._unplaced -= revoked
+            if not self._unplaced and self._layout_message is not None:
+                self._layout_message = None
+                self.readiness.layout_error(None)
             # Their breakers and reset counts stay (see dead_letter_policy and poison).
             for tp in revoked:
                 p = tp.partition
@@ -440,6 +455,7 @@ class Worker:
 
         Must hold the lock. On failure, nothing is opened and ``_heal`` retries later.
         """
+        tps = await self._check_layout(tps)
         if not tps:
             return
         started = time.perf_counter()
@@ -507,6 +523,42 @@ class Worker:
             {tp.partition: positions[tp] for tp in sorted(sinks)},
             restored,
         )
+
+    async def _check_layout(self, tps: set[TopicPartition]) -> set[TopicPartition]:
+        """The partitions of ``tps`` that can be opened: those with a state partition.
+
+        The input topic grown without (or before) the state topic: the new input partitions have
+        nowhere to keep state. They are not opened, the worker is not ready and says why, and the
+        layout is checked again every ``LAYOUT_RECHECK_S``, so growing the state topic heals it.
+        """
+        s = self.settings
+        try:
+            counts = await partition_counts(
+                s.bootstrap_servers, [s.topics.input, s.topics.state], self._security
+            )
+        except Exception as exc:  # the open itself will fail too and be retried
+            log.warning("could not read the partition counts: %r", exc)
+            return tps
+        state_partitions = counts.get(s.topics.state, 0)
+        problem = layout_problem(s.topics, counts.get(s.topics.input, 0), state_partitions)
+        unplaced = {tp for tp in tps if tp.partition >= state_partitions} if problem else set()
+        self._unplaced = (self._unplaced - tps) | unplaced
+        self._unplaced &= set(self._consumer.assignment())
+        message = None
+        if self._unplaced:
+            self._next_layout_check_at = time.monotonic() + LAYOUT_RECHECK_S
+            message = (
+                f"input partitions {sorted(tp.partition for tp in self._unplaced)} not served: {problem}"
+            )
+        if message != self._layout_message:
+            if message is not None:
+                log.error(message)
+                self.metrics.increment(m.LAYOUT_ERRORS)
+            else:
+                log.info("every assigned input partition has its state partition again")
+            self._layout_message = message
+            self.readiness.layout_error(message)
+        return tps - unplaced
 
     def _new_sink(self, tp: TopicPartition) -> Sink:
         s = self.settings
