@@ -137,6 +137,7 @@ def _run(args: argparse.Namespace) -> int:
                 readiness=readiness,
                 dead_letters=dead_letters,
                 resets=resets,
+                max_live_parsers=model.max_live_parsers,
             )
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -139,8 +139,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-state-bytes",
         type=int,
         default=int(_env_number("max-state-bytes", DEFAULT_MAX_STATE_BYTES, int)),
-        help="state of the open requests, in snapshot bytes (the size they take in the state topic; "
-        f"default {DEFAULT_MAX_STATE_BYTES})",
+        help="live memory of the open requests and of closed-request memory, estimated in bytes "
+        f"(default {DEFAULT_MAX_STATE_BYTES})",
     )
 
 

@@ -65,7 +65,9 @@ RECORD_AGE_MS: Final = "derender.record.age_ms"  # input create time -> start of
 PARSERS_LIVE: Final = "derender.parsers.live"  # gauge: parser sessions kept alive
 PARSER_EVICTIONS: Final = "derender.parsers.evicted"  # each evicted parser is replayed on next use
 STATE_BYTES_WRITTEN: Final = "derender.state.bytes_written"  # snapshot bytes written to the state topic
-STATE_BYTES: Final = "derender.state.bytes"  # gauge: state bytes of the open requests (the cap's measure)
+STATE_BYTES: Final = (
+    "derender.state.bytes"  # gauge: estimated live bytes of request state (the cap's measure)
+)
 REQUESTS_REJECTED: Final = "derender.requests.rejected"  # {cap}: new requests refused at a memory cap
 
 # --- transactions and the dead-letter breaker -----------------------------------------------

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -31,7 +30,13 @@ from worker.runtime import metrics_names as m
 from worker.runtime.config import DEFAULT_GROUP_ID, TopicNames
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy, Trip
 from worker.runtime.delivery import Sink
-from worker.runtime.memory import MemoryBudget, new_stream_request, refusal_output
+from worker.runtime.memory import (
+    LiveEstimator,
+    MemoryBudget,
+    closed_live_bytes,
+    new_stream_request,
+    refusal_output,
+)
 from worker.runtime.metrics import Metrics
 from worker.runtime.poison import ResetTracker
 from worker.runtime.prometheus_export import labelled
@@ -55,7 +60,6 @@ class PartitionTask:
         epoch: int = 0,
         dead_letters: DeadLetterPolicy | None = None,
         budget: MemoryBudget | None = None,
-        restored_sizes: Mapping[str, int] | None = None,
         resets: ResetTracker | None = None,
         keys: StateKeys | None = None,
     ) -> None:
@@ -77,21 +81,20 @@ class PartitionTask:
         self.budget = budget or MemoryBudget()
         self.resets = resets or ResetTracker()  # the worker's: it outlives this task
         self.keys = keys or StateKeys(DEFAULT_GROUP_ID)
-        # State bytes per open request, as added to the budget (see ``memory``).
+        # Estimated live bytes per open request, as added to the budget (see ``memory``).
         self.sizes: dict[str, int] = {}
+        self._estimator = LiveEstimator()
+        self._closed_bytes = 0  # the processor's closed-request memory, as added to the budget
         # The context of each request's live context record in the state topic (its request object
-        # and inherited fields, compared at commit), and that record's size.
+        # and inherited fields, compared at commit).
         self._contexts: dict[str, tuple[Any, dict[str, Any]]] = {}
-        self._context_bytes: dict[str, int] = {}
         # Requests whose progress key may hold a live record. Restored ones are counted in (unknown,
         # and a tombstone of a key that was never written is harmless).
         self._progress: set[str] = set(persisted)
         for rid, ctx in processor.requests.items():
-            size = (restored_sizes or {}).get(rid, 0)
-            self._track(rid, size)
+            self._track(rid)
             if rid in persisted:  # restored from its context record: it matches that record
                 self._contexts[rid] = (ctx.request_raw, dict(ctx.inherited))
-                self._context_bytes[rid] = size  # with the restored progress: an upper bound
         self._produced_keys: dict[str, str] = {}
 
     @property
@@ -127,7 +130,7 @@ class PartitionTask:
                 )
             self.metrics.timing(m.DERENDER_MS, (time.perf_counter() - started) * 1000)
             if result.request_id is not None:
-                self._track(result.request_id, len(value))
+                self._track(result.request_id)
         source = Source(record.topic, record.partition, record.offset)
         reason = result.dead_letter.reason if result.dead_letter is not None else None
         try:
@@ -159,28 +162,39 @@ class PartitionTask:
         self.metrics.increment(labelled(m.REQUESTS_REJECTED, cap=refusal.cap))
         return ProcessResult(request_id=envelope.request_id, output=refusal_output(envelope, refusal))
 
-    def _track(self, rid: str, opening_bytes: int) -> None:
-        """Keep ``sizes`` and the budget in step with whether ``rid`` is open after a record."""
+    def _track(self, rid: str) -> None:
+        """Keep ``sizes`` and the budget in step with ``rid``'s live bytes after a record."""
         old = self.sizes.get(rid)
-        if rid in self.processor.requests:
+        ctx = self.processor.requests.get(rid)
+        if ctx is not None:
+            size = self._estimator.estimate(rid, ctx)
+            self.sizes[rid] = size
             if old is None:
-                self.sizes[rid] = opening_bytes
-                self.budget.add(opening_bytes)
+                self.budget.add(size)
+            else:
+                self.budget.resize(old, size)
         elif old is not None:
             del self.sizes[rid]
+            self._estimator.forget(rid)
             self.budget.remove(old)
+        closed = closed_live_bytes(self.processor)
+        if closed != self._closed_bytes:
+            self.budget.resize_closed(self._closed_bytes, closed)
+            self._closed_bytes = closed
 
     def release(self) -> None:
         """The task is dropped (revoke, reset, shutdown): its requests leave the budget."""
         for size in self.sizes.values():
             self.budget.remove(size)
         self.sizes.clear()
+        self.budget.resize_closed(self._closed_bytes, 0)
+        self._closed_bytes = 0
 
     async def expire(self, ttl_seconds: float) -> int:
         results = self.processor.expire_idle(ttl_seconds)
         for result in results:
             if result.request_id is not None:
-                self._track(result.request_id, 0)
+                self._track(result.request_id)
             await self._emit(result, None, None)
         self.metrics.increment(m.REQUESTS_EXPIRED, len(results))
         return len(results)
@@ -230,17 +244,11 @@ class PartitionTask:
                         out.append(OutgoingRecord(state, self.keys.progress(rid), None, partition))
                         self._progress.discard(rid)
                     self._contexts[rid] = (ctx.request_raw, dict(ctx.inherited))
-                    self._context_bytes[rid] = size = len(snapshot)
                 else:
                     progress = encode_progress(ctx)
                     out.append(OutgoingRecord(state, self.keys.progress(rid), progress, partition))
                     self._progress.add(rid)
-                    size = self._context_bytes.get(rid, 0) + len(progress)
                 self.persisted.add(rid)
-                old = self.sizes.get(rid)
-                if old is not None:  # what a restore reads back is the request's state bytes from now on
-                    self.sizes[rid] = size
-                    self.budget.resize(old, size)
             else:
                 if rid in self.persisted:
                     out.append(OutgoingRecord(state, key, None, partition))
@@ -249,7 +257,6 @@ class PartitionTask:
                     out.append(OutgoingRecord(state, self.keys.progress(rid), None, partition))
                     self._progress.discard(rid)
                 self._contexts.pop(rid, None)
-                self._context_bytes.pop(rid, None)
         return out
 
     async def commit(self) -> None:

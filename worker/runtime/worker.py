@@ -34,7 +34,8 @@ from aiokafka.errors import (
 )
 
 from worker.core.derenderer import Derenderer
-from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.envelope_processor import DEFAULT_MAX_LIVE_PARSERS, EnvelopeProcessor
+from worker.core.live_parsers import LiveParserPool
 from worker.errors import ConfigurationError
 from worker.runtime import metrics_names as m
 from worker.runtime.config import KafkaSettings
@@ -104,6 +105,7 @@ class Worker:
         readiness: ReadinessState | None = None,
         dead_letters: DeadLetterPolicy | None = None,
         resets: ResetTracker | None = None,
+        max_live_parsers: int = DEFAULT_MAX_LIVE_PARSERS,
     ) -> None:
         self.settings = settings
         self.derenderer = derenderer
@@ -120,6 +122,8 @@ class Worker:
         # Resets per partition and offset; like the breakers, they outlive tasks and revocations.
         self.resets = resets or ResetTracker()
         self._security = settings.security.client_kwargs()  # one SSLContext, shared by every client
+        # One pool for every partition's processor: --max-live-parsers is worker-wide.
+        self.parsers = LiveParserPool(max_live_parsers)
         self._parser_evictions = 0
         self.tasks: dict[TopicPartition, PartitionTask] = {}
         self._lock = asyncio.Lock()
@@ -373,7 +377,7 @@ class Worker:
             return
         ttl = self.settings.request_ttl_s
         self._next_expiry_at = now + min(max(ttl / 4, 0.5), 10.0)
-        open_requests = live_parsers = evictions = 0
+        open_requests = 0
         for tp, task in list(self.tasks.items()):
             try:
                 if await task.expire(ttl) and self._commit_due_at is None:
@@ -383,14 +387,10 @@ class Worker:
                 await self._reset_partition(tp, None, exc)
                 continue
             open_requests += len(task.processor.requests)
-            live_parsers += task.processor.live_parsers
-            evictions += task.processor.parser_evictions
         self.metrics.gauge(m.REQUESTS_OPEN, open_requests)
-        self.metrics.gauge(m.PARSERS_LIVE, live_parsers)
-        # parser_evictions is per processor: count the growth since the last look. A dropped task
-        # takes its count along, so the sum can shrink; only growth is counted.
-        self.metrics.increment(m.PARSER_EVICTIONS, max(0, evictions - self._parser_evictions))
-        self._parser_evictions = evictions
+        self.metrics.gauge(m.PARSERS_LIVE, len(self.parsers))
+        self.metrics.increment(m.PARSER_EVICTIONS, self.parsers.evictions - self._parser_evictions)
+        self._parser_evictions = self.parsers.evictions
 
     async def _heal(self) -> None:
         """Open assigned partitions that have no task (a failed assign or reset)."""
@@ -492,7 +492,12 @@ class Worker:
                 self.readiness.partitions_revoked([tp.partition])
                 await sinks.pop(tp).close()
                 continue
-            processor = EnvelopeProcessor(self.derenderer, max_record_bytes=self.max_record_bytes)
+            processor = EnvelopeProcessor(
+                self.derenderer,
+                max_record_bytes=self.max_record_bytes,
+                live_parsers=self.parsers,
+                # require_key=True: key-less records are dead letters (with the core's option)
+            )
             restored += install_snapshots(processor, snapshots[tp.partition], now)
             self.tasks[tp] = PartitionTask(
                 tp,
@@ -507,7 +512,6 @@ class Worker:
                 budget=self.budget,
                 resets=self.resets,
                 keys=self._restorer.keys,
-                restored_sizes={rid: len(value) for rid, value in snapshots[tp.partition].items()},
             )
             trip = self.dead_letters.tripped().get(tp.partition)
             if trip is not None:  # tripped earlier in this process: it stays paused
@@ -580,6 +584,7 @@ class Worker:
 
     async def _close_task(self, task: PartitionTask) -> None:
         task.release()
+        self.parsers.drop_owner(task.processor)
         await task.sink.abort()
         await task.sink.close()
 
