@@ -9,6 +9,7 @@ BENCHMARKS = {
     "core": "benchmarks.derender_core",
     "parsers": "benchmarks.parser_paths",
     "kafka": "benchmarks.kafka_throughput",
+    "flood": "benchmarks.flood",
 }
 
 

@@ -29,8 +29,8 @@ DEFAULT_REBALANCE_TIMEOUT_MS = 30_000  # a revocation's batch and commit must fi
 DEFAULT_MAX_POLL_RECORDS = 500
 DEFAULT_MAX_UNCOMMITTED_RECORDS = 5_000
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
-# Memory caps per worker (0 turns one off). A pod of deploy/kubernetes has 1 GiB; the state bytes are
-# serialized snapshot bytes, and the live objects behind them take a few times that.
+# Memory caps per worker (0 turns one off), in estimated live bytes (see memory.py); deploy/ sets
+# values sized for its 1 GiB pods (`./run bench flood`).
 DEFAULT_MAX_OPEN_REQUESTS = 20_000
 DEFAULT_MAX_STATE_BYTES = 128 * 1024 * 1024
 FALLBACK_BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
