@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
+from aiokafka import TopicPartition
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
@@ -15,9 +16,11 @@ from tests.test_kafka_runtime_units import TOPICS, FakeRecord, RecordingSink, _t
 from worker.cli import build_parser
 from worker.errors import ConfigurationError
 from worker.runtime.config import KafkaSettings
+from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.delivery import MAX_RECORD_BYTES
 from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_record_limits, parse_max_message_bytes
+from worker.runtime.worker import Worker
 
 
 def test_a_record_is_skipped_after_its_retries_and_counts_are_per_record() -> None:
@@ -116,3 +119,51 @@ def test_topics_must_accept_what_the_producers_send() -> None:
         check_record_limits(TOPICS, small)
     # The input topic is not written by the worker: its limit is the producers' business.
     check_record_limits(TOPICS, {"in": 1, "out": MAX_RECORD_BYTES, "state": MAX_RECORD_BYTES})
+
+
+class _StubConsumer:
+    """The consumer calls a reset and a revocation make (no broker involved)."""
+
+    def __init__(self, assigned: set[TopicPartition]) -> None:
+        self.assigned = assigned
+        self.paused_tps: set[TopicPartition] = set()
+
+    def assignment(self) -> set[TopicPartition]:
+        return self.assigned
+
+    def paused(self) -> set[TopicPartition]:
+        return self.paused_tps
+
+    def pause(self, tp: TopicPartition) -> None:
+        self.paused_tps.add(tp)
+
+
+def test_resets_feed_the_breaker_and_both_survive_a_revocation() -> None:
+    limits = DeadLetterLimits(max_ratio=None, max_consecutive=3)
+    worker = Worker(
+        _settings(),
+        derenderer_for(QWEN3_CONFIG),
+        max_record_bytes=1024,
+        dead_letters=DeadLetterPolicy(limits),
+        resets=ResetTracker(max_retries=5),
+    )
+    tp = TopicPartition("derender-requests", 3)
+    consumer = _StubConsumer({tp})
+    worker._consumer = consumer
+
+    async def body() -> None:
+        for _ in range(2):
+            await worker._reset_partition(tp, 40, TypeError("Integer exceeds 64-bit range"))
+        assert not worker.dead_letters.is_tripped(3) and worker.resets.resets(3, 40) == 2
+        await worker.partitions_revoked({tp})  # a rebalance: nothing is forgotten
+        assert worker.resets.resets(3, 40) == 2
+        await worker._reset_partition(tp, 40, TypeError("Integer exceeds 64-bit range"))
+        assert worker.dead_letters.is_tripped(3)  # three resets in a row
+        assert tp in consumer.paused_tps
+        report = worker.readiness.check()
+        assert not report.ready and "partition reset" in " ".join(report.reasons)
+        await worker.partitions_revoked({tp})
+        assert worker.dead_letters.is_tripped(3)
+
+    asyncio.run(body())
+    assert worker.metrics.counters["derender.partitions.resets_by_record"] == 3
