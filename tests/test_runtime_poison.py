@@ -167,3 +167,24 @@ def test_resets_feed_the_breaker_and_both_survive_a_revocation() -> None:
 
     asyncio.run(body())
     assert worker.metrics.counters["derender.partitions.resets_by_record"] == 3
+
+
+def test_run_passes_the_parser_cap_and_retries_to_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run` once built the worker without --max-live-parsers: the cap never applied."""
+    import worker.runtime.worker as worker_module
+    from tests.golden_cases import MODELS_DIR
+    from worker.cli import main
+
+    made: list[Worker] = []
+
+    class Recorded(Worker):
+        async def run(self) -> int:
+            made.append(self)
+            return 0
+
+    monkeypatch.setattr(worker_module, "Worker", Recorded)
+    argv = ["run", "--tokenizer", str(MODELS_DIR / "qwen3"), "--bootstrap-servers", "k:1"]
+    argv += ["--max-live-parsers", "7", "--max-record-retries", "4", "--metrics-port", "0"]
+    assert main(argv) == 0
+    (worker,) = made
+    assert worker.parsers.capacity == 7 and worker.resets.max_retries == 4
