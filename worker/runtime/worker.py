@@ -9,11 +9,14 @@ Backpressure, step by step: ``getmany(max_records=...)`` bounds a batch; awaitin
 ``producer.send`` blocks while the producer's buffer is full; and a commit is forced once
 ``max_uncommitted_records`` inputs are processed but not committed, so unflushed output
 never grows without bound even when the commit interval is long. Memory is bounded by the
-caps of ``memory`` (open requests, state bytes) and the core's live-parser limit.
+caps of ``memory`` (open requests, their live bytes) and one live-parser pool for all partitions.
 
 A partition whose dead-letter breaker trips is paused (``consumer.pause``): it stops being
 consumed, its committed position stays right after the tripping record, and ``/readyz`` turns
-503 naming it, until the worker restarts or the partition is assigned again.
+503 naming it, until the worker restarts (a re-assignment in this process pauses it again).
+A record that keeps resetting its partition is dead-lettered after ``--max-record-retries``
+resets (``poison``); input partitions without a state partition are not opened
+(``_check_layout``).
 """
 
 from __future__ import annotations
