@@ -12,6 +12,7 @@ BENCHMARKS = {
     "audit": "benchmarks.audit",
     "pipeline": "benchmarks.pipeline",
     "adversarial": "benchmarks.adversarial",
+    "flood": "benchmarks.flood",
 }
 
 

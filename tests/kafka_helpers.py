@@ -33,6 +33,7 @@ from tests.golden_cases import MODELS_DIR, normalize
 from tests.kafka_broker import TopicFactory
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
+from worker.runtime.topics import LARGE_RECORDS, STATE_TOPIC_CONFIG
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 QWEN3_CONFIG: dict[str, Any] = {
@@ -72,9 +73,13 @@ class WorkerTopics:
         ]
 
 
-def make_worker_topics(factory: TopicFactory, partitions: int) -> WorkerTopics:
-    inp, out, dlq = factory.many(["derender-in", "derender-out", "derender-dlq"], partitions)
-    state = factory("derender-state", partitions, config={"cleanup.policy": "compact"})
+def make_worker_topics(
+    factory: TopicFactory, partitions: int, *, input_config: dict[str, str] | None = None
+) -> WorkerTopics:
+    """The four topics as ``topics create`` configures them (``run`` checks ``max.message.bytes``)."""
+    inp = factory("derender-in", partitions, config=input_config)
+    out, dlq = factory.many(["derender-out", "derender-dlq"], partitions, config=LARGE_RECORDS)
+    state = factory("derender-state", partitions, config=STATE_TOPIC_CONFIG)
     return WorkerTopics(inp, out, state, dlq, partitions)
 
 
@@ -284,12 +289,15 @@ async def produce(
     pace_per_s: float | None = None,
     batch: int = 10,
     partition: int | None = None,
+    max_request_size: int = 1024 * 1024,
 ) -> list[tuple[int, int]]:
     """Produce in order (idempotent, so per-partition order holds); (partition, offset) of each.
 
     ``partition``: every record to that partition (default: the key's hash decides).
     """
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=5)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=5, max_request_size=max_request_size
+    )
     await producer.start()
     try:
         futures = []

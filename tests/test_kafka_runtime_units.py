@@ -16,21 +16,22 @@ from worker.cli import build_parser
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
 from worker.errors import ConfigurationError
-from worker.runtime.config import DeliveryMode, KafkaSettings, TopicNames
+from worker.runtime.config import DEFAULT_GROUP_ID, DeliveryMode, KafkaSettings, TopicNames
 from worker.runtime.lifecycle import IllegalTransitionError, Lifecycle, WorkerState
+from worker.runtime.memory import LiveEstimator
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.state_store import (
-    PROGRESS_SUFFIX,
+    StateKeys,
     encode_snapshot,
     install_snapshots,
     merge_records,
-    progress_key,
 )
 from worker.runtime.topics import check_layout
 
 TOPICS = TopicNames("in", "out", "state", "dlq")
+KEYS = StateKeys(DEFAULT_GROUP_ID)  # the namespace of ``_task``'s state keys
 
 
 def _settings(argv: list[str]) -> KafkaSettings:
@@ -74,7 +75,8 @@ def test_bad_settings_are_configuration_errors(monkeypatch: pytest.MonkeyPatch) 
 
 def test_state_topic_must_mirror_input_partitions() -> None:
     check_layout(TOPICS, {"in": 6, "out": 3, "state": 6, "dlq": 1})
-    with pytest.raises(ConfigurationError, match="must be equal"):
+    check_layout(TOPICS, {"in": 6, "out": 3, "state": 12, "dlq": 1})  # mid-way through growing both
+    with pytest.raises(ConfigurationError, match="needs at least as many"):
         check_layout(TOPICS, {"in": 6, "out": 6, "state": 3, "dlq": 6})
     with pytest.raises(ConfigurationError, match="missing topics"):
         check_layout(TOPICS, {"in": 6, "out": 6, "state": 6})
@@ -156,7 +158,9 @@ def test_state_is_batched_per_commit_and_restorable() -> None:
         await task.commit()
         state, offsets = sink.commits[-1]
         assert offsets == {tp: offset}
-        assert [(r.key, r.value is None, r.partition) for r in state] == [(b"unit-00000", False, 2)]
+        assert [(r.key, r.value is None, r.partition) for r in state] == [
+            (KEYS.context("unit-00000"), False, 2)
+        ]
         # A restore of that snapshot continues `a` exactly like the original processor.
         restored = EnvelopeProcessor(derenderer)
         assert state[0].value is not None
@@ -170,7 +174,7 @@ def test_state_is_batched_per_commit_and_restorable() -> None:
             offset += 1
         await task.commit()
         state, _ = sink.commits[-1]
-        assert [(r.key, r.value) for r in state] == [(b"unit-00000", None)]
+        assert [(r.key, r.value) for r in state] == [(KEYS.context("unit-00000"), None)]
         outputs = [orjson.loads(r.value) for r in sink.sent if r.value is not None]
         got = [
             {k: v for k, v in o.items() if k != "source"} for o in outputs if o["request_id"] == "unit-00000"
@@ -198,10 +202,12 @@ def _latest(commits: list[tuple[list[OutgoingRecord], dict[TopicPartition, int]]
 
 def _restore(latest: dict[bytes, bytes]) -> dict[str, bytes]:
     """``StateRestorer.restore``'s split and merge, over a dict of latest values."""
-    contexts = {k.decode(): v for k, v in latest.items() if not k.endswith(PROGRESS_SUFFIX)}
-    progress = {
-        k[: -len(PROGRESS_SUFFIX)].decode(): v for k, v in latest.items() if k.endswith(PROGRESS_SUFFIX)
-    }
+    contexts, progress = {}, {}
+    for key, value in latest.items():
+        parsed = KEYS.parse(key)
+        assert parsed is not None, key
+        rid, is_progress = parsed
+        (progress if is_progress else contexts)[rid] = value
     return merge_records(contexts, progress)
 
 
@@ -223,19 +229,21 @@ def test_context_is_written_once_then_progress_only() -> None:
             assert install_snapshots(restored, _restore(_latest(sink.commits)), now=0.0) == 1
             live = task.processor.requests[rid]
             assert restored.requests[rid].to_snapshot() == live.to_snapshot()
-            assert task.sizes[rid] == sum(len(v) for v in _latest(sink.commits).values())
+            # The budget counts its live bytes, more than the state topic holds for it.
+            assert task.sizes[rid] == LiveEstimator().estimate(rid, live)
+            assert task.sizes[rid] > sum(len(v) for v in _latest(sink.commits).values())
         await task.handle(FakeRecord(len(a.envelopes) - 1, a.envelopes[-1]))
         await task.commit()
 
     asyncio.run(body())
     written = [[(r.key, r.value) for r in state] for state, _ in sink.commits]
     first, *middle, last = written
-    assert [k for k, _ in first] == [rid.encode()]
+    assert [k for k, _ in first] == [KEYS.context(rid)]
     assert orjson.loads(first[0][1] or b"")["kind"] == "context"
-    assert middle and all([k for k, _ in c] == [progress_key(rid)] for c in middle)
+    assert middle and all([k for k, _ in c] == [KEYS.progress(rid)] for c in middle)
     progress = [orjson.loads(v or b"") for c in middle for _, v in c]
     assert all(p["kind"] == "progress" and "inherited" not in p and "request" not in p for p in progress)
-    assert sorted(last, key=lambda kv: kv[0]) == [(rid.encode(), None), (progress_key(rid), None)]
+    assert sorted(last, key=lambda kv: kv[0]) == [(KEYS.context(rid), None), (KEYS.progress(rid), None)]
     assert _latest(sink.commits) == {} and task.sizes == {}
 
 
@@ -258,7 +266,7 @@ def test_a_changed_context_rewrites_the_context_record() -> None:
 
     asyncio.run(body())
     third = sorted((r.key, r.value is None) for r in sink.commits[2][0])
-    assert third == [(rid.encode(), False), (progress_key(rid), True)]
+    assert third == [(KEYS.context(rid), False), (KEYS.progress(rid), True)]
     restored = EnvelopeProcessor(derenderer)
     assert install_snapshots(restored, _restore(_latest(sink.commits)), now=0.0) == 1
     assert restored.requests[rid].to_snapshot() == task.processor.requests[rid].to_snapshot()
@@ -304,3 +312,15 @@ def test_restoring_from_a_snapshot_before_every_record_changes_nothing(case: Gol
         got.append(processor.process(orjson.dumps(envelope)).output)
         snapshots = {rid: encode_snapshot(ctx) for rid, ctx in processor.requests.items()}
     assert normalize([o for o in got if o]) == normalize([o for o in expected if o])
+
+
+def test_state_keys_are_namespaced_by_group() -> None:
+    """Two groups on one state topic never read (or delete) each other's records."""
+    blue, green = StateKeys("blue"), StateKeys("blue-2")
+    for rid in ("chatcmpl-1", "", "a\x00b", "名前\xfe?"):  # any request id, NUL included
+        assert blue.parse(blue.context(rid)) == (rid, False)
+        assert blue.parse(blue.progress(rid)) == (rid, True)
+        assert green.parse(blue.context(rid)) is None and blue.parse(green.progress(rid)) is None
+    # A group whose id extends another's: the 0xfe after the group id keeps them apart.
+    assert StateKeys("blue").parse(b"blue-2\xfex") is None
+    assert StateKeys("").parse(b"chatcmpl-1") is None  # an un-namespaced key belongs to no group

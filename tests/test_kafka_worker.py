@@ -32,7 +32,7 @@ from tests.kafka_helpers import (
     produce,
     replay,
 )
-from worker.runtime.state_store import progress_key
+from worker.runtime.state_store import StateKeys
 
 pytestmark = pytest.mark.kafka
 
@@ -438,8 +438,9 @@ def test_idle_requests_expire_with_an_error_and_a_tombstone(
         assert outputs[2]["error"]["code"] == 408, outputs[2]
         assert "source" not in outputs[2]  # no input record caused it
         # Its context record first; progress records if the two records were committed apart.
-        assert {r.key for r in state.records} <= {b"idle-00000", progress_key("idle-00000")}
-        assert state.records[0].key == b"idle-00000" and state.records[0].value is not None
+        keys = StateKeys(group.group_id)
+        assert {r.key for r in state.records} <= {keys.context("idle-00000"), keys.progress("idle-00000")}
+        assert state.records[0].key == keys.context("idle-00000") and state.records[0].value is not None
         latest = {r.key: r.value for r in state.records}
         assert all(v is None for v in latest.values()), "the expired request's state was not deleted"
 

@@ -123,7 +123,7 @@ def test_tripped_is_final_until_forgotten() -> None:
     # Valid records after the trip change nothing; no second Trip is reported.
     assert _feed(policy, 0, "." * 100 + "xxxx") == []
     assert policy.is_tripped(0) and policy.tripped()[0] is first
-    # Revocation: the next assignment starts closed.
+    # forget() starts it over (the worker itself keeps breakers across revocations).
     policy.forget(0)
     assert not policy.is_tripped(0) and policy.tripped() == {}
     assert policy.breaker(0).state is BreakerState.CLOSED

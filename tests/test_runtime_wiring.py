@@ -33,7 +33,7 @@ from worker.runtime import worker as worker_module
 from worker.runtime.config import KafkaSettings, TopicNames
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.delivery import producer_options
-from worker.runtime.memory import MemoryBudget
+from worker.runtime.memory import OPENING_FACTOR, REQUEST_BASE_BYTES, MemoryBudget, request_live_bytes
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask
 from worker.runtime.prometheus_export import labelled
@@ -115,6 +115,10 @@ class _Recorder:
     async def create_topics(self, new_topics: list[Any], timeout_ms: int) -> Any:
         return SimpleNamespace(topic_errors=[(t.name, 0) for t in new_topics])
 
+    async def describe_configs(self, resources: list[Any]) -> list[Any]:
+        entries = [("max.message.bytes", str(64 * 1024 * 1024), False, 1, False, [])]
+        return [SimpleNamespace(resources=[(0, "", 2, r.name, entries) for r in resources])]
+
     def subscribe(self, topics: list[str], listener: Any) -> None:
         pass
 
@@ -139,7 +143,8 @@ def test_security_kwargs_reach_every_client(monkeypatch: pytest.MonkeyPatch) -> 
     asyncio.run(topics.create_topics("k:9092", TOPICS, 1, 1, settings.security.client_kwargs()))
     kinds = [kind for kind, _ in made]
     assert sorted(set(kinds)) == ["Admin", "Consumer", "Producer", "RestoreConsumer"]
-    assert kinds.count("Producer") == 2 and kinds.count("Admin") == 2
+    # Admin clients: partition counts and max.message.bytes at start-up, then `topics create`.
+    assert kinds.count("Producer") == 2 and kinds.count("Admin") == 3
     for kind, kwargs in made:
         assert kwargs["security_protocol"] == "SASL_PLAINTEXT", kind
         assert kwargs["sasl_mechanism"] == "SCRAM-SHA-512", kind
@@ -267,27 +272,34 @@ def test_open_request_cap_refuses_new_requests_only() -> None:
     assert (budget.open_requests, budget.state_bytes) == (0, 0)
 
 
-def test_state_bytes_cap_uses_snapshot_sizes() -> None:
+def test_state_bytes_cap_counts_live_bytes() -> None:
+    """The cap counts an open request's estimated live bytes (more than its serialized bytes)."""
     a, b = generate_sequences(2, seed=9, prefix="bytes")
     first = orjson.dumps(a.envelopes[0])
-    budget = MemoryBudget(max_state_bytes=len(first) + 10)
+    probe = _task(MemoryBudget())
+    asyncio.run(probe.handle(FakeRecord(0, a.envelopes[0])))
+    live = probe.sizes["bytes-00000"]
+    ctx = probe.processor.requests["bytes-00000"]
+    assert live == request_live_bytes(ctx, len(orjson.dumps(ctx.request_raw))) > len(first)
+    # Room for `a` (as a new request of its record's size) but not for `b` next to it.
+    cap = max(live + 1, REQUEST_BASE_BYTES + OPENING_FACTOR * len(first))
+    budget = MemoryBudget(max_state_bytes=cap)
     task = _task(budget)
 
     async def body() -> None:
         await task.handle(FakeRecord(0, a.envelopes[0]))
-        assert budget.state_bytes == len(first)  # the opening record until the first commit
+        assert budget.state_bytes == live
         await task.handle(FakeRecord(1, b.envelopes[0]))  # would pass the cap: refused
-        await task.commit()  # now the snapshot's size
-        assert isinstance(task.sink, RecordingSink)
-        (snapshot,) = task.sink.commits[-1][0]
-        assert snapshot.value is not None and budget.state_bytes == len(snapshot.value)
+        await task.handle(FakeRecord(2, a.envelopes[1]))  # the open request grows: re-estimated
+        assert budget.state_bytes == task.sizes["bytes-00000"] > 0
 
     asyncio.run(body())
     refused = [o for o in _outputs(task) if o["request_id"] == "bytes-00001"]
     assert len(refused) == 1 and refused[0]["error"]["code"] == 503
-    assert f"cap of {len(first) + 10} state bytes" in refused[0]["error"]["message"]
+    assert f"cap of {cap} bytes of live request state" in refused[0]["error"]["message"]
     assert task.metrics.counters[labelled(m.REQUESTS_REJECTED, cap="state_bytes")] == 1
-    assert task.metrics.counters[m.STATE_BYTES_WRITTEN] == budget.state_bytes
+    task.release()
+    assert (budget.open_requests, budget.state_bytes) == (0, 0)
 
 
 def test_a_one_shot_request_is_not_refused_at_the_cap() -> None:

@@ -86,7 +86,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-live-parsers",
         type=int,
         default=_env_int("max-live-parsers") or DEFAULT_MAX_LIVE_PARSERS,
-        help="live parser sessions kept per processor; the least recently used is rebuilt from state on use",
+        help="live parser sessions kept (in `run`: one pool for the whole worker); the least recently "
+        "used is rebuilt from state on use",
     )
 
 

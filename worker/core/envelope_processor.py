@@ -39,6 +39,7 @@ from schemas.derender import (
 from schemas.envelope import InputEnvelope
 from schemas.openai import ChatCompletionRequest, CompletionRequest
 from worker.core.derenderer import Derenderer
+from worker.core.live_parsers import LiveParserPool
 from worker.core.sequence_state import SequenceState
 from worker.errors import InvalidRecordError, RequestError, RequestStateTooLargeError, SequenceError
 
@@ -407,19 +408,18 @@ class EnvelopeProcessor:
         max_request_state_bytes: int = DEFAULT_MAX_REQUEST_STATE_BYTES,
         require_key: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        live_parsers: LiveParserPool | None = None,
     ) -> None:
         self.derenderer = derenderer
         self.max_record_bytes = max_record_bytes
-        self.max_live_parsers = max_live_parsers
         self.max_output_bytes = max_output_bytes
         self.max_request_state_bytes = max_request_state_bytes
         # Kafka records must be keyed by request_id (placement); JSON Lines have no keys.
         self.require_key = require_key
         self.requests: dict[str, RequestContext] = {}
-        self.parser_evictions = 0
         self._closed: OrderedDict[str, int] = OrderedDict()
-        # Sequences holding a live parser, least recently used first.
-        self._live: OrderedDict[tuple[str, int], SequenceState] = OrderedDict()
+        # Sequences holding a live parser; a worker shares one pool between its processors.
+        self.parsers = live_parsers if live_parsers is not None else LiveParserPool(max_live_parsers)
         self._clock = clock
 
     # --- entry point -------------------------------------------------------------------------
@@ -786,28 +786,23 @@ class EnvelopeProcessor:
             self._closed.popitem(last=False)
 
     def _close(self, rid: str, seq: int) -> None:
-        ctx = self.requests.pop(rid, None)
-        if ctx is not None:
-            for index in ctx.sequences:
-                self._live.pop((rid, index), None)
+        if self.requests.pop(rid, None) is not None:
+            self.parsers.drop_request(self, rid)
         self._remember_closed(rid, seq)
 
     def _track_live_parser(self, rid: str, index: int, state: SequenceState) -> None:
-        """Keep at most ``max_live_parsers`` parsers alive; an evicted one is rebuilt by replay."""
-        key = (rid, index)
-        if state.live is None:
-            self._live.pop(key, None)
-            return
-        self._live[key] = state
-        self._live.move_to_end(key)
-        while len(self._live) > self.max_live_parsers:
-            _, evicted = self._live.popitem(last=False)
-            evicted.live = None
-            self.parser_evictions += 1
+        """Keep parsers alive within the pool's cap; an evicted one is rebuilt by replay."""
+        self.parsers.touch(self, rid, index, state)
 
     @property
     def live_parsers(self) -> int:
-        return len(self._live)
+        """Sessions held by this processor's requests."""
+        return self.parsers.count(self)
+
+    @property
+    def parser_evictions(self) -> int:
+        """Evictions in this processor's pool (worker-wide when the pool is shared)."""
+        return self.parsers.evictions
 
     def is_open(self, request_id: str) -> bool:
         """Whether ``request_id`` has state here (its next record continues it)."""

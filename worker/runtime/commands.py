@@ -20,6 +20,7 @@ from worker.runtime.health_server import (
     add_metrics_arguments,
 )
 from worker.runtime.kafka_security import add_security_arguments
+from worker.runtime.poison import ResetTracker, add_poison_arguments
 from worker.runtime.structured_logging import add_log_format_argument, configure_logging
 from worker.settings import ModelSettings, add_model_arguments, env_default
 
@@ -60,6 +61,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         run.set_defaults(metrics_port=None)
     add_security_arguments(run)
     add_dead_letter_arguments(run)
+    add_poison_arguments(run)
     add_log_format_argument(run)
     run.set_defaults(handler=_run)
 
@@ -117,6 +119,7 @@ def _run(args: argparse.Namespace) -> int:
     settings = KafkaSettings.from_args(args)
     model = ModelSettings.from_args(args)
     dead_letters = DeadLetterPolicy(DeadLetterLimits.from_args(args))
+    resets = ResetTracker(args.max_record_retries)
     log.info("kafka %s", settings.security.describe())
     metrics, readiness = ExportedMetrics(), ReadinessState()
     # Before the tokenizer loads (seconds): the startupProbe asks /healthz meanwhile, and /readyz
@@ -139,6 +142,8 @@ def _run(args: argparse.Namespace) -> int:
                 metrics=metrics,
                 readiness=readiness,
                 dead_letters=dead_letters,
+                resets=resets,
+                max_live_parsers=model.max_live_parsers,
             )
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -25,11 +25,12 @@ DEFAULT_DLQ_TOPIC = "derender-dead-letters"
 DEFAULT_COMMIT_INTERVAL_MS = 100
 DEFAULT_REQUEST_TTL_S = 300.0
 DEFAULT_SESSION_TIMEOUT_MS = 10_000
+DEFAULT_REBALANCE_TIMEOUT_MS = 30_000  # a revocation's batch and commit must fit (see preflight)
 DEFAULT_MAX_POLL_RECORDS = 500
 DEFAULT_MAX_UNCOMMITTED_RECORDS = 5_000
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
-# Memory caps per worker (0 turns one off). A pod of deploy/kubernetes has 1 GiB; the state bytes are
-# serialized snapshot bytes, and the live objects behind them take a few times that.
+# Memory caps per worker (0 turns one off), in estimated live bytes (see memory.py); deploy/ sets
+# values sized for its 1 GiB pods (`./run bench flood`).
 DEFAULT_MAX_OPEN_REQUESTS = 20_000
 DEFAULT_MAX_STATE_BYTES = 128 * 1024 * 1024
 FALLBACK_BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
@@ -103,6 +104,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="consumer-group session timeout: how fast a crashed worker's partitions move",
     )
     group.add_argument(
+        "--rebalance-timeout-ms",
+        type=int,
+        default=int(_env_number("rebalance-timeout-ms", DEFAULT_REBALANCE_TIMEOUT_MS, int)),
+        help="how long the group waits for members to rejoin; must hold a batch plus a commit",
+    )
+    group.add_argument(
         "--max-poll-records",
         type=int,
         default=int(_env_number("max-poll-records", DEFAULT_MAX_POLL_RECORDS, int)),
@@ -132,8 +139,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-state-bytes",
         type=int,
         default=int(_env_number("max-state-bytes", DEFAULT_MAX_STATE_BYTES, int)),
-        help="state of the open requests, in snapshot bytes (the size they take in the state topic; "
-        f"default {DEFAULT_MAX_STATE_BYTES})",
+        help="live memory of the open requests and of closed-request memory, estimated in bytes "
+        f"(default {DEFAULT_MAX_STATE_BYTES})",
     )
 
 
@@ -155,6 +162,7 @@ class KafkaSettings:
     commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS
     request_ttl_s: float = DEFAULT_REQUEST_TTL_S
     session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS
+    rebalance_timeout_ms: int = DEFAULT_REBALANCE_TIMEOUT_MS
     max_poll_records: int = DEFAULT_MAX_POLL_RECORDS
     max_uncommitted_records: int = DEFAULT_MAX_UNCOMMITTED_RECORDS
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
@@ -194,6 +202,7 @@ class KafkaSettings:
             commit_interval_ms=args.commit_interval_ms,
             request_ttl_s=args.request_ttl_s,
             session_timeout_ms=args.session_timeout_ms,
+            rebalance_timeout_ms=args.rebalance_timeout_ms,
             max_poll_records=args.max_poll_records,
             max_uncommitted_records=args.max_uncommitted_records,
             shutdown_timeout_s=args.shutdown_timeout_s,
@@ -211,6 +220,7 @@ class KafkaSettings:
             "--commit-interval-ms": self.commit_interval_ms,
             "--request-ttl-s": self.request_ttl_s,
             "--session-timeout-ms": self.session_timeout_ms,
+            "--rebalance-timeout-ms": self.rebalance_timeout_ms,
             "--max-poll-records": self.max_poll_records,
             "--max-uncommitted-records": self.max_uncommitted_records,
             "--shutdown-timeout-s": self.shutdown_timeout_s,
@@ -222,3 +232,6 @@ class KafkaSettings:
         for flag, cap in caps.items():
             if cap < 0:
                 raise ConfigurationError(f"{flag} must be positive (or 0: no cap), got {cap}")
+        from worker.runtime.preflight import check_settings  # it reads delivery's limits
+
+        check_settings(self)

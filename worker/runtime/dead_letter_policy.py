@@ -18,9 +18,14 @@ State machine (``TRANSITIONS``)::
     CLOSED --(a limit passed)--> TRIPPED
 
 ``TRIPPED`` is final for the breaker. Nothing in-process closes it again: the partition resumes
-only when the worker restarts or the partition is revoked and assigned again (the worker calls
-``DeadLetterPolicy.forget`` on revoke, so a re-assignment starts a fresh, closed breaker), because
-whatever made the records invalid needs a human or a new deployment, not a timer.
+only when the worker restarts, because whatever made the records invalid needs a human or a new
+deployment, not a timer. Breakers survive a revocation within the process: a rebalance (any
+member joining or leaving) must not reopen a tripped partition nor wipe the count of a poison
+record that keeps resetting it (``poison``); another worker that takes the partition over starts
+with its own breaker.
+
+Besides dead letters, every partition reset is observed as a dead-lettered record (its reason
+says why), so a record that crashes its partition counts towards the limits too.
 
 Pure: no I/O, no clock, no Kafka. The worker feeds it one observation per processed record.
 """
@@ -295,5 +300,5 @@ class DeadLetterPolicy:
         return {p: b.trip for p, b in sorted(self._breakers.items()) if b.trip is not None}
 
     def forget(self, partition: int) -> None:
-        """The partition was revoked: its next assignment starts with a fresh, closed breaker."""
+        """Start the partition over with a fresh, closed breaker (library use; the worker keeps them)."""
         self._breakers.pop(partition, None)

@@ -94,6 +94,7 @@ class ReadinessState:
         self._restoring: set[int] = set()
         self._restored: set[int] = set()
         self._tripped: dict[int, Trip] = {}
+        self._layout_error: str | None = None
 
     def bind_phase(self, phase: Callable[[], str]) -> None:
         """Read the phase from ``phase()`` at probe time from now on (e.g. the worker's lifecycle)."""
@@ -125,6 +126,11 @@ class ReadinessState:
                 self._restored.discard(p)
                 self._tripped.pop(p, None)
 
+    def layout_error(self, message: str | None) -> None:
+        """Assigned input partitions that have no state partition (``None``: none any more)."""
+        with self._lock:
+            self._layout_error = message
+
     def breaker_tripped(self, trip: Trip) -> None:
         with self._lock:
             self._tripped[trip.partition] = trip
@@ -139,7 +145,8 @@ class ReadinessState:
             restoring = sorted(self._restoring)
             restored = sorted(self._restored)
             tripped = dict(sorted(self._tripped.items()))
-        reasons = []
+            layout = self._layout_error
+        reasons = [layout] if layout else []
         if phase not in READY_PHASES:
             reasons.append(f"worker is {phase}")
         if restoring:
@@ -149,6 +156,7 @@ class ReadinessState:
             "phase": phase,
             "partitions": {"restored": restored, "restoring": restoring},
             "tripped": {str(p): trip.as_json() for p, trip in tripped.items()},
+            "layout_error": layout,
         }
         return ReadinessReport(not reasons, reasons, detail)
 

@@ -1,12 +1,19 @@
-"""Bounded memory: caps on the open requests and their state bytes, per worker (all partitions).
+"""Bounded memory: caps on the open requests and their live memory, per worker (all partitions).
 
-What is counted: every open streamed request (``EnvelopeProcessor.requests``) and its *state
-bytes*, the size of its live records in the state topic: its context record plus its latest
-progress record, if any (``state_store``; free at commit time since the records are encoded
-anyway; after a restore, the size of the merged records read back until the context record is
-rewritten), or the size of the record that opened it until its first commit. That is what a
-restore reads back; the live Python objects (and a live parser) take a few times as much, which
-the default caps leave room for.
+What is counted (``--max-state-bytes``): the *live* bytes of every open streamed request
+(``EnvelopeProcessor.requests``), estimated from what it holds in memory (``request_live_bytes``:
+its prompt ids as Python ints, its request, each choice's decode window and output ids), plus
+each processor's memory of closed requests (``closed_live_bytes``). Serialized sizes undercount
+these several times (a prompt id is ~7 bytes of JSON but ~40 bytes of Python int and list slot).
+The estimate is updated after every record of the request, in O(its choices), and checked
+against measured allocations in ``tests/test_runtime_memory.py`` (within a factor of two).
+
+Live parser sessions (~30 KB each, ``LIVE_PARSER_BYTES``) are capped by count instead, in the
+worker-wide pool (``--max-live-parsers``, ``worker.core.live_parsers``): past the cap the least
+recently used one is evicted and rebuilt by replay on use, which costs time, never correctness.
+So the request memory of a worker is at most about ``--max-state-bytes`` plus
+``--max-live-parsers`` x ``LIVE_PARSER_BYTES``, plus one record in flight; ``./run bench flood``
+shows the defaults shipped in ``deploy/`` fitting their pod limit.
 
 When a cap is reached, a record that would open a **new** request is not processed: it gets an
 error output (code 503, ``ServiceUnavailableError``, naming the cap and its value), so the client
@@ -24,12 +31,66 @@ import orjson
 from pydantic import ValidationError
 
 from schemas.envelope import InputEnvelope
-from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
 
 log = logging.getLogger(__name__)
 
 OPEN_REQUESTS = "open_requests"  # label values of m.REQUESTS_REJECTED
 STATE_BYTES = "state_bytes"
+
+# Live bytes per item, measured with tracemalloc on CPython 3.11 (tests/test_runtime_memory.py).
+REQUEST_BASE_BYTES = 6_000  # the context, its dicts, the request model's fixed part
+INT_BYTES = 40  # a list slot and its int object (ids are past the small-int cache)
+WINDOW_TOKEN_BYTES = 120  # a decode-window token string and its slot
+LIVE_PARSER_BYTES = 32 * 1024  # a parser session with its own window
+CLOSED_ENTRY_BYTES = 200  # one remembered closed request (for duplicate detection)
+# A record that would open a request: its live form takes up to this many times its JSON size.
+OPENING_FACTOR = 6
+
+
+def request_live_bytes(ctx: RequestContext, request_bytes: int) -> int:
+    """Estimated live bytes of an open request; ``request_bytes``: its request's JSON size."""
+    size = REQUEST_BASE_BYTES + request_bytes
+    prompt = ctx.inherited.get("prompt_token_ids")
+    if isinstance(prompt, list):
+        size += INT_BYTES * len(prompt)
+    for state in ctx.sequences.values():
+        size += WINDOW_TOKEN_BYTES * len(state.window.tokens)
+        size += INT_BYTES * (
+            len(state.output_token_ids) + len(state.output_chunk_lens) + len(state.logprob_context_token_ids)
+        )
+    return size
+
+
+def closed_live_bytes(processor: EnvelopeProcessor) -> int:
+    """A processor's memory of closed requests (bounded by the core; counted here)."""
+    return CLOSED_ENTRY_BYTES * len(getattr(processor, "_closed", ()))
+
+
+class LiveEstimator:
+    """``request_live_bytes`` per request, with each request object's JSON size computed once."""
+
+    def __init__(self) -> None:
+        self._requests: dict[str, tuple[Any, int]] = {}
+
+    def estimate(self, rid: str, ctx: RequestContext) -> int:
+        raw = ctx.request_raw
+        known = self._requests.get(rid)
+        if known is None or known[0] is not raw:
+            known = self._requests[rid] = (raw, _json_size(raw))
+        return request_live_bytes(ctx, known[1])
+
+    def forget(self, rid: str) -> None:
+        self._requests.pop(rid, None)
+
+
+def _json_size(value: Any) -> int:
+    if value is None:
+        return 0
+    try:
+        return len(orjson.dumps(value))
+    except (TypeError, orjson.JSONEncodeError):  # too deep or too big an int: count it large
+        return 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +106,12 @@ class MemoryBudget:
         self.max_open_requests = max_open_requests
         self.max_state_bytes = max_state_bytes
         self.open_requests = 0
-        self.state_bytes = 0
+        self.state_bytes = 0  # estimated live bytes of open requests and of closed-request memory
         self._full = False  # for logging the transitions only
+
+    def resize_closed(self, old: int, new: int) -> None:
+        """A processor's closed-request memory changed (not an open request)."""
+        self.state_bytes += new - old
 
     def add(self, size: int) -> None:
         self.open_requests += 1
@@ -59,8 +124,9 @@ class MemoryBudget:
         self.open_requests -= 1
         self.state_bytes -= size
 
-    def refusal(self, new_bytes: int) -> Refusal | None:
-        """Why a new request of about ``new_bytes`` must be refused now, or ``None``."""
+    def refusal(self, record_bytes: int) -> Refusal | None:
+        """Why a new request opened by a record of ``record_bytes`` must be refused now, or ``None``."""
+        new_bytes = REQUEST_BASE_BYTES + OPENING_FACTOR * record_bytes
         refusal = None
         if self.max_open_requests and self.open_requests >= self.max_open_requests:
             refusal = Refusal(
@@ -71,7 +137,7 @@ class MemoryBudget:
         elif self.max_state_bytes and self.state_bytes + new_bytes > self.max_state_bytes:
             refusal = Refusal(
                 STATE_BYTES,
-                f"the worker is at its cap of {self.max_state_bytes} state bytes for open requests "
+                f"the worker is at its cap of {self.max_state_bytes} bytes of live request state "
                 f"(--max-state-bytes; {self.state_bytes} in use); retry once some have finished",
             )
         if (refusal is not None) != self._full:
@@ -90,6 +156,8 @@ def new_stream_request(value: bytes, key: bytes | None, processor: EnvelopeProce
     Anything the processor would reject (bad JSON, key mismatch, not an envelope) returns ``None``
     so the processor rejects it as usual (a dead letter holds no state).
     """
+    if key is None and processor.require_key:
+        return None  # a dead letter (placement), not a refusal
     if key is not None and processor.is_open(key.decode("utf-8", errors="replace")):
         return None  # records are keyed by request_id: the common case needs no parse
     if len(value) > processor.max_record_bytes:

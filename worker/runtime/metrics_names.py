@@ -15,6 +15,8 @@ RECORDS_DUPLICATE: Final = "derender.records.duplicate"
 RECORDS_DEAD_LETTERED: Final = "derender.records.dead_lettered"
 RECORDS_SKIPPED_STALE: Final = "derender.records.skipped_stale"
 PROCESS_ERRORS: Final = "derender.process.errors"
+# Dead-lettered after resetting their partition --max-record-retries times in a row (``poison``).
+RECORDS_POISON_SKIPPED: Final = "derender.records.poison_skipped"
 
 # --- records out --------------------------------------------------------------------------
 OUTPUTS_PRODUCED: Final = "derender.outputs.produced"
@@ -43,6 +45,9 @@ UNCOMMITTED_RECORDS: Final = "derender.uncommitted_records"  # gauge
 PARTITIONS_ASSIGNED: Final = "derender.partitions.assigned"
 PARTITIONS_REVOKED: Final = "derender.partitions.revoked"
 PARTITION_RESETS: Final = "derender.partitions.resets"
+RESETS_BY_RECORD: Final = "derender.partitions.resets_by_record"  # a record's handling failed
+COMMITS_ISOLATED: Final = "derender.commits.isolated"  # one-record commits after a failed commit
+LAYOUT_ERRORS: Final = "derender.partitions.layout_errors"  # assigned input partitions without state
 PARTITIONS_OWNED: Final = "derender.partitions.owned"  # gauge
 PARTITIONS_PAUSED: Final = "derender.partitions.paused"  # gauge: tripped dead-letter breakers
 REBALANCES: Final = "derender.rebalances"  # assignments received (one per group rebalance)
@@ -60,7 +65,9 @@ RECORD_AGE_MS: Final = "derender.record.age_ms"  # input create time -> start of
 PARSERS_LIVE: Final = "derender.parsers.live"  # gauge: parser sessions kept alive
 PARSER_EVICTIONS: Final = "derender.parsers.evicted"  # each evicted parser is replayed on next use
 STATE_BYTES_WRITTEN: Final = "derender.state.bytes_written"  # snapshot bytes written to the state topic
-STATE_BYTES: Final = "derender.state.bytes"  # gauge: state bytes of the open requests (the cap's measure)
+STATE_BYTES: Final = (
+    "derender.state.bytes"  # gauge: estimated live bytes of request state (the cap's measure)
+)
 REQUESTS_REJECTED: Final = "derender.requests.rejected"  # {cap}: new requests refused at a memory cap
 
 # --- transactions and the dead-letter breaker -----------------------------------------------

@@ -6,7 +6,7 @@ opens and closes within one interval never reaches the state topic, and tombston
 written only for a request whose state was written before (``persisted``).
 
 The first state record of a request is its full context record (key ``request_id``); later
-commits write only its small progress record (key ``request_id`` + ``PROGRESS_SUFFIX``), unless
+commits write only its small progress record (``StateKeys.progress``), unless
 a record changed the context (new inherited fields or request), which rewrites the context
 record and tombstones the progress key. See ``state_store`` for the two kinds.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -28,14 +27,21 @@ from aiokafka.errors import MessageSizeTooLargeError
 
 from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult
 from worker.runtime import metrics_names as m
-from worker.runtime.config import TopicNames
+from worker.runtime.config import DEFAULT_GROUP_ID, TopicNames
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy, Trip
 from worker.runtime.delivery import Sink
-from worker.runtime.memory import MemoryBudget, new_stream_request, refusal_output
+from worker.runtime.memory import (
+    LiveEstimator,
+    MemoryBudget,
+    closed_live_bytes,
+    new_stream_request,
+    refusal_output,
+)
 from worker.runtime.metrics import Metrics
+from worker.runtime.poison import ResetTracker
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.records import OutgoingRecord, records_for, source_of
-from worker.runtime.state_store import encode_progress, encode_snapshot, progress_key
+from worker.runtime.state_store import StateKeys, encode_progress, encode_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +63,8 @@ class PartitionTask:
         epoch: int = 0,
         dead_letters: DeadLetterPolicy | None = None,
         budget: MemoryBudget | None = None,
-        restored_sizes: Mapping[str, int] | None = None,
+        resets: ResetTracker | None = None,
+        keys: StateKeys | None = None,
     ) -> None:
         self.tp = tp
         self.epoch = epoch  # the worker's open counter when this task was made
@@ -75,21 +82,22 @@ class PartitionTask:
         self.dead_letters = dead_letters or DeadLetterPolicy(DeadLetterLimits(None, max_consecutive=None))
         self.trip: Trip | None = None  # set by the record that tripped this partition's breaker
         self.budget = budget or MemoryBudget()
-        # State bytes per open request, as added to the budget (see ``memory``).
+        self.resets = resets or ResetTracker()  # the worker's: it outlives this task
+        self.keys = keys or StateKeys(DEFAULT_GROUP_ID)
+        # Estimated live bytes per open request, as added to the budget (see ``memory``).
         self.sizes: dict[str, int] = {}
+        self._estimator = LiveEstimator()
+        self._closed_bytes = 0  # the processor's closed-request memory, as added to the budget
         # The context of each request's live context record in the state topic (its request object
-        # and inherited fields, compared at commit), and that record's size.
+        # and inherited fields, compared at commit).
         self._contexts: dict[str, tuple[Any, dict[str, Any]]] = {}
-        self._context_bytes: dict[str, int] = {}
         # Requests whose progress key may hold a live record. Restored ones are counted in (unknown,
         # and a tombstone of a key that was never written is harmless).
         self._progress: set[str] = set(persisted)
         for rid, ctx in processor.requests.items():
-            size = (restored_sizes or {}).get(rid, 0)
-            self._track(rid, size)
+            self._track(rid)
             if rid in persisted:  # restored from its context record: it matches that record
                 self._contexts[rid] = (ctx.request_raw, dict(ctx.inherited))
-                self._context_bytes[rid] = size  # with the restored progress: an upper bound
         self._produced_keys: dict[str, str] = {}
 
     @property
@@ -105,7 +113,14 @@ class PartitionTask:
         value: bytes = record.value if record.value is not None else b""
         self.metrics.timing(m.RECORD_AGE_MS, max(0.0, time.time() * 1000 - record.timestamp))
         source = source_of(record)
-        result = self._refused(value, record.key, source)
+        skip = self.resets.skip(self.tp.partition, record.offset, value)
+        result: ProcessResult | None
+        if skip is not None:  # a poison record that kept resetting the partition (``poison``)
+            self.metrics.increment(m.RECORDS_POISON_SKIPPED)
+            kept = (value, record.key) if skip.with_original else (b"", None)
+            result = self.processor.dead_letter_result(DeadLetter(skip.reason, *kept), record.headers, source)
+        else:
+            result = self._refused(value, record.key, source)
         if result is None:
             started = time.perf_counter()
             result = self.processor.process(value, record.key, source=source, headers=record.headers)
@@ -116,7 +131,7 @@ class PartitionTask:
                 )
                 self.metrics.increment(m.PROCESS_ERRORS)
             if result.request_id is not None:
-                self._track(result.request_id, len(value))
+                self._track(result.request_id)
         reason = result.dead_letter.reason if result.dead_letter is not None else None
         try:
             await self._emit(result)
@@ -153,28 +168,39 @@ class PartitionTask:
             envelope.request_id, refusal_output(envelope, refusal), source=source
         )
 
-    def _track(self, rid: str, opening_bytes: int) -> None:
-        """Keep ``sizes`` and the budget in step with whether ``rid`` is open after a record."""
+    def _track(self, rid: str) -> None:
+        """Keep ``sizes`` and the budget in step with ``rid``'s live bytes after a record."""
         old = self.sizes.get(rid)
-        if rid in self.processor.requests:
+        ctx = self.processor.requests.get(rid)
+        if ctx is not None:
+            size = self._estimator.estimate(rid, ctx)
+            self.sizes[rid] = size
             if old is None:
-                self.sizes[rid] = opening_bytes
-                self.budget.add(opening_bytes)
+                self.budget.add(size)
+            else:
+                self.budget.resize(old, size)
         elif old is not None:
             del self.sizes[rid]
+            self._estimator.forget(rid)
             self.budget.remove(old)
+        closed = closed_live_bytes(self.processor)
+        if closed != self._closed_bytes:
+            self.budget.resize_closed(self._closed_bytes, closed)
+            self._closed_bytes = closed
 
     def release(self) -> None:
         """The task is dropped (revoke, reset, shutdown): its requests leave the budget."""
         for size in self.sizes.values():
             self.budget.remove(size)
         self.sizes.clear()
+        self.budget.resize_closed(self._closed_bytes, 0)
+        self._closed_bytes = 0
 
     async def expire(self, ttl_seconds: float) -> int:
         results = self.processor.expire_idle(ttl_seconds)
         for result in results:
             if result.request_id is not None:
-                self._track(result.request_id, 0)
+                self._track(result.request_id)
             await self._emit(result)
         self.metrics.increment(m.REQUESTS_EXPIRED, len(results))
         return len(results)
@@ -213,7 +239,7 @@ class PartitionTask:
         partition = self.tp.partition
         state = self.topics.state
         for rid in self.dirty:
-            key = rid.encode("utf-8")
+            key = self.keys.context(rid)
             ctx = requests.get(rid)
             if ctx is not None:
                 written = self._contexts.get(rid)
@@ -221,29 +247,22 @@ class PartitionTask:
                     snapshot = encode_snapshot(ctx)  # complete: supersedes any progress record
                     out.append(OutgoingRecord(state, key, snapshot, partition))
                     if rid in self._progress:
-                        out.append(OutgoingRecord(state, progress_key(rid), None, partition))
+                        out.append(OutgoingRecord(state, self.keys.progress(rid), None, partition))
                         self._progress.discard(rid)
                     self._contexts[rid] = (ctx.request_raw, dict(ctx.inherited))
-                    self._context_bytes[rid] = size = len(snapshot)
                 else:
                     progress = encode_progress(ctx)
-                    out.append(OutgoingRecord(state, progress_key(rid), progress, partition))
+                    out.append(OutgoingRecord(state, self.keys.progress(rid), progress, partition))
                     self._progress.add(rid)
-                    size = self._context_bytes.get(rid, 0) + len(progress)
                 self.persisted.add(rid)
-                old = self.sizes.get(rid)
-                if old is not None:  # what a restore reads back is the request's state bytes from now on
-                    self.sizes[rid] = size
-                    self.budget.resize(old, size)
             else:
                 if rid in self.persisted:
                     out.append(OutgoingRecord(state, key, None, partition))
                     self.persisted.discard(rid)
                 if rid in self._progress:
-                    out.append(OutgoingRecord(state, progress_key(rid), None, partition))
+                    out.append(OutgoingRecord(state, self.keys.progress(rid), None, partition))
                     self._progress.discard(rid)
                 self._contexts.pop(rid, None)
-                self._context_bytes.pop(rid, None)
         return out
 
     async def commit(self) -> None:

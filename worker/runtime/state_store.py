@@ -1,5 +1,13 @@
 """The compacted state topic: per-request snapshots, two kinds of records per request.
 
+Keys are namespaced by consumer group (``StateKeys``): ``group_id`` (UTF-8), byte ``0xfe``, then
+the request's own key below. So two groups that share a state topic (a blue/green pair, a
+shadow deployment, a copy-pasted configuration) each restore only their own records, and one
+group's tombstones cannot delete the other's snapshots. ``0xfe`` never occurs in UTF-8, so the
+first one in a key ends its namespace. Sharing still costs each group the reading of the
+other's records at a restore, and a restore waits for the other group's open transactions on
+the partition (milliseconds; at most the transaction timeout), so a topic per group is cheaper.
+
 * key ``request_id`` (UTF-8): the request's **context record** (``RequestContext.to_snapshot``,
   ``kind: context``): endpoint, inherited fields (model, prompt ids), the request
   (messages, tools) *and* its progress at the time. Written once, when the request is first
@@ -43,10 +51,30 @@ _POLL_MS = 200
 
 
 PROGRESS_SUFFIX = b"\xffprogress"
+NAMESPACE_END = b"\xfe"
 
 
-def progress_key(request_id: str) -> bytes:
-    return request_id.encode("utf-8") + PROGRESS_SUFFIX
+class StateKeys:
+    """The state-topic keys of one consumer group's requests."""
+
+    def __init__(self, group_id: str) -> None:
+        self.prefix = group_id.encode("utf-8") + NAMESPACE_END
+
+    def context(self, request_id: str) -> bytes:
+        return self.prefix + request_id.encode("utf-8")
+
+    def progress(self, request_id: str) -> bytes:
+        return self.prefix + request_id.encode("utf-8") + PROGRESS_SUFFIX
+
+    def parse(self, key: bytes) -> tuple[str, bool] | None:
+        """``(request_id, is_progress)`` for a key of this group, ``None`` for any other key."""
+        if not key.startswith(self.prefix):
+            return None
+        body = key[len(self.prefix) :]
+        progress = body.endswith(PROGRESS_SUFFIX)
+        if progress:
+            body = body[: -len(PROGRESS_SUFFIX)]
+        return body.decode("utf-8"), progress
 
 
 def encode_snapshot(ctx: RequestContext) -> bytes:
@@ -105,23 +133,29 @@ class StateRestorer:
         client_id: str,
         state_topic: str,
         security: Mapping[str, Any] | None = None,
+        keys: StateKeys | None = None,
     ) -> None:
         self.state_topic = state_topic
-        self._consumer = AIOKafkaConsumer(
+        self.keys = keys or StateKeys("")
+        options = {
             **(security or {}),
-            bootstrap_servers=bootstrap_servers,
-            client_id=f"{client_id}-restore",
-            group_id=None,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            auto_offset_reset="earliest",
-        )
+            "bootstrap_servers": bootstrap_servers,
+            "client_id": f"{client_id}-restore",
+            "group_id": None,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+        }
+        self._consumer = AIOKafkaConsumer(**options, isolation_level="read_committed")
+        # Only asks for high watermarks: where a restore must read to (see ``restore``).
+        self._ends = AIOKafkaConsumer(**options, isolation_level="read_uncommitted")
 
     async def start(self) -> None:
         await self._consumer.start()
+        await self._ends.start()
 
     async def stop(self) -> None:
         await self._consumer.stop()
+        await self._ends.stop()
 
     async def restore(self, partitions: Iterable[int]) -> dict[int, dict[str, bytes]]:
         """The latest snapshot per request for each state partition (tombstoned keys dropped),
@@ -135,9 +169,11 @@ class StateRestorer:
         consumer = self._consumer
         consumer.assign(tps)
         try:
-            # The owner of these partitions has just run init_transactions, so no transaction of a
-            # previous owner is still open: the last stable offset is the true end.
-            ends: dict[TopicPartition, int] = await consumer.end_offsets(tps)
+            # The high watermark, not the last stable offset: the owner of these partitions has just
+            # run init_transactions, so no transaction of this group is open on them, but another
+            # group sharing the topic may have one. Reading (read_committed) up to the high
+            # watermark waits for it to end instead of missing this group's records behind it.
+            ends: dict[TopicPartition, int] = await self._ends.end_offsets(tps)
             await consumer.seek_to_beginning(*tps)
             deadline = time.monotonic() + RESTORE_TIMEOUT_S
             pending = {tp for tp in tps if ends[tp] > 0}
@@ -148,13 +184,11 @@ class StateRestorer:
                 for tp, records in batches.items():
                     contexts, progress = latest[tp.partition]
                     for record in records:
-                        key = record.key
-                        if key is None:
-                            continue
-                        kind = contexts
-                        if key.endswith(PROGRESS_SUFFIX):
-                            kind, key = progress, key[: -len(PROGRESS_SUFFIX)]
-                        rid = key.decode("utf-8")
+                        parsed = self.keys.parse(record.key) if record.key is not None else None
+                        if parsed is None:
+                            continue  # another group's record
+                        rid, is_progress = parsed
+                        kind = progress if is_progress else contexts
                         if record.value is None:
                             kind.pop(rid, None)
                         else:

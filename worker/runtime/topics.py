@@ -1,8 +1,9 @@
 """Creating the worker's four topics and checking the one layout rule they must follow.
 
-The rule: the state topic has exactly as many partitions as the input topic, because the
-worker writes the state of input partition ``p`` to state partition ``p`` (explicit
-partition, not key hashing) and restores partition ``p`` from there alone.
+The rule: the state topic has at least as many partitions as the input topic (``topics create``
+makes them equal), because the worker writes the state of input partition ``p`` to state
+partition ``p`` (explicit partition, not key hashing) and restores partition ``p`` from there
+alone.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from worker.errors import ConfigurationError
 from worker.runtime.config import TopicNames
@@ -125,6 +127,23 @@ async def partition_counts(
         await admin.close()
 
 
+async def max_message_bytes(
+    bootstrap: str, names: list[str], security: Mapping[str, Any] | None = None
+) -> dict[str, int | None]:
+    """``max.message.bytes`` of each topic (``None`` where it cannot be read)."""
+    from worker.runtime.preflight import MAX_MESSAGE_BYTES, parse_max_message_bytes
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(security or {}))
+    await admin.start()
+    try:
+        resources = [
+            ConfigResource(ConfigResourceType.TOPIC, name, {MAX_MESSAGE_BYTES: None}) for name in names
+        ]
+        return parse_max_message_bytes(await admin.describe_configs(resources))
+    finally:
+        await admin.close()
+
+
 def check_layout(topics: TopicNames, partition_counts: Mapping[str, int]) -> None:
     """Raise unless every topic exists and the state topic mirrors the input topic's partitions."""
     missing = [
@@ -134,9 +153,21 @@ def check_layout(topics: TopicNames, partition_counts: Mapping[str, int]) -> Non
         raise ConfigurationError(
             f"missing topics {missing}: create them with `derender-worker topics create`"
         )
-    if partition_counts[topics.state] != partition_counts[topics.input]:
-        raise ConfigurationError(
-            f"state topic {topics.state!r} has {partition_counts[topics.state]} partitions but input topic "
-            f"{topics.input!r} has {partition_counts[topics.input]}: they must be equal (state partition p "
-            "holds the state of input partition p)"
-        )
+    problem = layout_problem(topics, partition_counts[topics.input], partition_counts[topics.state])
+    if problem is not None:
+        raise ConfigurationError(problem)
+
+
+def layout_problem(topics: TopicNames, input_partitions: int, state_partitions: int) -> str | None:
+    """Why input partitions ``>= state_partitions`` cannot be served, or ``None``.
+
+    More state partitions than input partitions is fine: it is the middle step of growing both
+    (state topic first, see deploy/README.md); the extra ones are unused until the input grows.
+    """
+    if state_partitions >= input_partitions:
+        return None
+    return (
+        f"state topic {topics.state!r} has {state_partitions} partitions but input topic {topics.input!r} "
+        f"has {input_partitions}: the state topic needs at least as many (state partition p holds the "
+        f"state of input partition p); grow it to {input_partitions}"
+    )

@@ -9,11 +9,14 @@ Backpressure, step by step: ``getmany(max_records=...)`` bounds a batch; awaitin
 ``producer.send`` blocks while the producer's buffer is full; and a commit is forced once
 ``max_uncommitted_records`` inputs are processed but not committed, so unflushed output
 never grows without bound even when the commit interval is long. Memory is bounded by the
-caps of ``memory`` (open requests, state bytes) and the core's live-parser limit.
+caps of ``memory`` (open requests, their live bytes) and one live-parser pool for all partitions.
 
 A partition whose dead-letter breaker trips is paused (``consumer.pause``): it stops being
 consumed, its committed position stays right after the tripping record, and ``/readyz`` turns
-503 naming it, until the worker restarts or the partition is assigned again.
+503 naming it, until the worker restarts (a re-assignment in this process pauses it again).
+A record that keeps resetting its partition is dead-lettered after ``--max-record-retries``
+resets (``poison``); input partitions without a state partition are not opened
+(``_check_layout``).
 """
 
 from __future__ import annotations
@@ -34,26 +37,33 @@ from aiokafka.errors import (
 )
 
 from worker.core.derenderer import Derenderer
-from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.envelope_processor import DEFAULT_MAX_LIVE_PARSERS, EnvelopeProcessor
+from worker.core.live_parsers import LiveParserPool
 from worker.errors import ConfigurationError
 from worker.runtime import metrics_names as m
 from worker.runtime.config import KafkaSettings
-from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
+from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy, Trip
 from worker.runtime.delivery import AtLeastOnceSink, Sink, TransactionalSink
 from worker.runtime.health_server import ReadinessState
 from worker.runtime.lifecycle import Lifecycle, WorkerState
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask
+from worker.runtime.poison import ResetTracker
+from worker.runtime.preflight import check_record_limits
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.rebalance import RebalanceListener
-from worker.runtime.state_store import StateRestorer, install_snapshots
-from worker.runtime.topics import check_layout, partition_counts
+from worker.runtime.state_store import StateKeys, StateRestorer, install_snapshots
+from worker.runtime.topics import check_layout, layout_problem, max_message_bytes, partition_counts
 
 log = logging.getLogger(__name__)
 
 MAX_POLL_TIMEOUT_MS = 100
 HEAL_BACKOFF_S = 1.0
+# How soon a partition count change is seen (aiokafka's default is 5 minutes), and how often input
+# partitions without a state partition are checked again.
+METADATA_MAX_AGE_MS = 10_000
+LAYOUT_RECHECK_S = 10.0
 METRICS_LOG_INTERVAL_S = 30.0
 
 
@@ -97,6 +107,8 @@ class Worker:
         metrics: Metrics | None = None,
         readiness: ReadinessState | None = None,
         dead_letters: DeadLetterPolicy | None = None,
+        resets: ResetTracker | None = None,
+        max_live_parsers: int = DEFAULT_MAX_LIVE_PARSERS,
     ) -> None:
         self.settings = settings
         self.derenderer = derenderer
@@ -110,7 +122,11 @@ class Worker:
             DeadLetterLimits(max_ratio=None, max_consecutive=None)
         )
         self.budget = MemoryBudget(settings.max_open_requests, settings.max_state_bytes)
+        # Resets per partition and offset; like the breakers, they outlive tasks and revocations.
+        self.resets = resets or ResetTracker()
         self._security = settings.security.client_kwargs()  # one SSLContext, shared by every client
+        # One pool for every partition's processor: --max-live-parsers is worker-wide.
+        self.parsers = LiveParserPool(max_live_parsers)
         self._parser_evictions = 0
         self.tasks: dict[TopicPartition, PartitionTask] = {}
         self._lock = asyncio.Lock()
@@ -120,6 +136,10 @@ class Worker:
         self._commit_due_at: float | None = None
         self._next_expiry_at = 0.0
         self._next_heal_at = 0.0
+        # Assigned input partitions with no state partition: not opened (see _check_layout).
+        self._unplaced: set[TopicPartition] = set()
+        self._next_layout_check_at = 0.0
+        self._layout_message: str | None = None
         self._next_metrics_log_at = 0.0
         self._epoch = 0  # bumped whenever partitions are opened; see _step
 
@@ -170,6 +190,8 @@ class Worker:
             # Inputs may themselves be written transactionally: never act on aborted ones.
             isolation_level="read_committed",
             session_timeout_ms=s.session_timeout_ms,
+            rebalance_timeout_ms=s.rebalance_timeout_ms,
+            metadata_max_age_ms=METADATA_MAX_AGE_MS,
             heartbeat_interval_ms=max(100, s.session_timeout_ms // 4),
             max_poll_records=s.max_poll_records,
             **self._security,
@@ -178,7 +200,10 @@ class Worker:
         topics = s.topics
         names = [topics.input, topics.output, topics.state, topics.dlq]
         check_layout(topics, await partition_counts(s.bootstrap_servers, names, self._security))
-        self._restorer = StateRestorer(s.bootstrap_servers, s.client_id, topics.state, self._security)
+        check_record_limits(topics, await max_message_bytes(s.bootstrap_servers, names, self._security))
+        self._restorer = StateRestorer(
+            s.bootstrap_servers, s.client_id, topics.state, self._security, StateKeys(s.group_id)
+        )
         await self._restorer.start()
         self._consumer.subscribe([topics.input], listener=RebalanceListener(self))
         log.info(
@@ -234,14 +259,27 @@ class Worker:
                     continue
                 if self.dead_letters.is_tripped(tp.partition):
                     continue  # paused: fetched before the pause took effect
+                record = None
                 try:
                     for record in records:
                         await task.handle(record)
                         if task.trip is not None:
                             break
-                except Exception:
-                    log.exception("sending for %s failed; resetting the partition", tp)
-                    await self._reset_partition(tp)
+                        if self.resets.isolating(tp.partition, record.offset) or self.resets.is_poison(
+                            tp.partition, record.offset
+                        ):
+                            # After a failed commit, one record per transaction names the culprit;
+                            # a skipped poison record is committed at once, so it is skipped once.
+                            self.metrics.increment(m.COMMITS_ISOLATED)
+                            await task.commit()
+                            self.resets.committed(tp.partition, task.position)
+                except Exception as exc:
+                    log.exception(
+                        "record %s offset %s failed; resetting the partition",
+                        tp,
+                        getattr(record, "offset", None),
+                    )
+                    await self._reset_partition(tp, record.offset if record is not None else None, exc)
                     continue
                 if task.trip is not None:
                     self._pause_tripped(task)
@@ -257,17 +295,25 @@ class Worker:
         """Stop consuming a partition whose breaker tripped; its processed records still commit.
 
         aiokafka drops records already fetched for a paused partition, so nothing past the
-        tripping record is processed; a re-assignment comes back unpaused, with a fresh breaker.
+        tripping record is processed. The breaker stays tripped in this process, also across a
+        revocation: a re-assignment pauses the partition again (``_open_partitions``).
         """
         trip = task.trip
         assert trip is not None
-        if task.tp in self._consumer.paused():
-            return
-        self._consumer.pause(task.tp)
+        if task.tp not in self._consumer.paused():
+            self.metrics.increment(m.DLQ_BREAKER_TRIPS)
+            log.error(trip.describe(), extra={"partition": task.tp.partition})
+        self._pause(task.tp, trip)
+
+    def _pause(self, tp: TopicPartition, trip: Trip) -> None:
+        if tp not in self._consumer.paused():
+            self._consumer.pause(tp)
         self.readiness.breaker_tripped(trip)
-        log.error(trip.describe(), extra={"partition": task.tp.partition})
-        self.metrics.increment(m.DLQ_BREAKER_TRIPS)
-        self.metrics.gauge(m.PARTITIONS_PAUSED, len(self.dead_letters.tripped()))
+        self._update_paused_gauge()
+
+    def _update_paused_gauge(self) -> None:
+        owned = {tp.partition for tp in self.tasks}
+        self.metrics.gauge(m.PARTITIONS_PAUSED, len(owned & set(self.dead_letters.tripped())))
 
     def _update_gauges(self) -> None:
         """Per step: consumer lag per partition and the memory budget (cheap: no broker calls)."""
@@ -322,7 +368,11 @@ class Worker:
             if isinstance(result, BaseException):
                 log.warning("commit of %s failed, resetting it: %r", task.tp, result)
                 self.metrics.increment(m.COMMITS_FAILED)
-                await self._reset_partition(task.tp)
+                # Which record is to blame is unknown: the reopened partition isolates the range.
+                self.resets.commit_failed(task.tp.partition, task.committed_position, task.position)
+                await self._reset_partition(task.tp, None, result)
+            else:
+                self.resets.committed(task.tp.partition, task.position)
 
     async def _maybe_expire(self) -> None:
         now = time.monotonic()
@@ -330,24 +380,20 @@ class Worker:
             return
         ttl = self.settings.request_ttl_s
         self._next_expiry_at = now + min(max(ttl / 4, 0.5), 10.0)
-        open_requests = live_parsers = evictions = 0
+        open_requests = 0
         for tp, task in list(self.tasks.items()):
             try:
                 if await task.expire(ttl) and self._commit_due_at is None:
                     self._commit_due_at = now + self.settings.commit_interval_ms / 1000
-            except Exception:
+            except Exception as exc:
                 log.exception("expiring requests of %s failed; resetting the partition", tp)
-                await self._reset_partition(tp)
+                await self._reset_partition(tp, None, exc)
                 continue
             open_requests += len(task.processor.requests)
-            live_parsers += task.processor.live_parsers
-            evictions += task.processor.parser_evictions
         self.metrics.gauge(m.REQUESTS_OPEN, open_requests)
-        self.metrics.gauge(m.PARSERS_LIVE, live_parsers)
-        # parser_evictions is per processor: count the growth since the last look. A dropped task
-        # takes its count along, so the sum can shrink; only growth is counted.
-        self.metrics.increment(m.PARSER_EVICTIONS, max(0, evictions - self._parser_evictions))
-        self._parser_evictions = evictions
+        self.metrics.gauge(m.PARSERS_LIVE, len(self.parsers))
+        self.metrics.increment(m.PARSER_EVICTIONS, self.parsers.evictions - self._parser_evictions)
+        self._parser_evictions = self.parsers.evictions
 
     async def _heal(self) -> None:
         """Open assigned partitions that have no task (a failed assign or reset)."""
@@ -355,6 +401,8 @@ class Worker:
         if self.lifecycle.state is not WorkerState.RUNNING or time.monotonic() < self._next_heal_at:
             return
         missing = set(self._consumer.assignment()) - set(self.tasks)
+        if time.monotonic() < self._next_layout_check_at:
+            missing -= self._unplaced
         if missing:
             await self._open_partitions(missing)
 
@@ -381,13 +429,17 @@ class Worker:
                 if task is not None:
                     await self._close_task(task)
             # Every revoked partition, also one that never opened (it would stay "restoring").
+            self._unplaced -= revoked
+            if not self._unplaced and self._layout_message is not None:
+                self._layout_message = None
+                self.readiness.layout_error(None)
+            # Their breakers and reset counts stay (see dead_letter_policy and poison).
             for tp in revoked:
                 p = tp.partition
                 self.readiness.partitions_revoked([p])
-                self.dead_letters.forget(p)
                 self.metrics.gauges.pop(labelled(m.CONSUMER_LAG, partition=p), None)
             self.metrics.gauge(m.PARTITIONS_OWNED, len(self.tasks))
-            self.metrics.gauge(m.PARTITIONS_PAUSED, len(self.dead_letters.tripped()))
+            self._update_paused_gauge()
 
     async def partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         async with self._lock:
@@ -406,6 +458,7 @@ class Worker:
 
         Must hold the lock. On failure, nothing is opened and ``_heal`` retries later.
         """
+        tps = await self._check_layout(tps)
         if not tps:
             return
         started = time.perf_counter()
@@ -443,7 +496,10 @@ class Worker:
                 await sinks.pop(tp).close()
                 continue
             processor = EnvelopeProcessor(
-                self.derenderer, max_record_bytes=self.max_record_bytes, require_key=True
+                self.derenderer,
+                max_record_bytes=self.max_record_bytes,
+                live_parsers=self.parsers,
+                require_key=True,  # key-less records are dead letters (placement by request_id)
             )
             restored += install_snapshots(processor, snapshots[tp.partition], now)
             self.tasks[tp] = PartitionTask(
@@ -457,8 +513,12 @@ class Worker:
                 epoch=self._epoch,
                 dead_letters=self.dead_letters,
                 budget=self.budget,
-                restored_sizes={rid: len(value) for rid, value in snapshots[tp.partition].items()},
+                resets=self.resets,
+                keys=self._restorer.keys,
             )
+            trip = self.dead_letters.tripped().get(tp.partition)
+            if trip is not None:  # tripped earlier in this process: it stays paused
+                self._pause(tp, trip)
         # Partitions that failed to open stay "restoring": not ready until _heal opens them.
         self.readiness.partitions_restored(tp.partition for tp in sinks if tp in self.tasks)
         self.metrics.increment(m.STATE_RESTORED_REQUESTS, restored)
@@ -470,6 +530,42 @@ class Worker:
             {tp.partition: positions[tp] for tp in sorted(sinks)},
             restored,
         )
+
+    async def _check_layout(self, tps: set[TopicPartition]) -> set[TopicPartition]:
+        """The partitions of ``tps`` that can be opened: those with a state partition.
+
+        The input topic grown without (or before) the state topic: the new input partitions have
+        nowhere to keep state. They are not opened, the worker is not ready and says why, and the
+        layout is checked again every ``LAYOUT_RECHECK_S``, so growing the state topic heals it.
+        """
+        s = self.settings
+        try:
+            counts = await partition_counts(
+                s.bootstrap_servers, [s.topics.input, s.topics.state], self._security
+            )
+        except Exception as exc:  # the open itself will fail too and be retried
+            log.warning("could not read the partition counts: %r", exc)
+            return tps
+        state_partitions = counts.get(s.topics.state, 0)
+        problem = layout_problem(s.topics, counts.get(s.topics.input, 0), state_partitions)
+        unplaced = {tp for tp in tps if tp.partition >= state_partitions} if problem else set()
+        self._unplaced = (self._unplaced - tps) | unplaced
+        self._unplaced &= set(self._consumer.assignment())
+        message = None
+        if self._unplaced:
+            self._next_layout_check_at = time.monotonic() + LAYOUT_RECHECK_S
+            message = (
+                f"input partitions {sorted(tp.partition for tp in self._unplaced)} not served: {problem}"
+            )
+        if message != self._layout_message:
+            if message is not None:
+                log.error(message)
+                self.metrics.increment(m.LAYOUT_ERRORS)
+            else:
+                log.info("every assigned input partition has its state partition again")
+            self._layout_message = message
+            self.readiness.layout_error(message)
+        return tps - unplaced
 
     def _new_sink(self, tp: TopicPartition) -> Sink:
         s = self.settings
@@ -491,12 +587,37 @@ class Worker:
 
     async def _close_task(self, task: PartitionTask) -> None:
         task.release()
+        self.parsers.drop_owner(task.processor)
         await task.sink.abort()
         await task.sink.close()
 
-    async def _reset_partition(self, tp: TopicPartition) -> None:
-        """Throw away the partition's uncommitted work and reopen it from committed state."""
+    async def _reset_partition(
+        self, tp: TopicPartition, offset: int | None = None, error: BaseException | None = None
+    ) -> None:
+        """Throw away the partition's uncommitted work and reopen it from committed state.
+
+        ``offset``: the record whose handling failed (``None``: unknown, e.g. a failed commit). The
+        reset counts towards that record's retries and, like a dead letter, towards the breaker.
+        """
         self.metrics.increment(m.PARTITION_RESETS)
+        reason = f"partition reset: {error!r}"
+        if offset is not None:
+            self.metrics.increment(m.RESETS_BY_RECORD)
+            resets = self.resets.record_failed(tp.partition, offset, repr(error))
+            log.warning(
+                "offset %d of %s reset its partition (%d of %d in a row)",
+                offset,
+                tp,
+                resets,
+                self.resets.max_retries,
+                extra={"partition": tp.partition},
+            )
+        trip = self.dead_letters.observe(tp.partition, reason, offset)
+        if trip is not None:
+            self.metrics.increment(m.DLQ_BREAKER_TRIPS)
+            log.error(trip.describe(), extra={"partition": tp.partition})
+            if tp in self._consumer.assignment():
+                self._pause(tp, trip)
         self.readiness.partitions_assigned([tp.partition])
         task = self.tasks.pop(tp, None)
         if task is not None:

@@ -1,0 +1,190 @@
+"""Broker-free tests of bounded resets (``poison``) and the start-up refusals (``preflight``)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from types import SimpleNamespace
+
+import orjson
+import pytest
+from aiokafka import TopicPartition
+
+from tests.golden_cases import derenderer_for
+from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
+from tests.test_kafka_runtime_units import TOPICS, FakeRecord, RecordingSink, _task
+from worker.cli import build_parser
+from worker.errors import ConfigurationError
+from worker.runtime.config import KafkaSettings
+from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
+from worker.runtime.delivery import MAX_RECORD_BYTES
+from worker.runtime.poison import ResetTracker
+from worker.runtime.preflight import check_record_limits, parse_max_message_bytes
+from worker.runtime.worker import Worker
+
+
+def test_a_record_is_skipped_after_its_retries_and_counts_are_per_record() -> None:
+    resets = ResetTracker(max_retries=3)
+    assert resets.skip(0, 7, b"v") is None
+    assert [resets.record_failed(0, 7, "TypeError('x')") for _ in range(2)] == [1, 2]
+    # Another poison record in the same uncommitted range keeps its own count: the two cannot
+    # take turns resetting each other's count (the partition reopens before both each time).
+    assert resets.record_failed(0, 9, "boom") == 1
+    assert resets.skip(0, 7, b"v") is None and not resets.is_poison(0, 7)
+    assert resets.record_failed(0, 7, "TypeError('x')") == 3
+    skip = resets.skip(0, 7, b"v")
+    assert skip is not None and skip.with_original and "3 times in a row" in skip.reason
+    assert "TypeError('x')" in skip.reason and resets.is_poison(0, 7)
+    assert resets.skip(1, 7, b"v") is None  # per partition
+    # The dead letter with the original failed too: the next one keeps only size and digest.
+    resets.record_failed(0, 7, "MessageSizeTooLargeError()")
+    skip = resets.skip(0, 7, b"v" * 10)
+    assert skip is not None and not skip.with_original
+    assert f"10 bytes (sha256 {hashlib.sha256(b'v' * 10).hexdigest()})" in skip.reason
+    # Committing past an offset forgets its count; later offsets keep theirs.
+    resets.committed(0, 8)
+    assert resets.resets(0, 7) == 0 and resets.resets(0, 9) == 1
+
+
+def test_a_failed_commit_isolates_its_range() -> None:
+    resets = ResetTracker()
+    resets.commit_failed(2, committed=10, attempted=14)
+    assert [resets.isolating(2, o) for o in (10, 11, 13)] == [True, True, True]
+    assert not resets.isolating(2, 14) and not resets.isolating(2, 11)  # done: back to batches
+    resets.commit_failed(2, committed=5, attempted=5)  # nothing was in it
+    assert not resets.isolating(2, 5)
+    with pytest.raises(ConfigurationError, match="max-record-retries"):
+        ResetTracker(0)
+
+
+def test_the_partition_task_dead_letters_a_poison_record() -> None:
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    (seq,) = generate_sequences(1, seed=2, prefix="poison")
+    sink = RecordingSink()
+    resets = ResetTracker(max_retries=1)
+    task = _task(derenderer, sink)
+    task.resets = resets
+    resets.record_failed(2, 0, "TypeError('Integer exceeds 64-bit range')")
+
+    async def body() -> None:
+        await task.handle(FakeRecord(0, seq.envelopes[0]))
+        await task.handle(FakeRecord(1, seq.envelopes[1]))
+
+    asyncio.run(body())
+    letter, second = sink.sent
+    assert letter.topic == TOPICS.dlq and letter.key == b"poison-00000"
+    record = orjson.loads(letter.value)
+    assert "poison record" in record["reason"] and "64-bit" in record["reason"]
+    assert orjson.loads(record["original"]) == seq.envelopes[0]
+    # The skipped first record opened nothing: the second is a sequence gap for its request.
+    assert second.topic == TOPICS.output and orjson.loads(second.value)["error"]["code"] == 409
+    assert task.metrics.snapshot()["counters"]["derender.records.poison_skipped"] == 1
+
+
+def _settings(*argv: str) -> KafkaSettings:
+    args = build_parser().parse_args(["run", "--tokenizer", "x", "--bootstrap-servers", "b:1", *argv])
+    return KafkaSettings.from_args(args)
+
+
+def test_settings_that_cannot_work_are_refused() -> None:
+    _settings()  # the defaults work
+    with pytest.raises(ConfigurationError, match="transaction timeout"):
+        _settings("--commit-interval-ms", "60000")
+    with pytest.raises(ConfigurationError, match="transaction timeout"):
+        _settings("--commit-interval-ms", "55000")  # no room left for the commit itself
+    _settings("--commit-interval-ms", "60000", "--mode", "at-least-once")  # no transactions
+    with pytest.raises(ConfigurationError, match="rebalance-timeout-ms 8000 is shorter"):
+        _settings("--rebalance-timeout-ms", "8000")
+    with pytest.raises(ConfigurationError, match="max-poll-records 5000"):
+        _settings("--max-poll-records", "5000")
+    _settings("--max-poll-records", "5000", "--rebalance-timeout-ms", "90000")
+
+
+def test_topics_must_accept_what_the_producers_send() -> None:
+    def response(**limits: int | None) -> SimpleNamespace:
+        rows = []
+        for name, value in limits.items():
+            entries = [] if value is None else [("max.message.bytes", str(value), False, 5, False, [])]
+            rows.append((0 if value is not None else 3, "", 2, name, entries))
+        return SimpleNamespace(resources=rows)
+
+    ok = parse_max_message_bytes(
+        [response(out=MAX_RECORD_BYTES, state=MAX_RECORD_BYTES, dlq=2 * MAX_RECORD_BYTES)]
+    )
+    check_record_limits(TOPICS, ok)
+    check_record_limits(TOPICS, parse_max_message_bytes([response(out=None)]))  # unreadable: skipped
+    small = parse_max_message_bytes([response(out=MAX_RECORD_BYTES, state=1048588, dlq=MAX_RECORD_BYTES)])
+    assert small["state"] == 1048588
+    with pytest.raises(ConfigurationError, match=r"topic 'state' has max\.message\.bytes=1048588"):
+        check_record_limits(TOPICS, small)
+    # The input topic is not written by the worker: its limit is the producers' business.
+    check_record_limits(TOPICS, {"in": 1, "out": MAX_RECORD_BYTES, "state": MAX_RECORD_BYTES})
+
+
+class _StubConsumer:
+    """The consumer calls a reset and a revocation make (no broker involved)."""
+
+    def __init__(self, assigned: set[TopicPartition]) -> None:
+        self.assigned = assigned
+        self.paused_tps: set[TopicPartition] = set()
+
+    def assignment(self) -> set[TopicPartition]:
+        return self.assigned
+
+    def paused(self) -> set[TopicPartition]:
+        return self.paused_tps
+
+    def pause(self, tp: TopicPartition) -> None:
+        self.paused_tps.add(tp)
+
+
+def test_resets_feed_the_breaker_and_both_survive_a_revocation() -> None:
+    limits = DeadLetterLimits(max_ratio=None, max_consecutive=3)
+    worker = Worker(
+        _settings(),
+        derenderer_for(QWEN3_CONFIG),
+        max_record_bytes=1024,
+        dead_letters=DeadLetterPolicy(limits),
+        resets=ResetTracker(max_retries=5),
+    )
+    tp = TopicPartition("derender-requests", 3)
+    consumer = _StubConsumer({tp})
+    worker._consumer = consumer
+
+    async def body() -> None:
+        for _ in range(2):
+            await worker._reset_partition(tp, 40, TypeError("Integer exceeds 64-bit range"))
+        assert not worker.dead_letters.is_tripped(3) and worker.resets.resets(3, 40) == 2
+        await worker.partitions_revoked({tp})  # a rebalance: nothing is forgotten
+        assert worker.resets.resets(3, 40) == 2
+        await worker._reset_partition(tp, 40, TypeError("Integer exceeds 64-bit range"))
+        assert worker.dead_letters.is_tripped(3)  # three resets in a row
+        assert tp in consumer.paused_tps
+        report = worker.readiness.check()
+        assert not report.ready and "partition reset" in " ".join(report.reasons)
+        await worker.partitions_revoked({tp})
+        assert worker.dead_letters.is_tripped(3)
+
+    asyncio.run(body())
+    assert worker.metrics.counters["derender.partitions.resets_by_record"] == 3
+
+
+def test_run_passes_the_parser_cap_and_retries_to_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run` once built the worker without --max-live-parsers: the cap never applied."""
+    import worker.runtime.worker as worker_module
+    from tests.golden_cases import MODELS_DIR
+    from worker.cli import main
+
+    made: list[Worker] = []
+
+    class Recorded(Worker):
+        async def run(self) -> int:
+            made.append(self)
+            return 0
+
+    monkeypatch.setattr(worker_module, "Worker", Recorded)
+    argv = ["run", "--tokenizer", str(MODELS_DIR / "qwen3"), "--bootstrap-servers", "k:1"]
+    argv += ["--max-live-parsers", "7", "--max-record-retries", "4", "--metrics-port", "0"]
+    assert main(argv) == 0
+    (worker,) = made
+    assert worker.parsers.capacity == 7 and worker.resets.max_retries == 4

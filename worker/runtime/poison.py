@@ -1,0 +1,132 @@
+"""Bounding partition resets: a record that keeps resetting its partition is dead-lettered and skipped.
+
+Any error that escapes a record's processing or its partition's commit resets the partition: its
+transaction is aborted and it reopens from committed state. If the cause is the record itself (a
+poison pill), the reopened partition meets it again, forever. This module counts resets per input
+partition and offset, in a row, and tells the partition to skip the record after
+``--max-record-retries`` of them (Kafka Streams' "log and continue" after a bounded retry):
+
+* **A failure while handling record ``o``** (processing, serialization, sending): the culprit is
+  known, the reset counts against ``o``.
+* **A failed commit** covers every record since the previous commit, so its culprit is unknown.
+  The reset counts against no record; instead the reopened partition *isolates* the failed range:
+  it commits after every record up to where the failed commit would have ended. A commit failing
+  there holds one record, whose offset is then known and counted as above. Isolation costs one
+  commit per record of that range (bounded by ``--max-uncommitted-records``), once per failure.
+
+Counts are per record (several poison records may wait in one uncommitted range) and are
+forgotten once the partition commits past them; a skipped record is committed at once.
+The count lives in the worker (not in the partition task, which a reset drops) and survives a
+revocation: if the partition comes back, its committed offset decides whether the count still
+applies. The skip itself is an ordinary dead letter whose reason names the resets and the last
+error; should even that fail to send (the original is too large for the dead-letter topic), the
+next attempt sends a dead letter without the original, with its size and SHA-256.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from dataclasses import dataclass
+
+from worker.errors import ConfigurationError
+from worker.settings import ENV_PREFIX, env_default
+
+DEFAULT_MAX_RECORD_RETRIES = 3
+
+
+def add_poison_arguments(parser: argparse.ArgumentParser) -> None:
+    raw = env_default("max-record-retries")
+    try:
+        default = int(raw) if raw is not None else DEFAULT_MAX_RECORD_RETRIES
+    except ValueError as exc:
+        raise ConfigurationError(f"{ENV_PREFIX}MAX_RECORD_RETRIES must be an integer, got {raw!r}") from exc
+    parser.add_argument(
+        "--max-record-retries",
+        type=int,
+        default=default,
+        help="a record that resets its partition this many times in a row is dead-lettered and "
+        f"skipped (default {DEFAULT_MAX_RECORD_RETRIES})",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """How to skip a poison record: a dead letter with this reason, with or without the original."""
+
+    reason: str
+    with_original: bool
+
+
+@dataclass(slots=True)
+class _Count:
+    offset: int
+    resets: int
+    last_error: str
+
+
+class ResetTracker:
+    def __init__(self, max_retries: int = DEFAULT_MAX_RECORD_RETRIES) -> None:
+        if max_retries <= 0:
+            raise ConfigurationError(f"--max-record-retries must be positive, got {max_retries}")
+        self.max_retries = max_retries
+        self._counts: dict[int, dict[int, _Count]] = {}  # partition -> offset -> count
+        self._isolate_until: dict[int, int] = {}
+
+    def record_failed(self, partition: int, offset: int, error: str) -> int:
+        """A reset caused by the record at ``offset``; how many in a row it has caused now."""
+        counts = self._counts.setdefault(partition, {})
+        count = counts.get(offset)
+        if count is None:
+            count = counts[offset] = _Count(offset, 0, error)
+        count.resets += 1
+        count.last_error = error[:500]
+        return count.resets
+
+    def commit_failed(self, partition: int, committed: int, attempted: int) -> None:
+        """A commit of ``[committed, attempted)`` failed: commit record by record over that range."""
+        if attempted > committed:
+            self._isolate_until[partition] = max(attempted, self._isolate_until.get(partition, 0))
+
+    def isolating(self, partition: int, position: int) -> bool:
+        """Whether the record at ``position`` must be committed on its own."""
+        until = self._isolate_until.get(partition)
+        if until is None:
+            return False
+        if position >= until:
+            del self._isolate_until[partition]
+            return False
+        return True
+
+    def committed(self, partition: int, position: int) -> None:
+        """``position`` is committed: a count for an earlier offset no longer applies."""
+        counts = self._counts.get(partition)
+        if counts:
+            for offset in [o for o in counts if o < position]:
+                del counts[offset]
+
+    def skip(self, partition: int, offset: int, value: bytes) -> Skip | None:
+        """How to skip the record at ``offset`` if it has used up its retries, else ``None``."""
+        count = self._counts.get(partition, {}).get(offset)
+        if count is None or count.resets < self.max_retries:
+            return None
+        reason = (
+            f"poison record: it reset its partition {count.resets} times in a row "
+            f"(--max-record-retries {self.max_retries}); last error: {count.last_error}"
+        )
+        if count.resets == self.max_retries:
+            return Skip(reason, with_original=True)
+        # Even the dead letter with the original failed: keep only what identifies it.
+        digest = hashlib.sha256(value).hexdigest()
+        return Skip(f"{reason}; original of {len(value)} bytes (sha256 {digest}) not kept", False)
+
+    def is_poison(self, partition: int, offset: int) -> bool:
+        """Whether the record at ``offset`` is to be skipped (and then committed on its own)."""
+        count = self._counts.get(partition, {}).get(offset)
+        return count is not None and count.resets >= self.max_retries
+
+    def resets(self, partition: int, offset: int) -> int:
+        count = self._counts.get(partition, {}).get(offset)
+        return count.resets if count is not None else 0
