@@ -33,6 +33,7 @@ from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.delivery import Sink
 from worker.runtime.memory import MemoryBudget, new_stream_request, refusal_output
 from worker.runtime.metrics import Metrics
+from worker.runtime.observer import NO_OBSERVER, RecordObserver
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.records import OutgoingRecord, Source, records_for
 from worker.runtime.state_store import encode_progress, encode_snapshot, progress_key
@@ -55,6 +56,7 @@ class PartitionTask:
         dead_letters: DeadLetterPolicy | None = None,
         budget: MemoryBudget | None = None,
         restored_sizes: Mapping[str, int] | None = None,
+        observer: RecordObserver = NO_OBSERVER,
     ) -> None:
         self.tp = tp
         self.epoch = epoch  # the worker's open counter when this task was made
@@ -72,6 +74,7 @@ class PartitionTask:
         self.dead_letters = dead_letters or DeadLetterPolicy(DeadLetterLimits(None, max_consecutive=None))
         self.trip: Trip | None = None  # set by the record that tripped this partition's breaker
         self.budget = budget or MemoryBudget()
+        self.observer = observer  # trace context, spans, GenAI metrics
         # State bytes per open request, as added to the budget (see ``memory``).
         self.sizes: dict[str, int] = {}
         # The context of each request's live context record in the state topic (its request object
@@ -117,15 +120,19 @@ class PartitionTask:
             self.metrics.timing(m.DERENDER_MS, (time.perf_counter() - started) * 1000)
             if result.request_id is not None:
                 self._track(result.request_id, len(value))
+        trace = self.observer.observe(record, result)
         source = Source(record.topic, record.partition, record.offset)
         reason = result.dead_letter.reason if result.dead_letter is not None else None
         try:
-            await self._emit(result, source, record.headers)
+            await self._emit(result, source, record.headers, trace)
         except MessageSizeTooLargeError as exc:
             # Retrying cannot help (the partition would stall on it): dead-letter the input.
             reason = f"the output for this record is too large to produce: {exc}"
             await self._emit(
-                ProcessResult(dead_letter=DeadLetter(reason, value, record.key)), source, record.headers
+                ProcessResult(dead_letter=DeadLetter(reason, value, record.key)),
+                source,
+                record.headers,
+                trace,
             )
         # Duplicates and error outputs count as valid: only dead letters feed the breaker.
         trip = self.dead_letters.observe(self.tp.partition, reason, record.offset)
@@ -170,17 +177,19 @@ class PartitionTask:
         for result in results:
             if result.request_id is not None:
                 self._track(result.request_id, 0)
-            await self._emit(result, None, None)
+            await self._emit(result, None, None, self.observer.expired(result))
         self.metrics.increment(m.REQUESTS_EXPIRED, len(results))
         return len(results)
 
-    async def _emit(self, result: ProcessResult, source: Source | None, headers: Any) -> None:
+    async def _emit(
+        self, result: ProcessResult, source: Source | None, headers: Any, trace: tuple[Any, ...] = ()
+    ) -> None:
         if result.duplicate:
             self.metrics.increment(m.RECORDS_DUPLICATE)
             return
         if result.dead_letter is not None:
             self.metrics.increment(m.RECORDS_DEAD_LETTERED)
-        for out in records_for(result, self.topics, source, headers):
+        for out in records_for(result, self.topics, source, headers, trace):
             await self.sink.send(out)
             self.has_pending_output = True
             self.metrics.increment(self._produced_key(out.topic))

@@ -27,6 +27,7 @@ class OutgoingRecord:
     key: bytes | None
     value: bytes | None  # None: a tombstone
     partition: int | None = None  # None: the producer hashes the key
+    headers: tuple[tuple[str, bytes], ...] = ()  # trace context (``tracing``)
 
 
 def decode_headers(headers: Any) -> list[tuple[str, str]]:
@@ -39,7 +40,11 @@ def decode_headers(headers: Any) -> list[tuple[str, str]]:
 
 
 def records_for(
-    result: ProcessResult, topics: TopicNames, source: Source | None, headers: Any = None
+    result: ProcessResult,
+    topics: TopicNames,
+    source: Source | None,
+    headers: Any = None,
+    trace: tuple[tuple[str, bytes], ...] = (),
 ) -> list[OutgoingRecord]:
     """The output (or dead letter) for one result; a duplicate sends nothing.
 
@@ -49,11 +54,11 @@ def records_for(
     if result.dead_letter is not None:
         letter = result.dead_letter
         value = serialize(letter.to_record(decode_headers(headers), source.as_json() if source else None))
-        return [OutgoingRecord(topics.dlq, letter.key, value)]
+        return [OutgoingRecord(topics.dlq, letter.key, value, headers=trace)]
     if result.output is None:
         return []
     output = result.output
     if source is not None:
         output = {**output, "source": source.as_json()}
     key = result.request_id.encode("utf-8") if result.request_id is not None else None
-    return [OutgoingRecord(topics.output, key, serialize(output))]
+    return [OutgoingRecord(topics.output, key, serialize(output), headers=trace)]

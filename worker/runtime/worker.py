@@ -44,6 +44,7 @@ from worker.runtime.health_server import ReadinessState
 from worker.runtime.lifecycle import Lifecycle, WorkerState
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
+from worker.runtime.observer import RecordObserver
 from worker.runtime.partition import PartitionTask
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.rebalance import RebalanceListener
@@ -97,6 +98,7 @@ class Worker:
         metrics: Metrics | None = None,
         readiness: ReadinessState | None = None,
         dead_letters: DeadLetterPolicy | None = None,
+        observer: RecordObserver | None = None,
     ) -> None:
         self.settings = settings
         self.derenderer = derenderer
@@ -110,6 +112,10 @@ class Worker:
             DeadLetterLimits(max_ratio=None, max_consecutive=None)
         )
         self.budget = MemoryBudget(settings.max_open_requests, settings.max_state_bytes)
+        self.metrics.gauge(m.REQUESTS_OPEN_LIMIT, settings.max_open_requests)  # observability
+        self.metrics.gauge(m.STATE_BYTES_LIMIT, settings.max_state_bytes)  # observability
+        self.observer = observer or RecordObserver(settings.group_id, metrics=self.metrics)  # observability
+        self.derenderer = self.observer.measured(derenderer)  # observability: GenAI metrics see tokens
         self._security = settings.security.client_kwargs()  # one SSLContext, shared by every client
         self._parser_evictions = 0
         self.tasks: dict[TopicPartition, PartitionTask] = {}
@@ -154,6 +160,7 @@ class Worker:
             self.lifecycle.to(WorkerState.STOPPED)
             return 1
         self.lifecycle.to(WorkerState.STOPPED)
+        self.observer.shutdown()  # observability: flushes spans
         log.info("stopped; metrics %s", self.metrics.snapshot())
         return 0
 
@@ -456,6 +463,7 @@ class Worker:
                 dead_letters=self.dead_letters,
                 budget=self.budget,
                 restored_sizes={rid: len(value) for rid, value in snapshots[tp.partition].items()},
+                observer=self.observer,
             )
         # Partitions that failed to open stay "restoring": not ready until _heal opens them.
         self.readiness.partitions_restored(tp.partition for tp in sinks if tp in self.tasks)
@@ -488,6 +496,7 @@ class Worker:
         await self._consumer.commit(offsets)
 
     async def _close_task(self, task: PartitionTask) -> None:
+        self.observer.partition_closed(task.tp.partition)  # observability
         task.release()
         await task.sink.abort()
         await task.sink.close()
