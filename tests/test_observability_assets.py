@@ -280,6 +280,11 @@ def test_dashboard_shows_what_operators_need() -> None:
         "derender_requests_open_limit",
         "derender_state_bytes",
         "derender_state_bytes_limit",
+        "gen_ai_server_time_to_first_token_seconds_bucket",
+        "gen_ai_server_time_per_output_token_seconds_bucket",
+        "gen_ai_server_output_tokens_total",
+        "gen_ai_server_requests_total",
+        "derender_error_records_total",
     }
     assert needed <= names, sorted(needed - names)
     for panel in panels:
