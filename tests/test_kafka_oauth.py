@@ -200,10 +200,13 @@ def test_oauthbearer_settings(monkeypatch: pytest.MonkeyPatch) -> None:
             "uses no password",
         ),
         (["--sasl-oauth-token-endpoint", "https://idp/t"], "SASL_PLAINTEXT or SASL_SSL"),
-        (["--security-protocol", "SASL_SSL", "--sasl-mechanism", "AWS_MSK_IAM"], "--aws-region"),
+        (["--security-protocol", "SASL_SSL", "--sasl-mechanism", "AWS_MSK_IAM"], "--sasl-oauth-"),
     ]:
         with pytest.raises(ConfigurationError, match=message):
             security(*argv)
+    monkeypatch.delenv("DERENDER_SASL_OAUTH_CLIENT_SECRET")
+    with pytest.raises(ConfigurationError, match="--aws-region"):
+        security("--security-protocol", "SASL_SSL", "--sasl-mechanism", "AWS_MSK_IAM")
     monkeypatch.setenv("AWS_REGION", "eu-west-1")
     msk = security("--security-protocol", "SASL_SSL", "--sasl-mechanism", "aws_msk_iam")
     assert msk.aws_region == "eu-west-1" and msk.protocol is SecurityProtocol.SASL_SSL

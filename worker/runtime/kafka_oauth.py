@@ -67,6 +67,8 @@ class OidcClientCredentials:
         return cls(endpoint or "", client_id or "", secret or None, scope or None)
 
     def validate(self) -> None:
+        if not self.token_endpoint:
+            raise ConfigurationError("--sasl-mechanism OAUTHBEARER needs --sasl-oauth-token-endpoint")
         url = urllib.parse.urlsplit(self.token_endpoint)
         if url.scheme not in ("http", "https") or not url.netloc:
             raise ConfigurationError(

@@ -306,7 +306,6 @@ class KafkaSecurity:
         if context is not None:
             kwargs["ssl_context"] = context
         if self.protocol.uses_sasl:
-            assert self.sasl_mechanism is not None and self.sasl_password is not None  # validate()
             kwargs.update(self._sasl_kwargs())
         return kwargs
 
