@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from tests.kafka_helpers import QWEN3_CONFIG, TopicReader, free_port, generate_sequences, model_args
@@ -332,15 +332,23 @@ def test_a_token_without_the_scope_is_refused(
         oauth=OidcClientCredentials(token_endpoint.url, CLIENT_ID, Secret(CLIENT_SECRET), "other-scope"),
     )
 
+    log = Path(oauth_broker.env["KAFKA_HOME_DIR"]) / "logs" / "server.log"
+    failures_before = log.read_text(errors="replace").count("Failed authentication")
+
     async def body() -> None:
-        consumer = AIOKafkaConsumer(bootstrap_servers=oauth_broker.sasl, **security.client_kwargs())
+        # aiokafka does not surface the broker's SASL rejection at start; nothing works after it.
+        producer = AIOKafkaProducer(
+            bootstrap_servers=oauth_broker.sasl, request_timeout_ms=5000, **security.client_kwargs()
+        )
+        await producer.start()
         try:
-            await consumer.start()
+            await producer.send_and_wait("derender-anything", b"x")
         finally:
-            await consumer.stop()
+            await producer.stop()
 
     with pytest.raises(KafkaError):
         asyncio.run(body())
+    assert log.read_text(errors="replace").count("Failed authentication") > failures_before
     assert token_endpoint.requests and token_endpoint.requests[0]["scope"] == "other-scope"
 
 
