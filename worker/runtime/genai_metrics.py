@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,14 +106,23 @@ def _kinds_of_message(message: Mapping[str, Any]) -> dict[str, int]:
     }
 
 
+def _output_choice(choices: Sequence[Any], index: int) -> dict[str, Any] | None:
+    """The output choice with ``index`` (a streamed chunk has one; a one-shot response all)."""
+    for choice in choices:
+        if isinstance(choice, dict) and choice.get("index") == index:
+            return choice
+    return None
+
+
 def _split(tokens: int, chars: Mapping[str, int], fallback: str) -> tuple[dict[str, int], str]:
     """``tokens`` spread over the kinds in proportion to their characters; the last kind shown."""
-    total = sum(chars.values())
-    if total == 0:
-        return {fallback: tokens}, fallback
+    shown = [k for k in KINDS if chars.get(k)]
+    if len(shown) <= 1:  # the common record: one kind, or nothing visible
+        kind = shown[0] if shown else fallback
+        return {kind: tokens}, kind
+    total = sum(chars[k] for k in shown)
     out: dict[str, int] = {}
     left = tokens
-    shown = [k for k in KINDS if chars.get(k)]
     for kind in shown[:-1]:
         share = tokens * chars[kind] // total
         out[kind] = share
@@ -137,6 +146,7 @@ class _Request:
     start_ts: int | None
     choices: dict[int, _Choice] = field(default_factory=dict)
     first_token_ts: int | None = None
+    tokens: int = 0  # output tokens of every choice so far
     ttft_ms: float | None = None  # vLLM's own
     tpot_ms: float | None = None  # vLLM's own
 
@@ -202,11 +212,13 @@ class MeasuredDerenderer(Derenderer):
 
     def completion(self, body: DerenderCompletionRequest) -> dict[str, Any]:
         response = super().completion(body)
-        choices = []
+        choices: list[tuple[int, int, str | None]] = []
         timing = None
-        for position, gen in enumerate(body.generate_responses):
+        for gen in body.generate_responses:  # the response numbers the choices of all prompts in turn
             timing = timing or gen.metrics
-            choices += [(position, len(c.token_ids or ()), c.finish_reason) for c in gen.choices]
+            choices += [
+                (len(choices) + i, len(c.token_ids or ()), c.finish_reason) for i, c in enumerate(gen.choices)
+            ]
         self._genai.seen = _Seen(False, choices, timing, response)
         return response
 
@@ -250,7 +262,7 @@ class GenAiMetrics:
 
     def _key(self, name: str, **labels: str) -> str:
         """``labelled(name, **labels)``, cached (label values here come from small fixed sets)."""
-        cache = (name, *sorted(labels.items()))
+        cache = (name, *labels.values())  # one call site per name, so the order is fixed
         key = self._keys.get(cache)
         if key is None:
             key = self._keys[cache] = labelled(name, **labels)
@@ -275,15 +287,15 @@ class GenAiMetrics:
             return None
         if seen is None or result.request_id is None:
             return None
-        body = seen.output.get("chunk", seen.output) if seen.stream else seen.output
+        body = seen.output
         model = self._model(body.get("model"))
-        outputs = {c.get("index"): c for c in body.get("choices") or () if isinstance(c, dict)}
+        outputs = body.get("choices") or ()
         timestamp = int(record.timestamp) if record is not None else 0
         if not seen.stream:
             one_shot = _Request(model, None)
             self._count(one_shot, seen, outputs, timestamp, stream=False)
             self._finish(one_shot, timestamp)
-            return sum(c.tokens for c in one_shot.choices.values())
+            return one_shot.tokens
         request = self._requests.get(result.request_id)
         if request is None:
             request = _Request(model, _start_header(record.headers) if record is not None else None)
@@ -291,10 +303,9 @@ class GenAiMetrics:
             while len(self._requests) > self.max_tracked:
                 self._requests.popitem(last=False)
         self._count(request, seen, outputs, timestamp, stream=True)
-        tokens = sum(c.tokens for c in request.choices.values())
         if result.closed:
             self._close(result.request_id, timestamp)
-        return tokens
+        return request.tokens
 
     def expired(self, result: ProcessResult) -> None:
         """A request closed by its TTL (its 408 error record is counted by ``observe``)."""
@@ -302,14 +313,15 @@ class GenAiMetrics:
             self._requests.pop(result.request_id, None)
 
     def _count(
-        self, request: _Request, seen: _Seen, outputs: Mapping[Any, Any], timestamp: int, *, stream: bool
+        self, request: _Request, seen: _Seen, outputs: Sequence[Any], timestamp: int, *, stream: bool
     ) -> None:
-        ttft = _timing_field(seen.timing, "time_to_first_token_ms")
-        if ttft is not None:
-            request.ttft_ms = ttft
-        tpot = _timing_field(seen.timing, "mean_itl_ms")
-        if tpot is not None:
-            request.tpot_ms = tpot
+        if seen.timing:
+            ttft = _timing_field(seen.timing, "time_to_first_token_ms")
+            if ttft is not None:
+                request.ttft_ms = ttft
+            tpot = _timing_field(seen.timing, "mean_itl_ms")
+            if tpot is not None:
+                request.tpot_ms = tpot
         for index, tokens, finish in seen.choices:
             choice = request.choices.get(index)
             if choice is None:
@@ -317,9 +329,10 @@ class GenAiMetrics:
             if tokens and request.first_token_ts is None:
                 request.first_token_ts = timestamp
             choice.tokens += tokens
+            request.tokens += tokens
             choice.last_ts = timestamp
-            out = outputs.get(index)
-            if isinstance(out, dict):
+            out = _output_choice(outputs, index)
+            if out is not None:
                 message = out.get("delta") if stream else out.get("message")
                 if isinstance(message, dict):
                     chars = _kinds_of_message(message)

@@ -27,7 +27,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 log = logging.getLogger(__name__)
 
@@ -68,34 +68,53 @@ def valid_traceparent(value: bytes) -> bool:
     return not (version == b"00" and rest)
 
 
+_NAMES = frozenset(TRACE_HEADERS)
+# A request's records share one traceparent: remember recent verdicts (bounded, cleared when full).
+_VERDICTS: dict[bytes, bool] = {}
+_MAX_VERDICTS = 4096
+
+
+def _valid_cached(value: bytes) -> bool:
+    verdict = _VERDICTS.get(value)
+    if verdict is None:
+        if len(_VERDICTS) >= _MAX_VERDICTS:
+            _VERDICTS.clear()
+        verdict = _VERDICTS[value] = valid_traceparent(value)
+    return verdict
+
+
 def propagated(headers: Iterable[tuple[str, Any]] | Mapping[str, Any] | None) -> Headers:
     """The trace-context headers of ``headers`` (Kafka pairs or an HTTP mapping), validated.
 
-    The first occurrence of each name counts (names compared in lower case, as HTTP does).
+    The first occurrence of each name counts (names compared in lower case, as HTTP does). Runs once
+    per record: a record without headers costs one test.
     """
     if not headers:
         return NO_HEADERS
-    pairs = headers.items() if isinstance(headers, Mapping) else headers
-    found: dict[str, bytes] = {}
+    parent = state = baggage = None
+    # Kafka gives a list or tuple of pairs; anything else is an HTTP-style mapping.
+    pairs = headers if isinstance(headers, list | tuple) else cast(Mapping[str, Any], headers).items()
     for name, value in pairs:
-        key = str(name).lower()
-        if key in TRACE_HEADERS and key not in found:
-            raw = _as_bytes(value)
-            if raw is not None:
-                found[key] = raw
-    if not found:
-        return NO_HEADERS
-    out = []
-    parent = found.get(TRACEPARENT)
-    if parent is not None and valid_traceparent(parent):
+        if name not in _NAMES:
+            if not isinstance(name, str) or len(name) > 11:
+                continue
+            name = name.lower()
+        if name == TRACEPARENT:
+            if parent is None:
+                parent = _as_bytes(value)
+        elif name == TRACESTATE:
+            if state is None:
+                state = _as_bytes(value)
+        elif name == BAGGAGE and baggage is None:
+            baggage = _as_bytes(value)
+    out: list[tuple[str, bytes]] = []
+    if parent is not None and _valid_cached(parent):
         out.append((TRACEPARENT, parent))
-        state = found.get(TRACESTATE)
         if state is not None and len(state) <= MAX_TRACESTATE_BYTES:
             out.append((TRACESTATE, state))
-    baggage = found.get(BAGGAGE)
     if baggage is not None and len(baggage) <= MAX_BAGGAGE_BYTES:
         out.append((BAGGAGE, baggage))
-    return tuple(out)
+    return tuple(out) if out else NO_HEADERS
 
 
 # --- spans -----------------------------------------------------------------------------------------
