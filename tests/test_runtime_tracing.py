@@ -334,3 +334,110 @@ def test_worker_propagates_trace_headers_through_kafka(
     expected = [(name, value) for name, value in propagated(HEADERS)]
     assert outputs and all(list(r.headers) == expected for r in outputs)
     assert [list(r.headers) for r in letters] == [expected]
+
+
+# --- the OTLP exporter, end to end -----------------------------------------------------------------
+
+
+class OtlpReceiver:
+    """A minimal OTLP/HTTP collector: keeps every span POSTed to /v1/traces."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        receiver = self
+        self.spans: list[Any] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if self.path == "/v1/traces":
+                    request = ExportTraceServiceRequest()
+                    request.ParseFromString(body)
+                    for resource in request.resource_spans:
+                        for scope in resource.scope_spans:
+                            receiver.spans.extend(scope.spans)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _attributes(span: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for attribute in span.attributes:
+        value = attribute.value
+        kind = value.WhichOneof("value")
+        out[attribute.key] = (
+            [v.string_value for v in value.array_value.values]
+            if kind == "array_value"
+            else getattr(value, kind)
+        )
+    return out
+
+
+@pytest.mark.kafka
+def test_worker_exports_spans_to_an_otlp_endpoint(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory
+) -> None:
+    receiver = OtlpReceiver()
+    topics = make_worker_topics(kafka_topic_factory, 2)
+    sequences = generate_sequences(3, seed=19, prefix=f"otlp-{uuid.uuid4().hex[:6]}")
+    group = WorkerGroup(kafka_bootstrap, topics, QWEN3_CONFIG)
+
+    async def body() -> list[Any]:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+        await producer.start()
+        try:
+            for sequence in sequences:
+                for envelope in sequence.envelopes:
+                    key = envelope["request_id"].encode()
+                    await producer.send(topics.input, orjson.dumps(envelope), key=key, headers=HEADERS)
+            await producer.flush()
+        finally:
+            await producer.stop()
+        outputs = await TopicReader(kafka_bootstrap, topics.output).start()
+        try:
+            await outputs.wait_for(sum(len(s.envelopes) for s in sequences), 120, "outputs", group.logs)
+        finally:
+            await outputs.stop()
+        return outputs.records
+
+    group.start(["--otel-endpoint", receiver.url])
+    try:
+        outputs = asyncio.run(body())
+    finally:
+        statuses = group.stop_all()  # SIGTERM flushes the span exporter
+        receiver.stop()
+    assert statuses == [0]
+    assert len(receiver.spans) == len(sequences)
+    by_id = {}
+    for span in receiver.spans:
+        assert span.trace_id.hex() == TRACE_ID and span.parent_span_id.hex() == "00f067aa0ba902b7"
+        attributes = _attributes(span)
+        assert attributes["messaging.destination.name"] == topics.input
+        assert attributes["messaging.consumer.group.name"] == group.group_id
+        assert attributes["gen_ai.request.model"] == "test-model"
+        assert attributes["gen_ai.usage.output_tokens"] > 0
+        by_id[span.span_id.hex()] = attributes
+    # Each output names its request's span as parent: downstream work joins the same trace.
+    for record in outputs:
+        parent = dict(record.headers)["traceparent"].decode()
+        assert parent.startswith(f"00-{TRACE_ID}-") and parent.split("-")[2] in by_id
