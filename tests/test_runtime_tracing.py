@@ -172,6 +172,8 @@ def test_spans_one_per_request_with_genai_and_messaging_attributes() -> None:
         for i, e in enumerate(second.envelopes)
     ]
     records.append(TracedRecord(len(records), b"[]", b"k", HEADERS))  # a dead letter: no span
+    # A duplicate of a request that already closed opens no span either.
+    records.append(TracedRecord(len(records), orjson.dumps(first.envelopes[0]), records[0].key, HEADERS))
     _feed(task, records)
     finished = exporter.get_finished_spans()
     assert len(finished) == 2 and spans.open_spans == 0

@@ -282,6 +282,8 @@ class RequestSpans:
             return headers
         opened = self._open.get(request_id)
         if opened is None:
+            if output is None:  # a duplicate of a request not open here: no span to start
+                return headers
             opened = self._start(request_id, record, headers)
         if output is not None:
             opened.summary.update(output)
