@@ -355,7 +355,7 @@ async def _run(args: argparse.Namespace) -> None:
             result = await one_run(bootstrap, mode, args, run, log_dir)
             results.setdefault(mode, []).append(result)
             print(
-                f"  {mode:14s} run {run + 1}: {result.chunks_per_s:9.0f} chunks/s   latency p50 "
+                f"  {mode:18s} run {run + 1}: {result.chunks_per_s:9.0f} chunks/s   latency p50 "
                 f"{result.p50_ms:6.1f} ms  p99 {result.p99_ms:6.1f} ms  (at {result.latency_rate:.0f}/s)",
                 flush=True,
             )
@@ -365,11 +365,11 @@ async def _run(args: argparse.Namespace) -> None:
         f"{args.partitions} partitions, commit interval {args.commit_interval_ms} ms, "
         f"median of {args.runs} runs"
     )
-    print(f"{'':24s}" + "".join(f"{mode:>16s}" for mode in results))
+    print(f"{'':24s}" + "".join(f"{mode:>20s}" for mode in results))
     rows = [
-        ("throughput (chunks/s)", lambda r: r.chunks_per_s, "{:16.0f}"),
-        ("latency p50 (ms)", lambda r: r.p50_ms, "{:16.1f}"),
-        ("latency p99 (ms)", lambda r: r.p99_ms, "{:16.1f}"),
+        ("throughput (chunks/s)", lambda r: r.chunks_per_s, "{:20.0f}"),
+        ("latency p50 (ms)", lambda r: r.p50_ms, "{:20.1f}"),
+        ("latency p99 (ms)", lambda r: r.p99_ms, "{:20.1f}"),
     ]
     for label, get, fmt in rows:
         print(
