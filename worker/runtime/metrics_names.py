@@ -74,9 +74,8 @@ STATE_BYTES_LIMIT: Final = "derender.state.bytes_limit"  # gauge: --max-state-by
 # --- GenAI (OpenTelemetry's GenAI conventions; see ``genai_metrics`` for the sources) -------------
 GEN_AI_TIME_TO_FIRST_TOKEN_MS: Final = "gen_ai.server.time_to_first_token_ms"  # {model}
 GEN_AI_TIME_PER_OUTPUT_TOKEN_MS: Final = "gen_ai.server.time_per_output_token_ms"  # {model}
-GEN_AI_OUTPUT_TOKENS: Final = (
-    "gen_ai.server.output_tokens"  # {model, token_type}: reasoning|content|tool_call
-)
+# {model, token_type}: token_type is reasoning | content | tool_call
+GEN_AI_OUTPUT_TOKENS: Final = "gen_ai.server.output_tokens"
 GEN_AI_REQUESTS: Final = "gen_ai.server.requests"  # {model, finish_reason}: finished choices
 GEN_AI_FINISHED_OUTPUT_TOKENS: Final = "gen_ai.server.finished_output_tokens"  # {model, finish_reason}
 ERROR_RECORDS: Final = "derender.error_records"  # {code}: error records (the HTTP status vLLM would answer)
