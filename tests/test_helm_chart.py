@@ -14,6 +14,7 @@ import functools
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +118,7 @@ def _render_cached(helm: str, release: str, values_text: str | None) -> tuple[in
     tmp = None
     if values_text is not None:
         tmp = (
-            Path(os.environ.get("TMPDIR", "/tmp"))
-            / f"derender-helm-values-{os.getpid()}-{abs(hash(values_text))}.yaml"
+            Path(tempfile.gettempdir()) / f"derender-helm-values-{os.getpid()}-{abs(hash(values_text))}.yaml"
         )
         tmp.write_text(values_text, encoding="utf-8")
         args += ["--values", str(tmp)]
