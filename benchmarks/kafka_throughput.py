@@ -11,6 +11,9 @@ running). For each mode (exactly-once, at-least-once) and run:
   reader, so tokenizer loading and the group join are not counted.
 * latency: with the worker caught up, chunks are produced at a steady rate (``--latency-rate``)
   and each chunk's time from ``send`` to visible on the ``read_committed`` reader is taken.
+* ``exactly-once+trace``: the same with W3C ``traceparent`` / ``tracestate`` / ``baggage`` headers on
+  every input record, which the worker copies to every output; beside it, in-process, the cost per
+  record of the observability hook (trace headers, GenAI metrics, spans) against none.
 
 Prints medians over the runs side by side. The producer, the reader, the worker and the
 broker share this machine's cores, so the figures are a floor for a dedicated worker host.
@@ -115,13 +118,25 @@ def make_workload(sequences: int, tokens: int, prefix: str) -> list[tuple[bytes,
     return records
 
 
-async def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+TRACE_HEADERS = [
+    ("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    ("tracestate", b"vendor=opaque"),
+    ("baggage", b"tenant=bench"),
+]
+
+
+async def produce(
+    bootstrap: str,
+    topic: str,
+    records: list[tuple[bytes, bytes]],
+    headers: list[tuple[str, bytes]] | None = None,
+) -> None:
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=10, max_batch_size=512 * 1024
     )
     await producer.start()
     try:
-        futures = [await producer.send(topic, value=v, key=k) for k, v in records]
+        futures = [await producer.send(topic, value=v, key=k, headers=headers) for k, v in records]
         await asyncio.gather(*futures)
     finally:
         await producer.stop()
@@ -248,10 +263,12 @@ async def one_run(bootstrap: str, mode: str, args: argparse.Namespace, run: int,
     )
     await create_topics(bootstrap, topics, args.partitions)
     load = make_workload(args.sequences, args.tokens, f"t{run}")
-    await produce(bootstrap, topics.input, load)
+    delivery, _, variant = mode.partition("+")
+    headers = TRACE_HEADERS if variant == "trace" else None
+    await produce(bootstrap, topics.input, load, headers)
     reader = Reader(bootstrap, topics.output, args.partitions)
     await reader.start()
-    worker = start_worker(bootstrap, topics, mode, args.commit_interval_ms, log_dir / f"{mode}-{run}.log")
+    worker = start_worker(bootstrap, topics, delivery, args.commit_interval_ms, log_dir / f"{mode}-{run}.log")
     try:
         await reader.wait_for(len(load), timeout=600)
         # From the moment the worker owned its partitions (its log) to the last output visible:
@@ -277,7 +294,7 @@ async def one_run(bootstrap: str, mode: str, args: argparse.Namespace, run: int,
                     await asyncio.sleep(ahead)
                 env = orjson.loads(value)
                 sent[f"{env['request_id']}:{env['seq']}".encode()] = time.monotonic()
-                futures.append(await producer.send(topics.input, value=value, key=key))
+                futures.append(await producer.send(topics.input, value=value, key=key, headers=headers))
             await asyncio.gather(*futures)
         finally:
             await producer.stop()
@@ -321,9 +338,11 @@ def main(argv: list[str] | None = None) -> None:
         "--latency-rate", type=float, default=2000.0, help="chunks/s during the latency phase"
     )
     parser.add_argument("--latency-seconds", type=float, default=10.0)
-    parser.add_argument("--modes", default="exactly-once,at-least-once")
+    parser.add_argument("--modes", default="exactly-once,exactly-once+trace,at-least-once")
     args = parser.parse_args(argv)
     asyncio.run(_run(args))
+    print()
+    observability_overhead(args)
 
 
 async def _run(args: argparse.Namespace) -> None:
@@ -336,7 +355,7 @@ async def _run(args: argparse.Namespace) -> None:
             result = await one_run(bootstrap, mode, args, run, log_dir)
             results.setdefault(mode, []).append(result)
             print(
-                f"  {mode:14s} run {run + 1}: {result.chunks_per_s:9.0f} chunks/s   latency p50 "
+                f"  {mode:18s} run {run + 1}: {result.chunks_per_s:9.0f} chunks/s   latency p50 "
                 f"{result.p50_ms:6.1f} ms  p99 {result.p99_ms:6.1f} ms  (at {result.latency_rate:.0f}/s)",
                 flush=True,
             )
@@ -346,17 +365,98 @@ async def _run(args: argparse.Namespace) -> None:
         f"{args.partitions} partitions, commit interval {args.commit_interval_ms} ms, "
         f"median of {args.runs} runs"
     )
-    print(f"{'':24s}" + "".join(f"{mode:>16s}" for mode in results))
+    print(f"{'':24s}" + "".join(f"{mode:>20s}" for mode in results))
     rows = [
-        ("throughput (chunks/s)", lambda r: r.chunks_per_s, "{:16.0f}"),
-        ("latency p50 (ms)", lambda r: r.p50_ms, "{:16.1f}"),
-        ("latency p99 (ms)", lambda r: r.p99_ms, "{:16.1f}"),
+        ("throughput (chunks/s)", lambda r: r.chunks_per_s, "{:20.0f}"),
+        ("latency p50 (ms)", lambda r: r.p50_ms, "{:20.1f}"),
+        ("latency p99 (ms)", lambda r: r.p99_ms, "{:20.1f}"),
     ]
     for label, get, fmt in rows:
         print(
             f"{label:24s}"
             + "".join(fmt.format(statistics.median(get(r) for r in rs)) for rs in results.values())
         )
+
+
+def observability_overhead(args: argparse.Namespace) -> None:
+    """In-process: records/s of one partition's record path with and without the observability hook."""
+    from aiokafka import TopicPartition as TP
+
+    from worker.core.envelope_processor import EnvelopeProcessor
+    from worker.runtime.config import TopicNames as Names
+    from worker.runtime.metrics import Metrics
+    from worker.runtime.observer import RecordObserver
+    from worker.runtime.partition import PartitionTask
+    from worker.settings import ModelSettings
+
+    class NullSink:
+        async def start(self) -> None: ...
+        async def send(self, record: Any) -> None: ...
+        async def commit(self, state: Any, offsets: Any) -> None: ...
+        async def abort(self) -> None: ...
+        async def close(self) -> None: ...
+
+    class Rec:
+        __slots__ = ("headers", "key", "offset", "partition", "timestamp", "topic", "value")
+
+        def __init__(self, offset: int, key: bytes, value: bytes, headers: Any) -> None:
+            self.topic, self.partition, self.offset = "in", 0, offset
+            self.key, self.value, self.headers, self.timestamp = key, value, headers, 1_000_000 + offset
+
+    derenderer = ModelSettings(tokenizer=str(MODEL_DIR), served_model_names=("qwen3",)).build_derenderer()
+    load = make_workload(min(args.sequences, 200), args.tokens, "o")
+    variants: list[tuple[str, Any, Any]] = [
+        ("off (no headers, no hook)", lambda m: RecordObserver(propagate=False), None),
+        ("trace headers + GenAI metrics", lambda m: RecordObserver("g", metrics=m), TRACE_HEADERS),
+    ]
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        from worker.runtime.tracing import RequestSpans
+
+        def with_spans(m: Metrics) -> RecordObserver:
+            provider = TracerProvider()
+            provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+            return RecordObserver("g", RequestSpans(provider.get_tracer("bench")), metrics=m)
+
+        variants.append(("  + a span per request", with_spans, TRACE_HEADERS))
+    except ImportError:
+        pass
+
+    async def one(make: Any, headers: Any) -> float:
+        metrics = Metrics()
+        observer = make(metrics)
+        task = PartitionTask(
+            TP("in", 0),
+            EnvelopeProcessor(observer.measured(derenderer)),
+            NullSink(),
+            Names("in", "out", "state", "dlq"),
+            metrics,
+            position=0,
+            persisted=set(),
+            observer=observer,
+        )
+        records = [Rec(i, k, v, headers) for i, (k, v) in enumerate(load)]
+        started = time.process_time()  # CPU time: other processes on the machine do not count
+        for record in records:
+            await task.handle(record)
+        return len(records) / (time.process_time() - started)
+
+    # Variants take turns, after a warm-up, and the best run counts: on a shared machine the
+    # slowest runs measure the neighbours, not the code.
+    asyncio.run(one(variants[0][1], variants[0][2]))
+    rates: dict[str, list[float]] = {label: [] for label, _, _ in variants}
+    for _ in range(max(3, args.runs)):
+        for label, make, headers in variants:
+            rates[label].append(asyncio.run(one(make, headers)))
+    runs = max(3, args.runs)
+    print(f"record path in-process, CPU time ({len(load)} records, best of {runs} alternating runs)")
+    base = max(rates[variants[0][0]])
+    for label, _, _ in variants:
+        rate = max(rates[label])
+        print(f"  {label:32s}{rate:12.0f} records/s   {1e6 / rate - 1e6 / base:+7.1f} us/record")
 
 
 if __name__ == "__main__":

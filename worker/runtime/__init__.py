@@ -40,6 +40,9 @@ Modules, in the order a record meets them:
 * ``metrics_names`` / ``metrics`` -- metric names (one place) and an in-process registry
 * ``prometheus_export`` / ``health_server`` -- ``/metrics``, ``/healthz``, ``/readyz``
 * ``kafka_security`` -- TLS / SASL options, passed to every Kafka client
+* ``kafka_oauth``   -- OAUTHBEARER tokens: OIDC client credentials, AWS MSK IAM
+* ``observer``      -- the per-record observability hook: ``tracing`` (W3C trace context through
+                       Kafka, optional OpenTelemetry spans) and ``genai_metrics``
 * ``structured_logging`` -- ``--log-format json``
 * ``dlq_replay``    -- ``dlq replay``: re-drive dead letters to the input topic after a fix
 * ``commands``      -- the ``topics``, ``run`` and ``dlq`` sub-commands

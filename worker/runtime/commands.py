@@ -22,6 +22,7 @@ from worker.runtime.health_server import (
 from worker.runtime.kafka_security import add_security_arguments
 from worker.runtime.poison import ResetTracker, add_poison_arguments
 from worker.runtime.structured_logging import add_log_format_argument, configure_logging
+from worker.runtime.tracing import add_tracing_arguments
 from worker.settings import ModelSettings, add_model_arguments, env_default
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add_dead_letter_arguments(run)
     add_poison_arguments(run)
     add_log_format_argument(run)
+    add_tracing_arguments(run)
     run.set_defaults(handler=_run)
 
     register_dlq(commands)  # `dlq replay` (it adds its own topic and security flags)
@@ -112,7 +114,9 @@ def _start_health_server(
 
 
 def _run(args: argparse.Namespace) -> int:
+    from worker.runtime.observer import RecordObserver
     from worker.runtime.prometheus_export import ExportedMetrics, build_registry
+    from worker.runtime.tracing import build_spans
     from worker.runtime.worker import Worker
 
     configure_logging(args.log_level, json=args.log_format == "json")
@@ -120,6 +124,7 @@ def _run(args: argparse.Namespace) -> int:
     model = ModelSettings.from_args(args)
     dead_letters = DeadLetterPolicy(DeadLetterLimits.from_args(args))
     resets = ResetTracker(args.max_record_retries)
+    spans = build_spans(args.otel_endpoint)  # tracing: NO_SPANS unless asked for
     log.info("kafka %s", settings.security.describe())
     metrics, readiness = ExportedMetrics(), ReadinessState()
     # Before the tokenizer loads (seconds): the startupProbe asks /healthz meanwhile, and /readyz
@@ -144,6 +149,7 @@ def _run(args: argparse.Namespace) -> int:
                 dead_letters=dead_letters,
                 resets=resets,
                 max_live_parsers=model.max_live_parsers,
+                observer=RecordObserver(settings.group_id, spans, metrics=metrics),
             )
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):

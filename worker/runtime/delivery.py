@@ -110,7 +110,11 @@ def _discard(futures: list[asyncio.Future[Any]]) -> None:
 
 async def _send(producer: Any, record: OutgoingRecord) -> asyncio.Future[Any]:
     fut: asyncio.Future[Any] = await producer.send(
-        record.topic, value=record.value, key=record.key, partition=record.partition
+        record.topic,
+        value=record.value,
+        key=record.key,
+        partition=record.partition,
+        headers=list(record.headers) if record.headers else None,  # trace context
     )
     return fut
 

@@ -3,10 +3,16 @@
 Flags, each also an environment variable (``--sasl-mechanism`` -> ``DERENDER_SASL_MECHANISM``):
 
 * ``--security-protocol``  PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL (default PLAINTEXT)
-* ``--sasl-mechanism``     PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (required with SASL_*: PLAIN over
-                           SASL_PLAINTEXT sends the password in clear, so it is never implied)
+* ``--sasl-mechanism``     PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 | OAUTHBEARER | AWS_MSK_IAM (required
+                           with SASL_*: PLAIN over SASL_PLAINTEXT sends the password in clear, so it is
+                           never implied)
 * ``--sasl-username`` / ``--sasl-password``  (give the password through the environment, from a
                            Secret: a command-line flag is visible in ``ps``)
+* OAUTHBEARER (OIDC client credentials): ``--sasl-oauth-token-endpoint``, ``--sasl-oauth-client-id``,
+                           ``--sasl-oauth-client-secret`` (prefer ``DERENDER_SASL_OAUTH_CLIENT_SECRET``),
+                           ``--sasl-oauth-scope``; ``OidcTokenProvider`` fetches and refreshes the token
+* AWS_MSK_IAM: ``--aws-region`` (else ``AWS_REGION``); credentials from the standard AWS chain; needs
+                           the ``msk`` extra (``aws-msk-iam-sasl-signer-python``)
 * ``--ssl-cafile`` / ``--ssl-certfile`` / ``--ssl-keyfile`` / ``--ssl-key-password``  PEM files
                            (no CA file: the system's default CAs)
 * ``--[no-]ssl-check-hostname``  (default on)
@@ -29,6 +35,7 @@ from typing import Any
 from aiokafka.helpers import create_ssl_context
 
 from worker.errors import ConfigurationError
+from worker.runtime.kafka_oauth import MskIamTokenProvider, OidcClientCredentials, OidcTokenProvider
 from worker.settings import ENV_PREFIX, env_default
 
 
@@ -51,6 +58,12 @@ class SaslMechanism(enum.StrEnum):
     PLAIN = "PLAIN"
     SCRAM_SHA_256 = "SCRAM-SHA-256"
     SCRAM_SHA_512 = "SCRAM-SHA-512"
+    OAUTHBEARER = "OAUTHBEARER"
+    AWS_MSK_IAM = "AWS_MSK_IAM"  # OAUTHBEARER with a token signed by the AWS MSK IAM signer
+
+    @property
+    def uses_password(self) -> bool:
+        return self not in (SaslMechanism.OAUTHBEARER, SaslMechanism.AWS_MSK_IAM)
 
 
 class Secret:
@@ -137,7 +150,8 @@ def add_security_arguments(parser: argparse.ArgumentParser) -> None:
         "--sasl-mechanism",
         type=mechanism,
         default=_env_enum("sasl-mechanism", mechanism),
-        help="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; required with SASL_PLAINTEXT / SASL_SSL",
+        help="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER (OIDC client credentials) or AWS_MSK_IAM; "
+        "required with SASL_PLAINTEXT / SASL_SSL",
     )
     group.add_argument("--sasl-username", default=env_default("sasl-username") or None)
     group.add_argument(
@@ -145,6 +159,26 @@ def add_security_arguments(parser: argparse.ArgumentParser) -> None:
         type=Secret,
         default=_env_secret("sasl-password"),
         help="prefer DERENDER_SASL_PASSWORD (from a Secret): a flag shows in the process list",
+    )
+    group.add_argument(
+        "--sasl-oauth-token-endpoint",
+        default=env_default("sasl-oauth-token-endpoint") or None,
+        help="OAUTHBEARER: the OIDC token endpoint (client credentials grant)",
+    )
+    group.add_argument("--sasl-oauth-client-id", default=env_default("sasl-oauth-client-id") or None)
+    group.add_argument(
+        "--sasl-oauth-client-secret",
+        type=Secret,
+        default=_env_secret("sasl-oauth-client-secret"),
+        help="prefer DERENDER_SASL_OAUTH_CLIENT_SECRET (from a Secret)",
+    )
+    group.add_argument(
+        "--sasl-oauth-scope", default=env_default("sasl-oauth-scope") or None, help="OAUTHBEARER: scope(s)"
+    )
+    group.add_argument(
+        "--aws-region",
+        default=env_default("aws-region") or os.environ.get("AWS_REGION") or None,
+        help="AWS_MSK_IAM: the cluster's region (default: AWS_REGION)",
     )
     group.add_argument("--ssl-cafile", default=env_default("ssl-cafile") or None, help="PEM CA bundle")
     group.add_argument(
@@ -178,6 +212,8 @@ class KafkaSecurity:
     ssl_keyfile: str | None = None
     ssl_key_password: Secret | None = field(default=None, repr=False)
     ssl_check_hostname: bool = True
+    oauth: OidcClientCredentials | None = None
+    aws_region: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> KafkaSecurity:
@@ -191,6 +227,8 @@ class KafkaSecurity:
             ssl_keyfile=args.ssl_keyfile or None,
             ssl_key_password=args.ssl_key_password or None,
             ssl_check_hostname=args.ssl_check_hostname,
+            oauth=OidcClientCredentials.from_args(args),
+            aws_region=getattr(args, "aws_region", None) or None,
         )
         security.validate()
         return security
@@ -203,11 +241,7 @@ class KafkaSecurity:
                 raise ConfigurationError(
                     f"--security-protocol {p} needs --sasl-mechanism (DERENDER_SASL_MECHANISM)"
                 )
-            if not self.sasl_username or self.sasl_password is None:
-                raise ConfigurationError(
-                    f"--security-protocol {p} needs --sasl-username and --sasl-password "
-                    "(DERENDER_SASL_USERNAME / DERENDER_SASL_PASSWORD)"
-                )
+            self._validate_mechanism()
         else:
             given = [
                 name
@@ -215,6 +249,7 @@ class KafkaSecurity:
                     ("--sasl-mechanism", self.sasl_mechanism),
                     ("--sasl-username", self.sasl_username),
                     ("--sasl-password", self.sasl_password),
+                    ("--sasl-oauth-token-endpoint", self.oauth),
                 )
                 if value is not None
             ]
@@ -271,17 +306,77 @@ class KafkaSecurity:
         if context is not None:
             kwargs["ssl_context"] = context
         if self.protocol.uses_sasl:
-            assert self.sasl_mechanism is not None and self.sasl_password is not None  # validate()
-            kwargs["sasl_mechanism"] = self.sasl_mechanism.value
-            # aiokafka takes the SCRAM credentials through the sasl_plain_* arguments too.
-            kwargs["sasl_plain_username"] = self.sasl_username
-            kwargs["sasl_plain_password"] = self.sasl_password.reveal()
+            kwargs.update(self._sasl_kwargs())
         return kwargs
+
+    def _validate_mechanism(self) -> None:
+        mechanism = self.sasl_mechanism
+        assert mechanism is not None
+        others = [
+            flag
+            for flag, value in (
+                ("--sasl-username", self.sasl_username),
+                ("--sasl-password", self.sasl_password),
+                ("--sasl-oauth-token-endpoint", self.oauth),
+            )
+            if value is not None
+        ]
+        if mechanism.uses_password:
+            if not self.sasl_username or self.sasl_password is None:
+                raise ConfigurationError(
+                    f"--sasl-mechanism {mechanism} needs --sasl-username and --sasl-password "
+                    "(DERENDER_SASL_USERNAME / DERENDER_SASL_PASSWORD)"
+                )
+            if self.oauth is not None:
+                raise ConfigurationError(f"--sasl-oauth-* given but --sasl-mechanism is {mechanism}")
+            return
+        given = [flag for flag in others if flag != "--sasl-oauth-token-endpoint"]
+        if given:
+            raise ConfigurationError(
+                f"{', '.join(given)} given but --sasl-mechanism {mechanism} uses no password"
+            )
+        if mechanism is SaslMechanism.OAUTHBEARER:
+            if self.oauth is None:
+                raise ConfigurationError(
+                    "--sasl-mechanism OAUTHBEARER needs --sasl-oauth-token-endpoint, --sasl-oauth-client-id "
+                    "and DERENDER_SASL_OAUTH_CLIENT_SECRET"
+                )
+            self.oauth.validate()
+            return
+        if self.oauth is not None:
+            raise ConfigurationError("--sasl-oauth-* given but --sasl-mechanism is AWS_MSK_IAM")
+        if not self.aws_region:
+            raise ConfigurationError("--sasl-mechanism AWS_MSK_IAM needs --aws-region (or AWS_REGION)")
+        MskIamTokenProvider.check_installed()
+
+    def _sasl_kwargs(self) -> dict[str, Any]:
+        mechanism = self.sasl_mechanism
+        if mechanism is SaslMechanism.OAUTHBEARER:
+            assert self.oauth is not None  # validate()
+            return {
+                "sasl_mechanism": "OAUTHBEARER",
+                "sasl_oauth_token_provider": OidcTokenProvider(self.oauth),
+            }
+        if mechanism is SaslMechanism.AWS_MSK_IAM:
+            assert self.aws_region is not None  # validate()
+            provider = MskIamTokenProvider(self.aws_region)
+            return {"sasl_mechanism": "OAUTHBEARER", "sasl_oauth_token_provider": provider}
+        assert mechanism is not None and self.sasl_password is not None  # validate()
+        # aiokafka takes the SCRAM credentials through the sasl_plain_* arguments too.
+        return {
+            "sasl_mechanism": mechanism.value,
+            "sasl_plain_username": self.sasl_username,
+            "sasl_plain_password": self.sasl_password.reveal(),
+        }
 
     def describe(self) -> str:
         """A log line without secrets."""
         parts = [f"security_protocol={self.protocol.value}"]
-        if self.protocol.uses_sasl:
+        if self.protocol.uses_sasl and self.oauth is not None:
+            parts.append(f"sasl_mechanism={self.sasl_mechanism} {self.oauth.describe()}")
+        elif self.protocol.uses_sasl and self.sasl_mechanism is SaslMechanism.AWS_MSK_IAM:
+            parts.append(f"sasl_mechanism={self.sasl_mechanism} region={self.aws_region}")
+        elif self.protocol.uses_sasl:
             parts.append(f"sasl_mechanism={self.sasl_mechanism} user={self.sasl_username}")
         if self.protocol.uses_ssl:
             parts.append(

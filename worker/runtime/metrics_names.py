@@ -73,3 +73,16 @@ REQUESTS_REJECTED: Final = "derender.requests.rejected"  # {cap}: new requests r
 # --- transactions and the dead-letter breaker -----------------------------------------------
 TRANSACTIONS_ABORTED: Final = "derender.transactions.aborted"  # committed ones: COMMITS
 DLQ_BREAKER_TRIPS: Final = "derender.dead_letters.breaker_trips"
+
+# --- the memory caps, so dashboards and alerts can compare the levels above with them --------
+REQUESTS_OPEN_LIMIT: Final = "derender.requests.open_limit"  # gauge: --max-open-requests (0: no cap)
+STATE_BYTES_LIMIT: Final = "derender.state.bytes_limit"  # gauge: --max-state-bytes (0: no cap)
+
+# --- GenAI (OpenTelemetry's GenAI conventions; see ``genai_metrics`` for the sources) -------------
+GEN_AI_TIME_TO_FIRST_TOKEN_MS: Final = "gen_ai.server.time_to_first_token_ms"  # {model}
+GEN_AI_TIME_PER_OUTPUT_TOKEN_MS: Final = "gen_ai.server.time_per_output_token_ms"  # {model}
+# {model, token_type}: token_type is reasoning | content | tool_call
+GEN_AI_OUTPUT_TOKENS: Final = "gen_ai.server.output_tokens"
+GEN_AI_REQUESTS: Final = "gen_ai.server.requests"  # {model, finish_reason}: finished choices
+GEN_AI_FINISHED_OUTPUT_TOKENS: Final = "gen_ai.server.finished_output_tokens"  # {model, finish_reason}
+ERROR_RECORDS: Final = "derender.error_records"  # {code}: error records (the HTTP status vLLM would answer)

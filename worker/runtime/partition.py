@@ -38,6 +38,7 @@ from worker.runtime.memory import (
     refusal_output,
 )
 from worker.runtime.metrics import Metrics
+from worker.runtime.observer import NO_OBSERVER, RecordObserver
 from worker.runtime.poison import ResetTracker
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.records import OutgoingRecord, records_for, source_of
@@ -65,6 +66,7 @@ class PartitionTask:
         budget: MemoryBudget | None = None,
         resets: ResetTracker | None = None,
         keys: StateKeys | None = None,
+        observer: RecordObserver = NO_OBSERVER,
     ) -> None:
         self.tp = tp
         self.epoch = epoch  # the worker's open counter when this task was made
@@ -84,6 +86,7 @@ class PartitionTask:
         self.budget = budget or MemoryBudget()
         self.resets = resets or ResetTracker()  # the worker's: it outlives this task
         self.keys = keys or StateKeys(DEFAULT_GROUP_ID)
+        self.observer = observer  # trace context, spans, GenAI metrics
         # Estimated live bytes per open request, as added to the budget (see ``memory``).
         self.sizes: dict[str, int] = {}
         self._estimator = LiveEstimator()
@@ -132,9 +135,10 @@ class PartitionTask:
                 self.metrics.increment(m.PROCESS_ERRORS)
             if result.request_id is not None:
                 self._track(result.request_id)
+        trace = self.observer.observe(record, result)
         reason = result.dead_letter.reason if result.dead_letter is not None else None
         try:
-            await self._emit(result)
+            await self._emit(result, trace)
         except MessageSizeTooLargeError as exc:
             # The topic takes less than the core's output limit. Retrying cannot help: dead-letter
             # the input, cut to a size any topic takes, so this cannot fail the same way again.
@@ -143,7 +147,8 @@ class PartitionTask:
             await self._emit(
                 self.processor.dead_letter_result(
                     letter, record.headers, source, max_bytes=_FALLBACK_DEAD_LETTER
-                )
+                ),
+                trace,
             )
         # Duplicates and error outputs count as valid: only dead letters feed the breaker.
         trip = self.dead_letters.observe(self.tp.partition, reason, record.offset)
@@ -201,17 +206,17 @@ class PartitionTask:
         for result in results:
             if result.request_id is not None:
                 self._track(result.request_id)
-            await self._emit(result)
+            await self._emit(result, self.observer.expired(result))
         self.metrics.increment(m.REQUESTS_EXPIRED, len(results))
         return len(results)
 
-    async def _emit(self, result: ProcessResult) -> None:
+    async def _emit(self, result: ProcessResult, trace: tuple[tuple[str, bytes], ...] = ()) -> None:
         if result.duplicate:
             self.metrics.increment(m.RECORDS_DUPLICATE)
             return
         if result.dead_letter is not None:
             self.metrics.increment(m.RECORDS_DEAD_LETTERED)
-        for out in records_for(result, self.topics):
+        for out in records_for(result, self.topics, trace):
             await self.sink.send(out)
             self.has_pending_output = True
             self.metrics.increment(self._produced_key(out.topic))

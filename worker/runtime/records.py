@@ -24,9 +24,12 @@ class OutgoingRecord:
     key: bytes | None
     value: bytes | None  # None: a tombstone
     partition: int | None = None  # None: the producer hashes the key
+    headers: tuple[tuple[str, bytes], ...] = ()  # trace context (``tracing``)
 
 
-def records_for(result: ProcessResult, topics: TopicNames) -> list[OutgoingRecord]:
+def records_for(
+    result: ProcessResult, topics: TopicNames, trace: tuple[tuple[str, bytes], ...] = ()
+) -> list[OutgoingRecord]:
     """The output (or dead letter) for one result; a duplicate sends nothing.
 
     Output records are keyed by request_id, so one request's outputs share an output
@@ -35,6 +38,6 @@ def records_for(result: ProcessResult, topics: TopicNames) -> list[OutgoingRecor
     if result.payload is None:
         return []
     if result.dead_letter is not None:
-        return [OutgoingRecord(topics.dlq, result.dead_letter.kafka_key, result.payload)]
+        return [OutgoingRecord(topics.dlq, result.dead_letter.kafka_key, result.payload, headers=trace)]
     key = result.request_id.encode("utf-8") if result.request_id is not None else None
-    return [OutgoingRecord(topics.output, key, result.payload)]
+    return [OutgoingRecord(topics.output, key, result.payload, headers=trace)]

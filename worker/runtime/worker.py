@@ -48,6 +48,7 @@ from worker.runtime.health_server import ReadinessState
 from worker.runtime.lifecycle import Lifecycle, WorkerState
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
+from worker.runtime.observer import RecordObserver
 from worker.runtime.partition import PartitionTask
 from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_record_limits
@@ -109,6 +110,7 @@ class Worker:
         dead_letters: DeadLetterPolicy | None = None,
         resets: ResetTracker | None = None,
         max_live_parsers: int = DEFAULT_MAX_LIVE_PARSERS,
+        observer: RecordObserver | None = None,
     ) -> None:
         self.settings = settings
         self.derenderer = derenderer
@@ -124,6 +126,10 @@ class Worker:
         self.budget = MemoryBudget(settings.max_open_requests, settings.max_state_bytes)
         # Resets per partition and offset; like the breakers, they outlive tasks and revocations.
         self.resets = resets or ResetTracker()
+        self.metrics.gauge(m.REQUESTS_OPEN_LIMIT, settings.max_open_requests)  # observability
+        self.metrics.gauge(m.STATE_BYTES_LIMIT, settings.max_state_bytes)  # observability
+        self.observer = observer or RecordObserver(settings.group_id, metrics=self.metrics)  # observability
+        self.derenderer = self.observer.measured(derenderer)  # observability: GenAI metrics see tokens
         self._security = settings.security.client_kwargs()  # one SSLContext, shared by every client
         # One pool for every partition's processor: --max-live-parsers is worker-wide.
         self.parsers = LiveParserPool(max_live_parsers)
@@ -174,6 +180,7 @@ class Worker:
             self.lifecycle.to(WorkerState.STOPPED)
             return 1
         self.lifecycle.to(WorkerState.STOPPED)
+        self.observer.shutdown()  # observability: flushes spans
         log.info("stopped; metrics %s", self.metrics.snapshot())
         return 0
 
@@ -515,6 +522,7 @@ class Worker:
                 budget=self.budget,
                 resets=self.resets,
                 keys=self._restorer.keys,
+                observer=self.observer,
             )
             trip = self.dead_letters.tripped().get(tp.partition)
             if trip is not None:  # tripped earlier in this process: it stays paused
@@ -586,6 +594,7 @@ class Worker:
         await self._consumer.commit(offsets)
 
     async def _close_task(self, task: PartitionTask) -> None:
+        self.observer.partition_closed(task.tp.partition)  # observability
         task.release()
         self.parsers.drop_owner(task.processor)
         await task.sink.abort()
