@@ -17,8 +17,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from worker.errors import ConfigurationError
 from worker.runtime.config import FALLBACK_BOOTSTRAP_ENV
+from worker.runtime.config import add_connection_arguments as add_kafka_connection_arguments
 from worker.runtime.kafka_security import KafkaSecurity, add_security_arguments
-from worker.settings import ENV_PREFIX, env_default
+from worker.settings import ENV_PREFIX
 
 _TOPIC_ALREADY_EXISTS = 36
 # As the worker's producers: records carry whole prompts.
@@ -26,13 +27,8 @@ MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("kafka")
-    group.add_argument(
-        "--bootstrap-servers",
-        default=env_default("bootstrap-servers") or os.environ.get(FALLBACK_BOOTSTRAP_ENV),
-        help="host:port[,host:port...] (env DERENDER_BOOTSTRAP_SERVERS, else KAFKA_BOOTSTRAP_SERVERS)",
-    )
-    group.add_argument("--client-id", default=env_default("client-id"), help="default: host name and pid")
+    """The worker's connection flags plus the security options."""
+    add_kafka_connection_arguments(parser)
     add_security_arguments(parser)
 
 

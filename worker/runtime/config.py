@@ -56,8 +56,8 @@ def _env_number(name: str, default: float, kind: type[int] | type[float]) -> flo
         raise ConfigurationError(f"{var} must be a number, got {raw!r}") from exc
 
 
-def add_topic_arguments(parser: argparse.ArgumentParser) -> None:
-    """The connection and topic flags shared by ``run`` and ``topics create``."""
+def add_connection_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """``--bootstrap-servers`` and ``--client-id``, in the "kafka" group of every Kafka command."""
     group = parser.add_argument_group("kafka")
     group.add_argument(
         "--bootstrap-servers",
@@ -65,6 +65,12 @@ def add_topic_arguments(parser: argparse.ArgumentParser) -> None:
         help="host:port[,host:port...] (env DERENDER_BOOTSTRAP_SERVERS, else KAFKA_BOOTSTRAP_SERVERS)",
     )
     group.add_argument("--client-id", default=env_default("client-id"), help="default: host name and pid")
+    return group
+
+
+def add_topic_arguments(parser: argparse.ArgumentParser) -> None:
+    """The connection and topic flags shared by ``run`` and ``topics create``."""
+    group = add_connection_arguments(parser)
     group.add_argument("--input-topic", default=_env("input-topic", DEFAULT_INPUT_TOPIC))
     group.add_argument("--output-topic", default=_env("output-topic", DEFAULT_OUTPUT_TOPIC))
     group.add_argument(
