@@ -254,3 +254,37 @@ def test_one_shot_completion_with_two_prompts_equals_vllms_one_shot_derender(pip
     completion = raw.parse()
     assert [c.index for c in completion.choices] == [0, 1]
     assert completion.choices[0].text == completion.choices[1].text != ""
+
+
+def test_trace_context_rides_from_the_http_request_to_every_record(pipeline: Pipeline) -> None:
+    """The client's W3C trace context reaches the requests, input and output records of its request
+    (gateway -> ingest -> worker), so one trace covers the whole pipeline."""
+    from tests.kafka_helpers import TopicReader
+    from worker.runtime.genai_metrics import REQUEST_START_HEADER
+
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    body = request_of(recording(case(STREAM_CASE).id))
+    chunks = list(client(pipeline).chat.completions.create(**body, extra_headers={"traceparent": parent}))
+    request_id = chunks[0].id.rsplit("chatcmpl-", 1)[1]
+
+    async def records(topic: str, count: int) -> list[Any]:
+        reader = await TopicReader(pipeline.bootstrap, topic).start()
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                mine = [r for r in reader.records if r.key == request_id.encode()]
+                if len(mine) >= count or time.monotonic() > deadline:
+                    return mine
+                await asyncio.sleep(0.1)
+        finally:
+            await reader.stop()
+
+    # The requests topic also holds ingest's own markers for the request; the gateway's record is the request.
+    requests = [r for r in asyncio.run(records(pipeline.requests_topic, 1)) if b'"ingest"' not in r.value]
+    assert len(requests) == 1
+    inputs = asyncio.run(records(pipeline.topics.input, len(chunks)))
+    outputs = asyncio.run(records(pipeline.topics.output, len(chunks)))
+    assert len(inputs) == len(outputs) == len(chunks)
+    for record in [*requests, *inputs, *outputs]:
+        assert dict(record.headers).get("traceparent") == parent.encode(), record
+    assert all(REQUEST_START_HEADER in dict(r.headers) for r in inputs)

@@ -33,6 +33,7 @@ from worker.errors import ConfigurationError
 from worker.pipeline.connection import Connection, add_connection_arguments, require_topics, topic_partitions
 from worker.pipeline.ingest import add_pipeline_topic_arguments
 from worker.runtime.structured_logging import add_log_format_argument, configure_logging
+from worker.runtime.tracing import NO_HEADERS, Headers, propagated
 from worker.settings import env_default
 
 log = logging.getLogger(__name__)
@@ -157,9 +158,11 @@ class Gateway:
                         if isinstance(value, dict):
                             waiter.queue.put_nowait((key, value))
 
-    async def _send(self, request_id: str, value: bytes) -> None:
+    async def _send(self, request_id: str, value: bytes, trace: Headers = NO_HEADERS) -> None:
         assert self.producer is not None
-        await self.producer.send_and_wait(self.settings.requests_topic, value=value, key=request_id.encode())
+        await self.producer.send_and_wait(
+            self.settings.requests_topic, value=value, key=request_id.encode(), headers=list(trace) or None
+        )
 
     def _cancel_later(self, request_id: str) -> None:
         """Write the cancel record from a task of its own: the handler is being cancelled."""
@@ -229,7 +232,8 @@ class Gateway:
         envelope = RequestEnvelope(request_id=request_id, endpoint=endpoint, request=body)
         done = False
         try:
-            await self._send(request_id, envelope.model_dump_json().encode())
+            # The client's W3C trace context (as vLLM honours it on its HTTP entry points) rides on.
+            await self._send(request_id, envelope.model_dump_json().encode(), propagated(http.headers))
             if stream:
                 response = await self._stream(http, waiter, request_id, body, count)
             else:

@@ -41,7 +41,9 @@ from worker.errors import ConfigurationError
 from worker.pipeline.connection import Connection, add_connection_arguments, require_topics
 from worker.pipeline.vllm_client import UpstreamError, VllmClient
 from worker.runtime.config import DEFAULT_INPUT_TOPIC, DEFAULT_OUTPUT_TOPIC
+from worker.runtime.genai_metrics import request_start_header
 from worker.runtime.structured_logging import add_log_format_argument, configure_logging
+from worker.runtime.tracing import Headers, propagated
 from worker.settings import env_default
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,7 @@ class _Outgoing:
     key: bytes
     value: bytes
     partition: int | None = None
+    headers: Headers = ()
 
 
 @dataclass
@@ -106,10 +109,11 @@ class _Restored:
 class _Request:
     """One running request: its generations and what it has produced."""
 
-    def __init__(self, owner: _Partition, offset: int, envelope: RequestEnvelope) -> None:
+    def __init__(self, owner: _Partition, offset: int, envelope: RequestEnvelope, trace: Headers) -> None:
         self.owner = owner
         self.offset = offset
         self.envelope = envelope
+        self.trace = trace  # carried to every record the request causes
         self.cancelled = asyncio.Event()
         self.engine_ids: set[str] = set()
         self.started = False
@@ -134,8 +138,10 @@ class _Partition:
         self.committed: int | None = None
         self.lock = asyncio.Lock()
 
-    def emit(self, topic: str, key: str, value: bytes, partition: int | None = None) -> None:
-        self.pending.append(_Outgoing(topic, key.encode(), value, partition))
+    def emit(
+        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Headers = ()
+    ) -> None:
+        self.pending.append(_Outgoing(topic, key.encode(), value, partition, headers))
 
     def mark(self, request_id: str, state: Literal["started", "done"]) -> None:
         marker = IngestMarker(request_id=request_id, ingest=state)
@@ -158,7 +164,11 @@ class _Partition:
             try:
                 for record in records:
                     await self.producer.send(
-                        record.topic, value=record.value, key=record.key, partition=record.partition
+                        record.topic,
+                        value=record.value,
+                        key=record.key,
+                        partition=record.partition,
+                        headers=list(record.headers) or None,
                     )
                 if offset is not None and offset != self.committed:
                     await self.producer.send_offsets_to_transaction(
@@ -238,7 +248,9 @@ class Ingest:
                     continue
                 for record in records:
                     partition.next_offset = record.offset + 1
-                    self._handle(partition, record.offset, record.key, record.value)
+                    # W3C trace context of the request record, and its time for the worker's TTFT.
+                    trace = (*propagated(record.headers), request_start_header(record.timestamp))
+                    self._handle(partition, record.offset, record.key, record.value, trace)
 
     def _set_paused(self, paused: bool) -> None:
         assert self._consumer is not None
@@ -284,7 +296,9 @@ class Ingest:
 
     # --- records -------------------------------------------------------------------------------------
 
-    def _handle(self, partition: _Partition, offset: int, key: bytes | None, value: bytes | None) -> None:
+    def _handle(
+        self, partition: _Partition, offset: int, key: bytes | None, value: bytes | None, trace: Headers = ()
+    ) -> None:
         try:
             raw = orjson.loads(value or b"")
         except orjson.JSONDecodeError:
@@ -298,10 +312,10 @@ class Ingest:
         try:
             envelope = RequestEnvelope.model_validate(raw)
         except ValidationError as exc:
-            self._reject(partition, key, raw, f"not a request envelope: {_first_error(exc)}")
+            self._reject(partition, key, raw, trace, f"not a request envelope: {_first_error(exc)}")
             return
         if key is not None and key != envelope.request_id.encode():
-            self._reject(partition, key, raw, "the record key differs from request_id")
+            self._reject(partition, key, raw, trace, "the record key differs from request_id")
             return
         rid = envelope.request_id
         restored = partition.restored
@@ -320,15 +334,15 @@ class Ingest:
                     "when the ingest process serving it died",
                     "ServiceUnavailableError",
                 ),
+                trace,
             )
             return
         if rid in restored.cancelled or rid in partition.early_cancels:
             partition.early_cancels.discard(rid)
-            self._finish_with_error(
-                partition, envelope, 0, _error(CANCELLED_CODE, "the request was cancelled", "CancelledError")
-            )
+            cancelled = _error(CANCELLED_CODE, "the request was cancelled", "CancelledError")
+            self._finish_with_error(partition, envelope, 0, cancelled, trace)
             return
-        request = _Request(partition, offset, envelope)
+        request = _Request(partition, offset, envelope, trace)
         partition.running[offset] = request
         partition.by_id[rid] = request
         self._inflight += 1
@@ -343,7 +357,9 @@ class Ingest:
         log.info("request %s: cancelled", request_id)
         request.cancelled.set()
 
-    def _reject(self, partition: _Partition, key: bytes | None, raw: Any, reason: str) -> None:
+    def _reject(
+        self, partition: _Partition, key: bytes | None, raw: Any, trace: Headers, reason: str
+    ) -> None:
         """A record that is not a request: an error record when someone may wait for its key, else skip."""
         request_id = key.decode(errors="replace") if key else None
         log.warning("requests record skipped (%s), key %r", reason, request_id)
@@ -351,13 +367,14 @@ class Ingest:
             given = raw.get("endpoint") if isinstance(raw, dict) else None
             endpoint = given if isinstance(given, str) and given in ("chat", "completion") else "chat"
             value = error_record(request_id, 0, endpoint, _error(400, reason, "BadRequestError"))
-            partition.emit(self.settings.output_topic, request_id, value)
+            partition.emit(self.settings.output_topic, request_id, value, headers=trace)
 
     def _finish_with_error(
-        self, partition: _Partition, envelope: RequestEnvelope, seq: int, error: JsonDict
+        self, partition: _Partition, envelope: RequestEnvelope, seq: int, error: JsonDict, trace: Headers
     ) -> None:
         rid = envelope.request_id
-        partition.emit(self.settings.output_topic, rid, error_record(rid, seq, envelope.endpoint, error))
+        value = error_record(rid, seq, envelope.endpoint, error)
+        partition.emit(self.settings.output_topic, rid, value, headers=trace)
         partition.mark(rid, "done")
 
     # --- one request ---------------------------------------------------------------------------------
@@ -389,7 +406,7 @@ class Ingest:
         targets = [sid for sid, seq in seqs.items() if seq > 0] or [rid]
         for sid in targets:
             value = error_record(sid, seqs.get(sid, 0), request.envelope.endpoint, error)
-            request.owner.emit(self.settings.output_topic, sid, value)
+            request.owner.emit(self.settings.output_topic, sid, value, headers=request.trace)
         request.owner.mark(rid, "done")
 
     async def _generate(self, request: _Request, seqs: dict[str, int]) -> None:
@@ -476,7 +493,7 @@ class Ingest:
                 value = orjson.dumps(
                     {"request_id": sid, "seq": seqs[sid], "endpoint": envelope.endpoint, "body": body}
                 )
-                partition.emit(self.settings.input_topic, sid, value)
+                partition.emit(self.settings.input_topic, sid, value, headers=request.trace)
                 seqs[sid] += 1
                 if not request.started:
                     request.started = True
@@ -516,7 +533,7 @@ class Ingest:
             )
         rid = envelope.request_id
         value = orjson.dumps({"request_id": rid, "seq": 0, "endpoint": envelope.endpoint, "body": body})
-        request.owner.emit(self.settings.input_topic, rid, value)
+        request.owner.emit(self.settings.input_topic, rid, value, headers=request.trace)
         request.started = True
 
     # --- partitions ----------------------------------------------------------------------------------
