@@ -190,6 +190,17 @@ def test_one_request_cannot_evict_every_other_requests_parser() -> None:
     assert newcomer.live is not None and len(pool) == 10
 
 
+def test_eviction_reaches_the_session_in_use_when_each_record_brings_a_new_state() -> None:
+    # A record carrying stream_state makes a new SequenceState for the same sequence each time.
+    pool = LiveParserPool(1)
+    owner = object()
+    first, second = _Live(), _Live()
+    pool.touch(owner, "r", 0, first)
+    pool.touch(owner, "r", 0, second)
+    pool.touch(owner, "other", 0, _Live())  # evicts r's session: the one in use now
+    assert second.live is None and len(pool) == 1
+
+
 def test_a_cap_of_zero_keeps_no_session() -> None:
     pool = LiveParserPool(0)
     state = _Live()

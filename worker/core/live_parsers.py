@@ -46,6 +46,8 @@ class LiveParserPool:
         request = (owner, request_id)
         mine = self._by_request.setdefault(request, OrderedDict())
         if key in self._lru:
+            # A carried stream_state makes a new SequenceState per record: evict the one in use.
+            self._lru[key] = state
             self._lru.move_to_end(key)
             mine.move_to_end(key)
             return
