@@ -389,7 +389,7 @@ def test_keyless_records_and_control_characters_are_dead_letters_when_keys_are_r
 # --- a processing bug ------------------------------------------------------------------------
 
 
-def test_an_unexpected_exception_is_a_dead_letter_and_the_stream_goes_on(
+def test_an_unexpected_exception_fails_its_request_with_a_500_and_the_stream_goes_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     processor = _processor()
@@ -404,8 +404,11 @@ def test_an_unexpected_exception_is_a_dead_letter_and_the_stream_goes_on(
     monkeypatch.setattr(processor.derenderer, "chat_stream", broken)
     processor.process(good[0])
     result = processor.process(orjson.dumps(_first()))
-    assert isinstance(result.internal_error, ZeroDivisionError)
-    assert result.dead_letter is not None and "a bug" in result.dead_letter.reason
+    assert isinstance(result.internal_error, ZeroDivisionError)  # logged and counted by the runtime
+    # The client learns at once that its request failed, and why: our fault, not its own.
+    assert result.output is not None and result.closed and not processor.is_open("bad")
+    error = result.output["error"]
+    assert error["code"] == 500 and error["type"] == "InternalServerError" and "a bug" in error["message"]
     _check_result(result, processor.max_output_bytes)
     assert processor.process(good[1]).output is not None
 

@@ -15,6 +15,7 @@ both hold state the same way:
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import re
 import time
@@ -463,6 +464,17 @@ class EnvelopeProcessor:
             return self.output_result(
                 rid, _error_envelope(rid, seq, endpoint, exc), closed=closed, source=source
             )
+        except Exception as exc:
+            # A bug while derendering a valid envelope: the request's state may be half-advanced, so
+            # the request fails (a 500, our fault, not the client's) and its client learns it now.
+            self._close(rid, seq)
+            error = RequestError(
+                f"internal error while derendering: {exc!r}", code=500, error_type="InternalServerError"
+            )
+            failed = self.output_result(
+                rid, _error_envelope(rid, seq, endpoint, error), closed=True, source=source
+            )
+            return dataclasses.replace(failed, internal_error=exc)
 
     def _parse(self, value: bytes, key: bytes | None) -> tuple[InputEnvelope, bool]:
         if len(value) > self.max_record_bytes:
