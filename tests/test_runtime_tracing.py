@@ -443,3 +443,27 @@ def test_worker_exports_spans_to_an_otlp_endpoint(
     for record in outputs:
         parent = dict(record.headers)["traceparent"].decode()
         assert parent.startswith(f"00-{TRACE_ID}-") and parent.split("-")[2] in by_id
+
+
+def test_an_error_for_a_request_never_opened_ends_its_span() -> None:
+    # A first record that is rejected (here: a seq past 0 without stream_state, a 409) opens no
+    # request; its span must not stay open until the LRU evicts it.
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    spans = RequestSpans(provider.get_tracer("test"))
+    task = _task(RecordingSink(), RecordObserver("g", spans))
+    [sequence] = generate_sequences(1, seed=4, prefix="rejected")
+    _feed(task, _records(sequence.envelopes[1:2], HEADERS))
+    assert spans.open_spans == 0
+    [span] = exporter.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR
+
+
+def test_an_oversized_traceparent_is_dropped_and_never_cached() -> None:
+    from worker.runtime import tracing
+
+    huge = b"00-" + b"a" * 100_000
+    before = len(tracing._VERDICTS)
+    assert propagated([("traceparent", huge), ("tracestate", b"k=v")]) == ()
+    assert len(tracing._VERDICTS) == before

@@ -72,9 +72,13 @@ _NAMES = frozenset(TRACE_HEADERS)
 # A request's records share one traceparent: remember recent verdicts (bounded, cleared when full).
 _VERDICTS: dict[bytes, bool] = {}
 _MAX_VERDICTS = 4096
+# Version 00 is 55 bytes; later versions may append fields. Past this, not a traceparent we keep.
+MAX_TRACEPARENT_BYTES = 256
 
 
 def _valid_cached(value: bytes) -> bool:
+    if len(value) > MAX_TRACEPARENT_BYTES:
+        return False  # never cached: an untrusted header must not grow the cache's memory
     verdict = _VERDICTS.get(value)
     if verdict is None:
         if len(_VERDICTS) >= _MAX_VERDICTS:
@@ -285,6 +289,9 @@ class RequestSpans:
             if output is None:  # a duplicate of a request not open here: no span to start
                 return headers
             opened = self._start(request_id, record, headers)
+            # An error for a request not open here (a rejected first record, a refusal at a cap, a
+            # 409 without state) leaves nothing open: its span ends with it.
+            closed = closed or isinstance(output.get("error"), dict)
         if output is not None:
             opened.summary.update(output)
         if output_tokens is not None:
