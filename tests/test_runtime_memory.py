@@ -23,6 +23,7 @@ from worker.runtime.memory import (
     LiveEstimator,
     MemoryBudget,
     closed_live_bytes,
+    new_stream_request,
 )
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask
@@ -255,3 +256,38 @@ def test_the_budget_never_passes_its_cap_under_a_flood() -> None:
     assert refused and peak > cap * 0.8, (len(refused), peak)
     live = sum(sum(t.sizes.values()) for t in tasks) + sum(closed_live_bytes(t.processor) for t in tasks)
     assert live == budget.state_bytes
+
+
+def test_admission_at_a_cap_follows_the_processors_rules() -> None:
+    """At a cap only a record that would really open a request is refused (503): a duplicate of a
+    finished request is skipped and a badly placed record dead-lettered, exactly as without a cap."""
+    processor = _processor(False)
+    processor.require_key = True
+    done = [
+        {
+            "request_id": "done",
+            "seq": 0,
+            "endpoint": "chat",
+            "body": {
+                "stream": True,
+                "model": "test-model",
+                "prompt_token_ids": [9707],
+                "generate_chunk": {
+                    "request_id": "done",
+                    "choices": [{"index": 0, "token_ids": [9707], "finish_reason": "stop"}],
+                },
+            },
+        }
+    ]
+    assert processor.process(orjson.dumps(done[0]), b"done").closed
+    fresh = {**done[0], "request_id": "fresh"}
+    fresh["body"] = {
+        **done[0]["body"],
+        "generate_chunk": {**done[0]["body"]["generate_chunk"], "request_id": "f"},
+    }
+    controls = {**fresh, "request_id": "bad\x07id"}
+    assert new_stream_request(orjson.dumps(done[0]), b"done", processor) is None  # a duplicate
+    assert new_stream_request(orjson.dumps(controls), b"bad\x07id", processor) is None  # a dead letter
+    assert new_stream_request(orjson.dumps(fresh), None, processor) is None  # key-less: a dead letter
+    envelope = new_stream_request(orjson.dumps(fresh), b"fresh", processor)
+    assert envelope is not None and envelope.request_id == "fresh"

@@ -820,6 +820,22 @@ class EnvelopeProcessor:
         """Whether ``request_id`` has state here (its next record continues it)."""
         return request_id in self.requests
 
+    def would_open(self, value: bytes, key: bytes | None) -> InputEnvelope | None:
+        """The envelope when ``value`` would open a new streamed request here, else ``None``: a record
+        of an open request, a one-shot, a duplicate, or anything ``process`` rejects (a dead letter
+        holds no state). The runtime's memory caps admit new requests by this, with the same rules."""
+        if key is not None and self.is_open(key.decode("utf-8", errors="replace")):
+            return None  # records are keyed by request_id: the common case needs no parse
+        try:
+            envelope, _ = self._parse(value, key)
+        except InvalidRecordError:
+            return None
+        if envelope.body.get("stream") is not True or self.is_open(envelope.request_id):
+            return None
+        if self._is_duplicate(envelope.request_id, envelope.seq):
+            return None
+        return envelope
+
     def expire_idle(self, ttl_seconds: float) -> list[ProcessResult]:
         """Close requests idle longer than ``ttl_seconds``, each with an error output record."""
         now = self._clock()

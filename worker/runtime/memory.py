@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from pydantic import ValidationError
 
 from schemas.envelope import InputEnvelope
 from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
@@ -150,30 +149,11 @@ class MemoryBudget:
 
 
 def new_stream_request(value: bytes, key: bytes | None, processor: EnvelopeProcessor) -> InputEnvelope | None:
-    """The envelope if ``value`` is a valid streamed record of a request not open yet, else ``None``.
+    """The envelope if ``value`` would open a new streamed request (``EnvelopeProcessor.would_open``).
 
-    Only called while a cap is reached, so the second parse costs nothing in normal operation.
-    Anything the processor would reject (bad JSON, key mismatch, not an envelope) returns ``None``
-    so the processor rejects it as usual (a dead letter holds no state).
+    Only called while a cap is reached, so its parse costs nothing in normal operation.
     """
-    if key is None and processor.require_key:
-        return None  # a dead letter (placement), not a refusal
-    if key is not None and processor.is_open(key.decode("utf-8", errors="replace")):
-        return None  # records are keyed by request_id: the common case needs no parse
-    if len(value) > processor.max_record_bytes:
-        return None
-    try:
-        data = orjson.loads(value)
-        if not isinstance(data, dict):
-            return None
-        envelope = InputEnvelope.model_validate(data)
-    except (orjson.JSONDecodeError, ValidationError):
-        return None
-    if key is not None and key != envelope.request_id.encode("utf-8"):
-        return None
-    if envelope.body.get("stream") is not True or processor.is_open(envelope.request_id):
-        return None  # a one-shot request holds no state after its record
-    return envelope
+    return processor.would_open(value, key)
 
 
 def refusal_output(envelope: InputEnvelope, refusal: Refusal) -> dict[str, Any]:
