@@ -88,3 +88,34 @@ def test_missing_topic_is_a_configuration_error(kafka_bootstrap: str) -> None:
     result = cli(kafka_bootstrap, "consume", "--topic", "derender-no-such-topic-h5")
     assert result.returncode == 2
     assert b"topic 'derender-no-such-topic-h5' does not exist" in result.stderr
+
+
+def test_ingest_creates_the_requests_topic_for_whole_prompts(kafka_bootstrap: str) -> None:
+    """A requests topic that ingest creates takes records as large as its producers send (16 MiB),
+    not the broker's 1 MiB default: a long prompt must not be refused."""
+    import argparse
+    import uuid
+
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from worker.pipeline.connection import MAX_REQUEST_BYTES, Connection, add_connection_arguments
+    from worker.runtime.topics import max_message_bytes
+
+    parser = argparse.ArgumentParser()
+    add_connection_arguments(parser)
+    connection = Connection.from_args(parser.parse_args(["--bootstrap-servers", kafka_bootstrap]), "test")
+    name = f"requests-{uuid.uuid4().hex[:10]}"
+
+    async def body() -> dict[str, int | None]:
+        assert await connection.ensure_topic(name, 1)
+        try:
+            return await max_message_bytes(kafka_bootstrap, [name])
+        finally:
+            admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+            await admin.start()
+            try:
+                await admin.delete_topics([name])
+            finally:
+                await admin.close()
+
+    assert run_sync(body())[name] == MAX_REQUEST_BYTES

@@ -18,12 +18,14 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from worker.errors import ConfigurationError
 from worker.runtime.config import FALLBACK_BOOTSTRAP_ENV
 from worker.runtime.config import add_connection_arguments as add_kafka_connection_arguments
+from worker.runtime.delivery import MAX_RECORD_BYTES
 from worker.runtime.kafka_security import KafkaSecurity, add_security_arguments
+from worker.runtime.topics import LARGE_RECORDS
 from worker.settings import ENV_PREFIX
 
 _TOPIC_ALREADY_EXISTS = 36
 # As the worker's producers: records carry whole prompts.
-MAX_REQUEST_BYTES = 16 * 1024 * 1024
+MAX_REQUEST_BYTES = MAX_RECORD_BYTES
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,7 +80,9 @@ class Connection:
         admin = AIOKafkaAdminClient(**self.kwargs())
         await admin.start()
         try:
-            response = await admin.create_topics([NewTopic(name, partitions, replication_factor)])
+            # Request records carry whole prompts, as the worker's topics do (``topics create``).
+            topic = NewTopic(name, partitions, replication_factor, topic_configs=dict(LARGE_RECORDS))
+            response = await admin.create_topics([topic])
             codes = [error[1] for error in response.topic_errors]
             if any(code not in (0, _TOPIC_ALREADY_EXISTS) for code in codes):
                 raise ConfigurationError(f"cannot create topic {name!r}: {response.topic_errors}")
