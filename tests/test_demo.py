@@ -189,3 +189,18 @@ def test_plan_interleaves_requests_and_adds_the_invalid_records() -> None:
             orjson.loads(r.value)["seq"] for r in plan.records if r.key == rid.encode() and r.invalid is None
         ]
         assert seqs == sorted(seqs)
+
+
+@pytest.mark.kafka
+def test_pipeline_demo_answers_an_openai_client_through_kafka(kafka_bootstrap: str) -> None:
+    """`demo --pipeline`: fake vLLM, ingest, two workers and the gateway, with the real openai SDK
+    streaming a reasoning answer and a tool call; everything it started is stopped."""
+    done = _demo({"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}, "--pipeline")
+    assert done.returncode == 0, done.stderr + done.stdout
+    text = done.stdout
+    assert re.search(r"^pipeline demo: 2 requests, \d+ chunks through gateway", text, re.MULTILINE), text
+    assert "No. 1001 = 7 × 11 × 13, so it is not prime.  [stop]" in text
+    assert '[tool call] get_weather({"city": "Tokyo", "unit": "c"})  [tool_calls]' in text
+    pids = [int(pid) for pid in re.findall(r"^  started \S+ \(pid (\d+)\)", text, re.MULTILINE)]
+    assert len(pids) == 4  # two workers, ingest, gateway
+    assert not [pid for pid in pids if _alive(pid)]

@@ -33,7 +33,9 @@ from worker.demo import (
     _worker_model_args,
 )
 from worker.demo_view import make_view
+from worker.pipeline.connection import Connection
 from worker.pipeline.fake_vllm import FakeVllm, Recording
+from worker.runtime.kafka_security import KafkaSecurity
 
 PARTITIONS = 4
 PACE_S = 0.03
@@ -197,6 +199,9 @@ def _demo(args: argparse.Namespace, tmp: Path) -> int:
         )
         if created.returncode != 0:
             raise DemoError(f"`topics create` failed:\n{created.stderr.strip()}")
+        # Before ingest and the gateway start: the gateway needs it, and ingest may not have made it yet.
+        requests_connection = Connection(bootstrap, f"{prefix}-setup", KafkaSecurity())
+        asyncio.run(requests_connection.ensure_topic(topics["openai-requests"], PARTITIONS))
 
         fake = FakeVllm(served, served_model_names=(SERVED_MODEL,), pace_s=PACE_S).start()
         cleanup.callback(fake.stop)
