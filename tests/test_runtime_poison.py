@@ -25,22 +25,21 @@ from worker.runtime.worker import Worker
 
 def test_a_record_is_skipped_after_its_retries_and_counts_are_per_record() -> None:
     resets = ResetTracker(max_retries=3)
-    assert resets.skip(0, 7, b"v") is None
+    assert resets.skip(0, 7) is None
     assert [resets.record_failed(0, 7, "TypeError('x')") for _ in range(2)] == [1, 2]
     # Another poison record in the same uncommitted range keeps its own count: the two cannot
     # take turns resetting each other's count (the partition reopens before both each time).
     assert resets.record_failed(0, 9, "boom") == 1
-    assert resets.skip(0, 7, b"v") is None and not resets.is_poison(0, 7)
+    assert resets.skip(0, 7) is None and not resets.is_poison(0, 7)
     assert resets.record_failed(0, 7, "TypeError('x')") == 3
-    skip = resets.skip(0, 7, b"v")
-    assert skip is not None and skip.with_original and "3 times in a row" in skip.reason
+    skip = resets.skip(0, 7)
+    assert skip is not None and not skip.cut and "3 times in a row" in skip.reason
     assert "TypeError('x')" in skip.reason and resets.is_poison(0, 7)
-    assert resets.skip(1, 7, b"v") is None  # per partition
-    # The dead letter with the original failed too: the next one keeps only size and digest.
+    assert resets.skip(1, 7) is None  # per partition
+    # The dead letter with the original failed too: the next one cuts the original.
     resets.record_failed(0, 7, "MessageSizeTooLargeError()")
-    skip = resets.skip(0, 7, b"v" * 10)
-    assert skip is not None and not skip.with_original
-    assert f"10 bytes (sha256 {hashlib.sha256(b'v' * 10).hexdigest()})" in skip.reason
+    skip = resets.skip(0, 7)
+    assert skip is not None and skip.cut
     # Committing past an offset forgets its count; later offsets keep theirs.
     resets.committed(0, 8)
     assert resets.resets(0, 7) == 0 and resets.resets(0, 9) == 1
@@ -79,6 +78,27 @@ def test_the_partition_task_dead_letters_a_poison_record() -> None:
     # The skipped first record opened nothing: the second is a sequence gap for its request.
     assert second.topic == TOPICS.output and orjson.loads(second.value)["error"]["code"] == 409
     assert task.metrics.snapshot()["counters"]["derender.records.poison_skipped"] == 1
+
+
+def test_a_poison_dead_letter_that_failed_is_cut_and_still_describes_the_whole_record() -> None:
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    (seq,) = generate_sequences(1, seed=3, prefix="poison")
+    sink = RecordingSink()
+    resets = ResetTracker(max_retries=1)
+    task = _task(derenderer, sink)
+    task.resets = resets
+    big = {**seq.envelopes[0], "pad": "x" * (400 * 1024)}  # over the cut's 256 KiB
+    for _ in range(2):  # its first dead letter failed to send as well
+        resets.record_failed(2, 0, "MessageSizeTooLargeError()")
+    record = FakeRecord(0, big)
+    asyncio.run(task.handle(record))
+    (letter,) = sink.sent
+    assert letter.topic == TOPICS.dlq and letter.key == b"poison-00000"
+    assert len(letter.value) <= 256 * 1024
+    dead = orjson.loads(letter.value)
+    assert dead["truncated"] and dead["key"] == "poison-00000"
+    assert dead["original_size"] == len(record.value)
+    assert dead["original_sha256"] == hashlib.sha256(record.value).hexdigest()
 
 
 def _settings(*argv: str) -> KafkaSettings:

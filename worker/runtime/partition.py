@@ -116,12 +116,13 @@ class PartitionTask:
         value: bytes = record.value if record.value is not None else b""
         self.metrics.timing(m.RECORD_AGE_MS, max(0.0, time.time() * 1000 - record.timestamp))
         source = source_of(record)
-        skip = self.resets.skip(self.tp.partition, record.offset, value)
+        skip = self.resets.skip(self.tp.partition, record.offset)
         result: ProcessResult | None
         if skip is not None:  # a poison record that kept resetting the partition (``poison``)
             self.metrics.increment(m.RECORDS_POISON_SKIPPED)
-            kept = (value, record.key) if skip.with_original else (b"", None)
-            result = self.processor.dead_letter_result(DeadLetter(skip.reason, *kept), record.headers, source)
+            limit = _FALLBACK_DEAD_LETTER if skip.cut else None
+            letter = DeadLetter(skip.reason, value, record.key)
+            result = self.processor.dead_letter_result(letter, record.headers, source, max_bytes=limit)
         else:
             result = self._refused(value, record.key, source)
         if result is None:

@@ -20,7 +20,8 @@ The count lives in the worker (not in the partition task, which a reset drops) a
 revocation: if the partition comes back, its committed offset decides whether the count still
 applies. The skip itself is an ordinary dead letter whose reason names the resets and the last
 error; should even that fail to send (the original is too large for the dead-letter topic), the
-next attempt sends a dead letter without the original, with its size and SHA-256.
+next attempt sends it again with the original cut to a size any topic takes (``truncated``; its
+key, size and SHA-256 still describe the whole record).
 
 Pure: no I/O, no clock.
 """
@@ -28,7 +29,6 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import argparse
-import hashlib
 from dataclasses import dataclass
 
 from worker.errors import ConfigurationError
@@ -54,10 +54,10 @@ def add_poison_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Skip:
-    """How to skip a poison record: a dead letter with this reason, with or without the original."""
+    """How to skip a poison record: a dead letter with this reason; ``cut``: its original cut short."""
 
     reason: str
-    with_original: bool
+    cut: bool
 
 
 @dataclass(slots=True)
@@ -107,7 +107,7 @@ class ResetTracker:
             for offset in [o for o in counts if o < position]:
                 del counts[offset]
 
-    def skip(self, partition: int, offset: int, value: bytes) -> Skip | None:
+    def skip(self, partition: int, offset: int) -> Skip | None:
         """How to skip the record at ``offset`` if it has used up its retries, else ``None``."""
         count = self._counts.get(partition, {}).get(offset)
         if count is None or count.resets < self.max_retries:
@@ -116,11 +116,8 @@ class ResetTracker:
             f"poison record: it reset its partition {count.resets} times in a row "
             f"(--max-record-retries {self.max_retries}); last error: {count.last_error}"
         )
-        if count.resets == self.max_retries:
-            return Skip(reason, with_original=True)
-        # Even the dead letter with the original failed: keep only what identifies it.
-        digest = hashlib.sha256(value).hexdigest()
-        return Skip(f"{reason}; original of {len(value)} bytes (sha256 {digest}) not kept", False)
+        # Past that, even the dead letter with the whole original failed: cut it.
+        return Skip(reason, cut=count.resets > self.max_retries)
 
     def is_poison(self, partition: int, offset: int) -> bool:
         """Whether the record at ``offset`` is to be skipped (and then committed on its own)."""
