@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from types import SimpleNamespace
+from typing import Any
 
 import orjson
 import pytest
@@ -18,8 +19,10 @@ from worker.errors import ConfigurationError
 from worker.runtime.config import KafkaSettings
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.delivery import MAX_RECORD_BYTES
+from worker.runtime.partition import PartitionTask
 from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_record_limits, parse_max_message_bytes
+from worker.runtime.records import OutgoingRecord
 from worker.runtime.worker import Worker
 
 
@@ -208,3 +211,78 @@ def test_run_passes_the_parser_cap_and_retries_to_the_worker(monkeypatch: pytest
     assert main(argv) == 0
     (worker,) = made
     assert worker.parsers.capacity == 7 and worker.resets.max_retries == 4
+
+
+class _FlakySink(RecordingSink):
+    """A sink whose sends raise ``errors`` in turn (``None``: that send goes through)."""
+
+    def __init__(self, *errors: BaseException | None) -> None:
+        super().__init__()
+        self.errors = list(errors)
+
+    async def send(self, record: OutgoingRecord) -> None:
+        error = self.errors.pop(0) if self.errors else None
+        if error is not None:
+            raise error
+        await super().send(record)
+
+
+def test_a_poison_skip_is_counted_once_it_is_sent() -> None:
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    (seq,) = generate_sequences(1, seed=4, prefix="poison")
+    resets = ResetTracker(max_retries=1)
+    resets.record_failed(2, 0, "TypeError('x')")
+    first = _task(derenderer, _FlakySink(RuntimeError("the dead-letter topic refused it")))
+    first.resets = resets
+    with pytest.raises(RuntimeError):
+        asyncio.run(first.handle(FakeRecord(0, seq.envelopes[0])))
+    assert first.metrics.counters.get("derender.records.poison_skipped", 0) == 0
+    resets.record_failed(2, 0, "RuntimeError('the dead-letter topic refused it')")
+    second = _task(derenderer, RecordingSink())
+    second.resets, second.metrics = resets, first.metrics  # the worker's, across the reset
+    asyncio.run(second.handle(FakeRecord(0, seq.envelopes[0])))
+    assert second.metrics.counters["derender.records.poison_skipped"] == 1
+
+
+class _PollingConsumer(_StubConsumer):
+    """Hands out ``batches`` one per poll; seeks and lag reads are no-ops (no broker)."""
+
+    def __init__(self, tp: TopicPartition, *batches: list[FakeRecord]) -> None:
+        super().__init__({tp})
+        self.tp = tp
+        self.batches = list(batches)
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, Any]:
+        return {self.tp: self.batches.pop(0)} if self.batches else {}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        pass
+
+    def last_stable_offset(self, tp: TopicPartition) -> int | None:
+        return None
+
+
+def _worker(sink: RecordingSink, limits: DeadLetterLimits, retries: int = 3) -> tuple[Worker, PartitionTask]:
+    """A worker owning partition 2 through a task that writes to ``sink`` (no broker)."""
+    worker = Worker(
+        _settings("--commit-interval-ms", "60000", "--mode", "at-least-once"),
+        derenderer_for(QWEN3_CONFIG),
+        max_record_bytes=1 << 20,
+        dead_letters=DeadLetterPolicy(limits),
+        resets=ResetTracker(max_retries=retries),
+    )
+    task = _task(worker.derenderer, sink)
+    task.dead_letters, task.resets, task.metrics = worker.dead_letters, worker.resets, worker.metrics
+    worker.tasks[task.tp] = task
+    return worker, task
+
+
+def test_a_poison_commit_is_not_an_isolated_commit() -> None:
+    (seq,) = generate_sequences(1, seed=5, prefix="poison")
+    sink = RecordingSink()
+    worker, task = _worker(sink, DeadLetterLimits(max_ratio=None, max_consecutive=None), retries=1)
+    worker.resets.record_failed(2, 0, "TypeError('x')")
+    worker._consumer = _PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
+    asyncio.run(worker._step())
+    assert len(sink.commits) == 1 and sink.sent[0].topic == TOPICS.dlq  # skipped, committed at once
+    assert worker.metrics.counters.get("derender.commits.isolated", 0) == 0

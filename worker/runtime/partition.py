@@ -119,7 +119,6 @@ class PartitionTask:
         skip = self.resets.skip(self.tp.partition, record.offset)
         result: ProcessResult | None
         if skip is not None:  # a poison record that kept resetting the partition (``poison``)
-            self.metrics.increment(m.RECORDS_POISON_SKIPPED)
             limit = _FALLBACK_DEAD_LETTER if skip.cut else None
             letter = DeadLetter(skip.reason, value, record.key)
             result = self.processor.dead_letter_result(letter, record.headers, source, max_bytes=limit)
@@ -151,6 +150,8 @@ class PartitionTask:
                 ),
                 trace,
             )
+        if skip is not None:  # counted once it is out: a failed attempt is retried
+            self.metrics.increment(m.RECORDS_POISON_SKIPPED)
         # Duplicates and error outputs count as valid: only dead letters feed the breaker.
         trip = self.dead_letters.observe(self.tp.partition, reason, record.offset)
         if trip is not None:

@@ -272,12 +272,12 @@ class Worker:
                         await task.handle(record)
                         if task.trip is not None:
                             break
-                        if self.resets.isolating(tp.partition, record.offset) or self.resets.is_poison(
-                            tp.partition, record.offset
-                        ):
+                        isolating = self.resets.isolating(tp.partition, record.offset)
+                        if isolating or self.resets.is_poison(tp.partition, record.offset):
                             # After a failed commit, one record per transaction names the culprit;
                             # a skipped poison record is committed at once, so it is skipped once.
-                            self.metrics.increment(m.COMMITS_ISOLATED)
+                            if isolating:
+                                self.metrics.increment(m.COMMITS_ISOLATED)
                             await task.commit()
                             self.resets.committed(tp.partition, task.position)
                 except Exception as exc:
