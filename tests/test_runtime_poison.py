@@ -15,14 +15,17 @@ from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
 from tests.test_kafka_runtime_units import TOPICS, FakeRecord, RecordingSink, _task
 from worker.cli import build_parser
+from worker.core.envelope_processor import ProcessResult
 from worker.errors import ConfigurationError
 from worker.runtime.config import KafkaSettings
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.delivery import MAX_RECORD_BYTES
+from worker.runtime.observer import RecordObserver
 from worker.runtime.partition import PartitionTask
 from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_record_limits, parse_max_message_bytes
 from worker.runtime.records import OutgoingRecord
+from worker.runtime.tracing import Headers
 from worker.runtime.worker import Worker
 
 
@@ -286,3 +289,44 @@ def test_a_poison_commit_is_not_an_isolated_commit() -> None:
     asyncio.run(worker._step())
     assert len(sink.commits) == 1 and sink.sent[0].topic == TOPICS.dlq  # skipped, committed at once
     assert worker.metrics.counters.get("derender.commits.isolated", 0) == 0
+
+
+class _BrokenObserver(RecordObserver):
+    """Tracing or GenAI metrics that raise on every record."""
+
+    def observe(self, record: Any, result: ProcessResult) -> Headers:
+        raise ValueError("exporter broke")
+
+    def expired(self, result: ProcessResult) -> Headers:
+        raise ValueError("exporter broke")
+
+
+def test_a_failing_observer_never_stops_a_partition() -> None:
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    (seq,) = generate_sequences(1, seed=6, prefix="traced")
+    sink = RecordingSink()
+    resets = ResetTracker(max_retries=1)
+    task = _task(derenderer, sink)
+    task.resets, task.observer = resets, _BrokenObserver()
+    parent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    resets.record_failed(2, 0, "TypeError('x')")  # offset 0 is a poison record: its skip is observed too
+    records = [FakeRecord(0, seq.envelopes[0]), FakeRecord(1, seq.envelopes[1])]
+    for record in records:
+        record.headers = [("traceparent", parent)]
+
+    async def body() -> int:
+        for record in records:
+            await task.handle(record)
+        return await task.expire(0.0)
+
+    assert asyncio.run(body()) == 0  # the skip opened nothing, the gap record closed nothing
+    letter, gap = sink.sent
+    assert letter.topic == TOPICS.dlq and gap.topic == TOPICS.output
+    # Unobserved, the records still carry the input's trace context on.
+    assert letter.headers == gap.headers == (("traceparent", parent),)
+    assert task.position == 2 and task.metrics.counters["derender.observer.errors"] == 2
+    opened = _task(derenderer, sink)
+    opened.observer = task.observer
+    asyncio.run(opened.handle(FakeRecord(0, seq.envelopes[0])))
+    assert asyncio.run(opened.expire(0.0)) == 1  # the 408 of an expired request goes out unobserved
+    assert opened.metrics.counters["derender.observer.errors"] == 2

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -43,6 +44,7 @@ from worker.runtime.poison import ResetTracker
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.records import OutgoingRecord, records_for, source_of
 from worker.runtime.state_store import StateKeys, encode_progress, encode_snapshot
+from worker.runtime.tracing import Headers, propagated
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +137,8 @@ class PartitionTask:
                 self.metrics.increment(m.PROCESS_ERRORS)
             if result.request_id is not None:
                 self._track(result.request_id)
-        trace = self.observer.observe(record, result)
+        headers = record.headers if self.observer.propagate else None
+        trace = self._observed(self.observer.observe, record, result, fallback=headers)
         reason = result.dead_letter.reason if result.dead_letter is not None else None
         try:
             await self._emit(result, trace)
@@ -208,9 +211,24 @@ class PartitionTask:
         for result in results:
             if result.request_id is not None:
                 self._track(result.request_id)
-            await self._emit(result, self.observer.expired(result))
+            await self._emit(result, self._observed(self.observer.expired, result))
         self.metrics.increment(m.REQUESTS_EXPIRED, len(results))
         return len(results)
+
+    def _observed(self, observe: Callable[..., Headers], *args: Any, fallback: Any = None) -> Headers:
+        """``observe(*args)``'s trace headers; should it fail, the record's propagated ones (or none).
+
+        Observability must never stop a partition: a failure here would fail every retry too.
+        """
+        try:
+            return observe(*args)
+        except Exception:
+            log.exception("observing a record of %s failed; it continues unobserved", self.tp)
+            self.metrics.increment(m.OBSERVER_ERRORS)
+        try:
+            return propagated(fallback) if fallback is not None else ()
+        except Exception:
+            return ()
 
     async def _emit(self, result: ProcessResult, trace: tuple[tuple[str, bytes], ...] = ()) -> None:
         if result.duplicate:
