@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaTimeoutError
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
@@ -19,7 +21,7 @@ from worker.core.envelope_processor import ProcessResult
 from worker.errors import ConfigurationError
 from worker.runtime.config import KafkaSettings
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
-from worker.runtime.delivery import MAX_RECORD_BYTES
+from worker.runtime.delivery import MAX_RECORD_BYTES, DeliveryFailedError
 from worker.runtime.observer import RecordObserver
 from worker.runtime.partition import PartitionTask
 from worker.runtime.poison import ResetTracker
@@ -330,3 +332,45 @@ def test_a_failing_observer_never_stops_a_partition() -> None:
     asyncio.run(opened.handle(FakeRecord(0, seq.envelopes[0])))
     assert asyncio.run(opened.expire(0.0)) == 1  # the 408 of an expired request goes out unobserved
     assert opened.metrics.counters["derender.observer.errors"] == 2
+
+
+def test_a_kafka_client_error_is_not_blamed_on_the_record_being_handled() -> None:
+    (seq,) = generate_sequences(1, seed=7, prefix="innocent")
+    limits = DeadLetterLimits(max_ratio=None, max_consecutive=1)
+    errors: list[BaseException] = [
+        KafkaTimeoutError(),
+        DeliveryFailedError("a send failed: an earlier batch's transaction was aborted"),
+    ]
+    for error in errors:
+        worker, task = _worker(_FlakySink(error), limits, retries=1)
+        worker._consumer = _PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
+        asyncio.run(worker._step())
+        assert task.tp not in worker.tasks  # reset: it reopens and retries the record
+        assert worker.resets.resets(2, 0) == 0 and not worker.resets.is_poison(2, 0)
+        assert not worker.dead_letters.is_tripped(2) and worker.dead_letters.breaker(2).window_size == 0
+        assert worker.metrics.counters["derender.partitions.resets"] == 1
+        assert "derender.partitions.resets_by_record" not in worker.metrics.counters
+    # Any other error is the record's: it counts towards its retries and the breaker.
+    worker, task = _worker(_FlakySink(RuntimeError("bug")), limits, retries=1)
+    worker._consumer = _PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
+    asyncio.run(worker._step())
+    assert worker.resets.is_poison(2, 0) and worker.dead_letters.is_tripped(2)
+
+
+class _RefusingSink(RecordingSink):
+    """Its commits fail like a transaction that a topic refused."""
+
+    async def commit(
+        self, state_records: Sequence[OutgoingRecord], offsets: dict[TopicPartition, int]
+    ) -> None:
+        raise DeliveryFailedError("a send failed: MessageSizeTooLargeError()")
+
+
+def test_an_isolated_commit_that_fails_names_its_record_whatever_the_error() -> None:
+    (seq,) = generate_sequences(1, seed=8, prefix="culprit")
+    worker, task = _worker(_RefusingSink(), DeadLetterLimits(max_ratio=None, max_consecutive=None))
+    worker.resets.commit_failed(2, committed=0, attempted=2)  # a failed commit of [0, 2): isolating
+    worker._consumer = _PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
+    asyncio.run(worker._step())
+    assert worker.resets.resets(2, 0) == 1
+    assert worker.metrics.counters["derender.commits.isolated"] == 1
