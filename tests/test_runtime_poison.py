@@ -374,3 +374,25 @@ def test_an_isolated_commit_that_fails_names_its_record_whatever_the_error() -> 
     asyncio.run(worker._step())
     assert worker.resets.resets(2, 0) == 1
     assert worker.metrics.counters["derender.commits.isolated"] == 1
+
+
+def test_a_range_replayed_after_a_reset_is_observed_by_the_breaker_once() -> None:
+    (seq,) = generate_sequences(1, seed=9, prefix="replayed")
+    records = [FakeRecord(o, seq.envelopes[o]) for o in range(3)]
+    limits = DeadLetterLimits(max_ratio=0.5, window=100, min_records=1, max_consecutive=None)
+    worker, task = _worker(_FlakySink(None, None, RuntimeError("bug")), limits)
+    worker._consumer = _PollingConsumer(task.tp, records)
+    asyncio.run(worker._step())  # 0 and 1 go through, 2 resets the partition
+    breaker = worker.dead_letters.breaker(2)
+    assert task.tp not in worker.tasks and (breaker.window_size, breaker.invalid_in_window) == (3, 1)
+    reopened = _task(worker.derenderer, RecordingSink())
+    reopened.dead_letters, reopened.resets, reopened.metrics = (
+        worker.dead_letters,
+        worker.resets,
+        worker.metrics,
+    )
+    worker.tasks[reopened.tp] = reopened
+    worker._consumer = _PollingConsumer(task.tp, records)
+    asyncio.run(worker._step())  # the replay: 0 and 1 again, then 2 goes through
+    assert reopened.position == 3
+    assert (breaker.window_size, breaker.invalid_in_window) == (4, 1)  # not 6: 0 and 1 count once

@@ -155,10 +155,12 @@ class PartitionTask:
             )
         if skip is not None:  # counted once it is out: a failed attempt is retried
             self.metrics.increment(m.RECORDS_POISON_SKIPPED)
-        # Duplicates and error outputs count as valid: only dead letters feed the breaker.
-        trip = self.dead_letters.observe(self.tp.partition, reason, record.offset)
-        if trip is not None:
-            self.trip = trip
+        # Duplicates and error outputs count as valid: only dead letters feed the breaker. A range
+        # replayed after a reset was observed already, bar its poison skip.
+        if skip is not None or not self.resets.replayed(self.tp.partition, record.offset):
+            trip = self.dead_letters.observe(self.tp.partition, reason, record.offset)
+            if trip is not None:
+                self.trip = trip
         self.position = record.offset + 1
         self.uncommitted_records += 1
         if self.oldest_timestamp_ms is None:

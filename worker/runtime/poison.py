@@ -23,6 +23,9 @@ error; should even that fail to send (the original is too large for the dead-let
 next attempt sends it again with the original cut to a size any topic takes (``truncated``; its
 key, size and SHA-256 still describe the whole record).
 
+The dead-letter breaker sees each record once: a range replayed after a reset was observed the
+first time (and the reset too), so only a poison skip in it is observed again (``replayed``).
+
 Pure: no I/O, no clock.
 """
 
@@ -74,6 +77,7 @@ class ResetTracker:
         self.max_retries = max_retries
         self._counts: dict[int, dict[int, _Count]] = {}  # partition -> offset -> count
         self._isolate_until: dict[int, int] = {}
+        self._handled: dict[int, int] = {}  # partition -> highest offset handled in this process
 
     def record_failed(self, partition: int, offset: int, error: str) -> int:
         """A reset caused by the record at ``offset``; how many in a row it has caused now."""
@@ -106,6 +110,16 @@ class ResetTracker:
         if counts:
             for offset in [o for o in counts if o < position]:
                 del counts[offset]
+
+    def replayed(self, partition: int, offset: int) -> bool:
+        """Whether the record at ``offset`` was handled before (a range replayed after a reset).
+
+        The breaker counts a record once: its first handling was observed, and so was the reset.
+        """
+        if offset <= self._handled.get(partition, -1):
+            return True
+        self._handled[partition] = offset
+        return False
 
     def skip(self, partition: int, offset: int) -> Skip | None:
         """How to skip the record at ``offset`` if it has used up its retries, else ``None``."""
