@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaTimeoutError
+from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
@@ -396,3 +396,63 @@ def test_a_range_replayed_after_a_reset_is_observed_by_the_breaker_once() -> Non
     asyncio.run(worker._step())  # the replay: 0 and 1 again, then 2 goes through
     assert reopened.position == 3
     assert (breaker.window_size, breaker.invalid_in_window) == (4, 1)  # not 6: 0 and 1 count once
+
+
+class _TopicRefusingSink(RecordingSink):
+    """Its output topic refuses ``refused``'s records as too large, at commit (like a broker)."""
+
+    def __init__(self, refused: bytes) -> None:
+        super().__init__()
+        self.refused = refused
+        self.pending: list[OutgoingRecord] = []
+
+    async def send(self, record: OutgoingRecord) -> None:
+        self.pending.append(record)
+
+    async def commit(
+        self, state_records: Sequence[OutgoingRecord], offsets: dict[TopicPartition, int]
+    ) -> None:
+        pending, self.pending = self.pending, []
+        if any(r.topic == TOPICS.output and r.key == self.refused for r in pending):
+            refusal = MessageSizeTooLargeError()
+            raise DeliveryFailedError(f"a send failed: {refusal!r}") from refusal  # as delivery words it
+        self.sent += pending
+        await super().commit(state_records, offsets)
+
+    async def abort(self) -> None:
+        self.pending.clear()
+
+
+def test_a_record_a_topic_refuses_as_too_large_is_named_by_isolation_and_dead_lettered_cut() -> None:
+    fine, refused = generate_sequences(2, seed=10, prefix="sized")
+    records = [FakeRecord(0, fine.envelopes[0]), FakeRecord(1, refused.envelopes[0])]
+    records.append(FakeRecord(2, fine.envelopes[1]))
+    sink = _TopicRefusingSink(refused.request_id.encode())
+    worker, task = _worker(sink, DeadLetterLimits(max_ratio=None, max_consecutive=None))
+
+    def step(position: int) -> PartitionTask:
+        current = worker.tasks.get(task.tp)
+        if current is None:  # reopen it, as _heal would, at its committed offset
+            current = _task(worker.derenderer, sink)
+            current.dead_letters, current.resets = worker.dead_letters, worker.resets
+            current.metrics = worker.metrics
+            current.position = current.committed_position = position
+            worker.tasks[task.tp] = current
+        worker._consumer = _PollingConsumer(task.tp, records[position:])
+        asyncio.run(worker._step())
+        return current
+
+    step(0)  # the batch's commit fails: its culprit is unknown
+    assert sink.commits == [] and worker.resets.resets(2, 1) == 0
+    step(0)  # isolating: offset 0 commits alone, offset 1's commit fails the same way
+    assert [offsets for _, offsets in sink.commits] == [{task.tp: 1}]
+    assert worker.resets.resets(2, 1) == 1 and worker.resets.is_poison(2, 1)
+    last = step(1)  # skipped at once (not after --max-record-retries), then isolation goes on
+    assert last.position == 3 and [offsets for _, offsets in sink.commits][1:] == [{task.tp: 2}, {task.tp: 3}]
+    (letter,) = [r for r in sink.sent if r.topic == TOPICS.dlq]
+    dead = orjson.loads(letter.value)
+    assert "too large for its topic" in dead["reason"] and "MessageSizeTooLargeError" in dead["reason"]
+    assert letter.key == refused.request_id.encode() and len(letter.value) <= 256 * 1024
+    counters = worker.metrics.counters
+    assert counters["derender.records.dead_lettered"] == counters["derender.records.poison_skipped"] == 1
+    assert counters["derender.commits.isolated"] == 4  # 0, 1 (failed), 1 (its dead letter), 2

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import MessageSizeTooLargeError
 
 from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult
 from worker.runtime import metrics_names as m
@@ -140,19 +139,9 @@ class PartitionTask:
         headers = record.headers if self.observer.propagate else None
         trace = self._observed(self.observer.observe, record, result, fallback=headers)
         reason = result.dead_letter.reason if result.dead_letter is not None else None
-        try:
-            await self._emit(result, trace)
-        except MessageSizeTooLargeError as exc:
-            # The topic takes less than the core's output limit. Retrying cannot help: dead-letter
-            # the input, cut to a size any topic takes, so this cannot fail the same way again.
-            reason = f"the output for this record is too large to produce: {exc}"
-            letter = DeadLetter(reason, value, record.key)
-            await self._emit(
-                self.processor.dead_letter_result(
-                    letter, record.headers, source, max_bytes=_FALLBACK_DEAD_LETTER
-                ),
-                trace,
-            )
+        # The core caps every payload below the producer's max_request_size, so the producer's own
+        # size check cannot fire; a topic that refuses a record does so at commit (see ``poison``).
+        await self._emit(result, trace)
         if skip is not None:  # counted once it is out: a failed attempt is retried
             self.metrics.increment(m.RECORDS_POISON_SKIPPED)
         # Duplicates and error outputs count as valid: only dead letters feed the breaker. A range

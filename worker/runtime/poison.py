@@ -13,6 +13,10 @@ partition and offset, in a row, and tells the partition to skip the record after
   it commits after every record up to where the failed commit would have ended. A commit failing
   there holds one record, whose offset is then known and counted as above. Isolation costs one
   commit per record of that range (bounded by ``--max-uncommitted-records``), once per failure.
+* **A topic refusing a record as too large** (its ``max.message.bytes`` lowered below the core's
+  output limit after start-up; the worker refuses to start with it) fails the commit. The isolated
+  commit that fails the same way names the record, which is then skipped at once: retrying
+  produces the same bytes.
 
 Counts are per record (several poison records may wait in one uncommitted range) and are
 forgotten once the partition commits past them; a skipped record is committed at once.
@@ -68,6 +72,7 @@ class _Count:
     offset: int
     resets: int
     last_error: str
+    too_large: bool = False  # a topic refused what it produced: skip it at once, cut
 
 
 class ResetTracker:
@@ -79,14 +84,19 @@ class ResetTracker:
         self._isolate_until: dict[int, int] = {}
         self._handled: dict[int, int] = {}  # partition -> highest offset handled in this process
 
-    def record_failed(self, partition: int, offset: int, error: str) -> int:
-        """A reset caused by the record at ``offset``; how many in a row it has caused now."""
+    def record_failed(self, partition: int, offset: int, error: str, *, too_large: bool = False) -> int:
+        """A reset caused by the record at ``offset``; how many in a row it has caused now.
+
+        ``too_large``: a topic refused a record it produced as too large. Retrying gives the same
+        bytes, so it is skipped at once, its original cut to a size any topic takes.
+        """
         counts = self._counts.setdefault(partition, {})
         count = counts.get(offset)
         if count is None:
             count = counts[offset] = _Count(offset, 0, error)
         count.resets += 1
         count.last_error = error[:500]
+        count.too_large = count.too_large or too_large
         return count.resets
 
     def commit_failed(self, partition: int, committed: int, attempted: int) -> None:
@@ -124,6 +134,8 @@ class ResetTracker:
     def skip(self, partition: int, offset: int) -> Skip | None:
         """How to skip the record at ``offset`` if it has used up its retries, else ``None``."""
         count = self._counts.get(partition, {}).get(offset)
+        if count is not None and count.too_large:
+            return Skip(f"what this record produced is too large for its topic: {count.last_error}", True)
         if count is None or count.resets < self.max_retries:
             return None
         reason = (
@@ -136,7 +148,7 @@ class ResetTracker:
     def is_poison(self, partition: int, offset: int) -> bool:
         """Whether the record at ``offset`` is to be skipped (and then committed on its own)."""
         count = self._counts.get(partition, {}).get(offset)
-        return count is not None and count.resets >= self.max_retries
+        return count is not None and (count.too_large or count.resets >= self.max_retries)
 
     def resets(self, partition: int, offset: int) -> int:
         count = self._counts.get(partition, {}).get(offset)

@@ -34,6 +34,8 @@ from aiokafka.errors import (
     InvalidGroupIdError,
     InvalidSessionTimeoutError,
     KafkaError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
     TopicAuthorizationFailedError,
 )
 
@@ -293,7 +295,8 @@ class Worker:
                     # A Kafka client error is the cluster's, not the record's, unless the commit
                     # held that record alone.
                     blamed = record is not None and (committing or not kafka_client_error(exc))
-                    await self._reset_partition(tp, record.offset if blamed else None, exc)
+                    too_large = committing and refused_as_too_large(exc)
+                    await self._reset_partition(tp, record.offset if blamed else None, exc, too_large)
                     continue
                 if task.trip is not None:
                     self._pause_tripped(task)
@@ -608,7 +611,11 @@ class Worker:
         await task.sink.close()
 
     async def _reset_partition(
-        self, tp: TopicPartition, offset: int | None = None, error: BaseException | None = None
+        self,
+        tp: TopicPartition,
+        offset: int | None = None,
+        error: BaseException | None = None,
+        too_large: bool = False,
     ) -> None:
         """Throw away the partition's uncommitted work and reopen it from committed state.
 
@@ -616,13 +623,14 @@ class Worker:
         reset counts towards that record's retries and, like a dead letter, towards the breaker; a
         reset no record is blamed for counts towards the breaker unless a Kafka client error caused
         it (the cluster's trouble: the partition simply retries, like after an outage).
+        ``too_large``: a topic refused the record's output as too large; it is skipped at once.
         """
         self.metrics.increment(m.PARTITION_RESETS)
         reason = f"partition reset: {error!r}"
         counted = offset is not None or error is None or not kafka_client_error(error)
         if offset is not None:
             self.metrics.increment(m.RESETS_BY_RECORD)
-            resets = self.resets.record_failed(tp.partition, offset, repr(error))
+            resets = self.resets.record_failed(tp.partition, offset, repr(error), too_large=too_large)
             log.warning(
                 "offset %d of %s reset its partition (%d of %d in a row)",
                 offset,
@@ -648,3 +656,15 @@ class Worker:
 def kafka_client_error(error: BaseException) -> bool:
     """Whether ``error`` is the Kafka client's (broker, metadata, transaction state), not a record's."""
     return isinstance(error, KafkaError | DeliveryFailedError)
+
+
+def refused_as_too_large(error: BaseException) -> bool:
+    """Whether a topic refused a record of ``error``'s send or commit as too large."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a cause chain is short; a cycle is not followed
+        if seen is None:
+            return False
+        if isinstance(seen, MessageSizeTooLargeError | RecordListTooLargeError):
+            return True
+        seen = seen.__cause__
+    return False
