@@ -294,9 +294,11 @@ class Worker:
                     )
                     # A Kafka client error is the cluster's, not the record's, unless the commit
                     # held that record alone.
-                    blamed = record is not None and (committing or not kafka_client_error(exc))
+                    blamed = None
+                    if record is not None and (committing or not kafka_client_error(exc)):
+                        blamed = record.offset
                     too_large = committing and refused_as_too_large(exc)
-                    await self._reset_partition(tp, record.offset if blamed else None, exc, too_large)
+                    await self._reset_partition(tp, blamed, exc, too_large)
                     continue
                 if task.trip is not None:
                     self._pause_tripped(task)
