@@ -16,7 +16,6 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import MessageSizeTooLargeError
 
 from schemas.bounds import MAX_JSON_DEPTH
 from schemas.envelope import DeadLetterRecord, OutputEnvelope
@@ -416,16 +415,13 @@ def test_an_unexpected_exception_fails_its_request_with_a_500_and_the_stream_goe
 # --- the runtime's per-record path -----------------------------------------------------------
 
 
-class SizeLimitedSink:
-    """Takes records up to ``limit`` bytes, like a topic with a small max.message.bytes."""
+class SentSink:
+    """Keeps what the partition sends."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
+    def __init__(self) -> None:
         self.sent: list[OutgoingRecord] = []
 
     async def send(self, record: OutgoingRecord) -> None:
-        if record.value is not None and len(record.value) > self.limit:
-            raise MessageSizeTooLargeError(f"{len(record.value)} bytes")
         self.sent.append(record)
 
 
@@ -437,9 +433,9 @@ class FakeRecord:
         self.timestamp = 0
 
 
-def test_the_partition_sends_the_core_bytes_and_a_too_large_dead_letter_is_cut() -> None:
+def test_the_partition_sends_the_core_bytes() -> None:
     topics = TopicNames("in", "out", "state", "dlq")
-    sink = SizeLimitedSink(300_000)
+    sink = SentSink()
     task = PartitionTask(
         TopicPartition("in", 0),
         _processor(require_key=True),
@@ -469,8 +465,8 @@ def test_the_partition_sends_the_core_bytes_and_a_too_large_dead_letter_is_cut()
         DeadLetterRecord.model_validate_json(r.value) for r in sink.sent if r.topic == "dlq" and r.value
     ]
     assert len(letters) == 2
-    assert letters[0].truncated and "too large to produce" in letters[0].reason
     assert letters[0].original_size == len(poison) and letters[0].headers == [("trace", "t")]
+    assert not letters[0].truncated  # the whole original: only the core's output limit cuts
     assert letters[1].source is not None and letters[1].source.offset == 2
 
 

@@ -24,8 +24,9 @@ member joining or leaving) must not reopen a tripped partition nor wipe the coun
 record that keeps resetting it (``poison``); another worker that takes the partition over starts
 with its own breaker.
 
-Besides dead letters, every partition reset is observed as a dead-lettered record (its reason
-says why), so a record that crashes its partition counts towards the limits too.
+Besides dead letters, a partition reset is observed as a dead-lettered record (its reason says
+why; not one a Kafka client error caused), so a record that crashes its partition counts towards
+the limits too. The records a reset makes the partition handle again are not observed again.
 
 Pure: no I/O, no clock, no Kafka. The worker feeds it one observation per processed record.
 """

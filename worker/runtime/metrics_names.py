@@ -47,6 +47,7 @@ PARTITIONS_REVOKED: Final = "derender.partitions.revoked"
 PARTITION_RESETS: Final = "derender.partitions.resets"
 RESETS_BY_RECORD: Final = "derender.partitions.resets_by_record"  # a record's handling failed
 COMMITS_ISOLATED: Final = "derender.commits.isolated"  # one-record commits after a failed commit
+OBSERVER_ERRORS: Final = "derender.observer.errors"  # tracing / GenAI metrics failed on a record
 LAYOUT_ERRORS: Final = "derender.partitions.layout_errors"  # assigned input partitions without state
 PARTITIONS_OWNED: Final = "derender.partitions.owned"  # gauge
 PARTITIONS_PAUSED: Final = "derender.partitions.paused"  # gauge: tripped dead-letter breakers

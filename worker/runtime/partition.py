@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import MessageSizeTooLargeError
 
 from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult
 from worker.runtime import metrics_names as m
@@ -43,6 +43,7 @@ from worker.runtime.poison import ResetTracker
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.records import OutgoingRecord, records_for, source_of
 from worker.runtime.state_store import StateKeys, encode_progress, encode_snapshot
+from worker.runtime.tracing import Headers, propagated
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +117,12 @@ class PartitionTask:
         value: bytes = record.value if record.value is not None else b""
         self.metrics.timing(m.RECORD_AGE_MS, max(0.0, time.time() * 1000 - record.timestamp))
         source = source_of(record)
-        skip = self.resets.skip(self.tp.partition, record.offset, value)
+        skip = self.resets.skip(self.tp.partition, record.offset)
         result: ProcessResult | None
         if skip is not None:  # a poison record that kept resetting the partition (``poison``)
-            self.metrics.increment(m.RECORDS_POISON_SKIPPED)
-            kept = (value, record.key) if skip.with_original else (b"", None)
-            result = self.processor.dead_letter_result(DeadLetter(skip.reason, *kept), record.headers, source)
+            limit = _FALLBACK_DEAD_LETTER if skip.cut else None
+            letter = DeadLetter(skip.reason, value, record.key)
+            result = self.processor.dead_letter_result(letter, record.headers, source, max_bytes=limit)
         else:
             result = self._refused(value, record.key, source)
         if result is None:
@@ -135,25 +136,20 @@ class PartitionTask:
                 self.metrics.increment(m.PROCESS_ERRORS)
             if result.request_id is not None:
                 self._track(result.request_id)
-        trace = self.observer.observe(record, result)
+        headers = record.headers if self.observer.propagate else None
+        trace = self._observed(self.observer.observe, record, result, fallback=headers)
         reason = result.dead_letter.reason if result.dead_letter is not None else None
-        try:
-            await self._emit(result, trace)
-        except MessageSizeTooLargeError as exc:
-            # The topic takes less than the core's output limit. Retrying cannot help: dead-letter
-            # the input, cut to a size any topic takes, so this cannot fail the same way again.
-            reason = f"the output for this record is too large to produce: {exc}"
-            letter = DeadLetter(reason, value, record.key)
-            await self._emit(
-                self.processor.dead_letter_result(
-                    letter, record.headers, source, max_bytes=_FALLBACK_DEAD_LETTER
-                ),
-                trace,
-            )
-        # Duplicates and error outputs count as valid: only dead letters feed the breaker.
-        trip = self.dead_letters.observe(self.tp.partition, reason, record.offset)
-        if trip is not None:
-            self.trip = trip
+        # The core caps every payload below the producer's max_request_size, so the producer's own
+        # size check cannot fire; a topic that refuses a record does so at commit (see ``poison``).
+        await self._emit(result, trace)
+        if skip is not None:  # counted once it is out: a failed attempt is retried
+            self.metrics.increment(m.RECORDS_POISON_SKIPPED)
+        # Duplicates and error outputs count as valid: only dead letters feed the breaker. A range
+        # replayed after a reset was observed already, bar its poison skip.
+        if skip is not None or not self.resets.replayed(self.tp.partition, record.offset):
+            trip = self.dead_letters.observe(self.tp.partition, reason, record.offset)
+            if trip is not None:
+                self.trip = trip
         self.position = record.offset + 1
         self.uncommitted_records += 1
         if self.oldest_timestamp_ms is None:
@@ -206,9 +202,24 @@ class PartitionTask:
         for result in results:
             if result.request_id is not None:
                 self._track(result.request_id)
-            await self._emit(result, self.observer.expired(result))
+            await self._emit(result, self._observed(self.observer.expired, result))
         self.metrics.increment(m.REQUESTS_EXPIRED, len(results))
         return len(results)
+
+    def _observed(self, observe: Callable[..., Headers], *args: Any, fallback: Any = None) -> Headers:
+        """``observe(*args)``'s trace headers; should it fail, the record's propagated ones (or none).
+
+        Observability must never stop a partition: a failure here would fail every retry too.
+        """
+        try:
+            return observe(*args)
+        except Exception:
+            log.exception("observing a record of %s failed; it continues unobserved", self.tp)
+            self.metrics.increment(m.OBSERVER_ERRORS)
+        try:
+            return propagated(fallback) if fallback is not None else ()
+        except Exception:
+            return ()
 
     async def _emit(self, result: ProcessResult, trace: tuple[tuple[str, bytes], ...] = ()) -> None:
         if result.duplicate:

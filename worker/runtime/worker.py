@@ -33,6 +33,9 @@ from aiokafka.errors import (
     InconsistentGroupProtocolError,
     InvalidGroupIdError,
     InvalidSessionTimeoutError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
     TopicAuthorizationFailedError,
 )
 
@@ -43,7 +46,7 @@ from worker.errors import ConfigurationError
 from worker.runtime import metrics_names as m
 from worker.runtime.config import KafkaSettings
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy, Trip
-from worker.runtime.delivery import AtLeastOnceSink, Sink, TransactionalSink
+from worker.runtime.delivery import AtLeastOnceSink, DeliveryFailedError, Sink, TransactionalSink
 from worker.runtime.health_server import ReadinessState
 from worker.runtime.lifecycle import Lifecycle, WorkerState
 from worker.runtime.memory import MemoryBudget
@@ -267,18 +270,21 @@ class Worker:
                 if self.dead_letters.is_tripped(tp.partition):
                     continue  # paused: fetched before the pause took effect
                 record = None
+                committing = False  # an isolated (or poison) commit of ``record`` alone
                 try:
                     for record in records:
                         await task.handle(record)
                         if task.trip is not None:
                             break
-                        if self.resets.isolating(tp.partition, record.offset) or self.resets.is_poison(
-                            tp.partition, record.offset
-                        ):
+                        isolating = self.resets.isolating(tp.partition, record.offset)
+                        if isolating or self.resets.is_poison(tp.partition, record.offset):
                             # After a failed commit, one record per transaction names the culprit;
                             # a skipped poison record is committed at once, so it is skipped once.
-                            self.metrics.increment(m.COMMITS_ISOLATED)
+                            if isolating:
+                                self.metrics.increment(m.COMMITS_ISOLATED)
+                            committing = True
                             await task.commit()
+                            committing = False
                             self.resets.committed(tp.partition, task.position)
                 except Exception as exc:
                     log.exception(
@@ -286,7 +292,13 @@ class Worker:
                         tp,
                         getattr(record, "offset", None),
                     )
-                    await self._reset_partition(tp, record.offset if record is not None else None, exc)
+                    # A Kafka client error is the cluster's, not the record's, unless the commit
+                    # held that record alone.
+                    blamed = None
+                    if record is not None and (committing or not kafka_client_error(exc)):
+                        blamed = record.offset
+                    too_large = committing and refused_as_too_large(exc)
+                    await self._reset_partition(tp, blamed, exc, too_large)
                     continue
                 if task.trip is not None:
                     self._pause_tripped(task)
@@ -601,18 +613,26 @@ class Worker:
         await task.sink.close()
 
     async def _reset_partition(
-        self, tp: TopicPartition, offset: int | None = None, error: BaseException | None = None
+        self,
+        tp: TopicPartition,
+        offset: int | None = None,
+        error: BaseException | None = None,
+        too_large: bool = False,
     ) -> None:
         """Throw away the partition's uncommitted work and reopen it from committed state.
 
         ``offset``: the record whose handling failed (``None``: unknown, e.g. a failed commit). The
-        reset counts towards that record's retries and, like a dead letter, towards the breaker.
+        reset counts towards that record's retries and, like a dead letter, towards the breaker; a
+        reset no record is blamed for counts towards the breaker unless a Kafka client error caused
+        it (the cluster's trouble: the partition simply retries, like after an outage).
+        ``too_large``: a topic refused the record's output as too large; it is skipped at once.
         """
         self.metrics.increment(m.PARTITION_RESETS)
         reason = f"partition reset: {error!r}"
+        counted = offset is not None or error is None or not kafka_client_error(error)
         if offset is not None:
             self.metrics.increment(m.RESETS_BY_RECORD)
-            resets = self.resets.record_failed(tp.partition, offset, repr(error))
+            resets = self.resets.record_failed(tp.partition, offset, repr(error), too_large=too_large)
             log.warning(
                 "offset %d of %s reset its partition (%d of %d in a row)",
                 offset,
@@ -621,7 +641,7 @@ class Worker:
                 self.resets.max_retries,
                 extra={"partition": tp.partition},
             )
-        trip = self.dead_letters.observe(tp.partition, reason, offset)
+        trip = self.dead_letters.observe(tp.partition, reason, offset) if counted else None
         if trip is not None:
             self.metrics.increment(m.DLQ_BREAKER_TRIPS)
             log.error(trip.describe(), extra={"partition": tp.partition})
@@ -633,3 +653,20 @@ class Worker:
             await self._close_task(task)
         # _heal reopens it (with backoff) if it is still ours.
         self._next_heal_at = time.monotonic() + HEAL_BACKOFF_S
+
+
+def kafka_client_error(error: BaseException) -> bool:
+    """Whether ``error`` is the Kafka client's (broker, metadata, transaction state), not a record's."""
+    return isinstance(error, KafkaError | DeliveryFailedError)
+
+
+def refused_as_too_large(error: BaseException) -> bool:
+    """Whether a topic refused a record of ``error``'s send or commit as too large."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a cause chain is short; a cycle is not followed
+        if seen is None:
+            return False
+        if isinstance(seen, MessageSizeTooLargeError | RecordListTooLargeError):
+            return True
+        seen = seen.__cause__
+    return False
