@@ -831,7 +831,8 @@ def test_dockerfile_structure() -> None:
             assert not re.search(r"\b(https?|git)://", instruction["value"]), "ADD from a URL"
     # the package is installed from the build context root
     runs = [i["value"] for i in parser.structure if i["instruction"] == "RUN"]
-    assert any(re.search(r"\bpip install\b.*\s\.(\s|$)", run) for run in runs)
+    # The project itself (".", with the optional extras of the EXTRAS build argument).
+    assert any(re.search(r'\bpip install\b.*\s"?\.(\$\{EXTRAS[^"]*)?"?(\s|$)', run) for run in runs)
 
 
 def _copy_sources(path: Path) -> list[str]:
