@@ -23,9 +23,11 @@ incomplete strings are only allowed once the call's name was sent):
   is sent (possibly ``""``), and the record carries nothing else;
 * a record that cannot be read yields nothing and changes nothing.
 
-Like vLLM, each record re-reads the object in progress (its cost grows with
-that call's text, at most ``max_model_len`` tokens); finished objects are
-read once and kept, where vLLM re-reads them all.
+Finished objects are read once and kept, where vLLM re-reads them all. While
+the object in progress ends inside a string value (most of a long call), a
+record without a quote is read incrementally, its own characters plus a short
+tail (``_Fast``); any other record re-reads the object in progress as vLLM
+does (its cost grows with that call's text, at most ``max_model_len`` tokens).
 Llama has a structural tag, so with strict tool calling ``required``/named
 choices parse the native format like ``auto``.
 """
