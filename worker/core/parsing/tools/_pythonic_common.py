@@ -8,7 +8,9 @@ Streaming mirrors vLLM's approach (close the open brackets/quotes, parse,
 diff the JSON of each call against what was sent) but keeps state across
 records: the bracket scan is incremental, and calls that are finished and
 followed by a top-level comma are parsed once and then left out of every
-later parse, so each record costs the new text plus the call in progress.
+later parse, so each record costs the new text plus the call in progress;
+while that call ends inside a plain string literal, a record without its
+quote costs only its own text plus a short tail (``_Fast``).
 """
 
 from __future__ import annotations
