@@ -60,8 +60,8 @@ class _Partial(Exception):
     """The text cannot be completed to JSON (any failure of the library)."""
 
 
-#: Set while a read is traced (see ``_Fast.anchor``): where the completion cut its partial
-#: strings and how it closed the innermost container. None otherwise.
+#: Set while a read is traced (see ``_anchor``): where the completion cut its partial
+#: strings and how it closed the innermost container. None otherwise (parsing runs on one thread).
 _trace: list[tuple[Any, ...]] | None = None
 
 
