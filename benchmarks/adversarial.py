@@ -80,6 +80,16 @@ XML_SHAPES: list[tuple[str, str, str]] = [
     ("qwen3_coder many args", "qwen3_coder", _QWEN_CALL + "{}</function>\n</tool_call>"),
     ("qwen3_coder open name", "qwen3_coder", _QWEN_CALL + "<parameter={}</tool_call>"),
 ]
+#: Calls made of many short arguments: the text is mostly outside any string.
+MANY_ARG_SHAPES: list[tuple[str, str, str, str]] = [
+    (
+        "llama3_json many args",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": "write_file", "parameters": {{{}}}}}',
+    ),
+    ("pythonic many args", "pythonic", "llama-3", "[write_file({})]"),
+]
 FILLER = "Line of text, numbers 12345 and punctuation; café, 北京. "
 
 
@@ -239,6 +249,15 @@ def _parser_rows(rounds: int, tokens: int) -> list[tuple[str, list[float], list[
         firsts, lasts = [], []
         for _ in range(rounds):
             first, last = _deciles(_parser_stream_costs(parser, "qwen3", shape.format(body), [_STRING_TOOL]))
+            firsts.append(first)
+            lasts.append(last)
+        rows.append((f"{label}: last vs first decile", lasts, firsts))
+    for label, parser, model, shape in MANY_ARG_SHAPES:
+        pattern = '"k{}": {}' if parser == "llama3_json" else "k{}={}"
+        body = ", ".join(pattern.format(i, i) for i in range(tokens // 6))
+        firsts, lasts = [], []
+        for _ in range(rounds):
+            first, last = _deciles(_parser_stream_costs(parser, model, shape.format(body), [_STRING_TOOL]))
             firsts.append(first)
             lasts.append(last)
         rows.append((f"{label}: last vs first decile", lasts, firsts))

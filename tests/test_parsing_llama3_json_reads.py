@@ -7,6 +7,7 @@ The work is checked by counting the characters handed to the partial-JSON reader
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -43,3 +44,41 @@ def test_each_record_reads_only_the_object_in_progress(monkeypatch: pytest.Monke
             1 for call in (delta.tool_calls if delta else []) if call.function and call.function.name
         )
     assert names == 40
+
+
+def test_a_long_string_costs_each_record_its_own_characters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside a string, a record reads its own characters plus a constant window, never the call."""
+    read: list[int] = []
+    original = llama3_json.partial_loads
+
+    def counting(text: str, allow_str: bool) -> tuple[Any, int]:
+        read.append(len(text))
+        return original(text, allow_str)
+
+    monkeypatch.setattr(llama3_json, "partial_loads", counting)
+    line = 'print("café", {"k": [1, 2]})\t# 北京 \\ 😀\n'
+    body = json.dumps(line * 120, ensure_ascii=False)
+    text = '<|python_tag|>{"name": "write_file", "parameters": {"path": "a.py", "content": ' + body + "}}"
+    ids = sample_encode("llama-3.1", text)
+    session = tool_parsing("llama-3.1", "llama3_json").new_stream(
+        ParseRequest(tools=TOOLS, tool_choice="auto", parallel_tool_calls=None), [1]
+    )
+    parser = session._parser.tools
+    assert isinstance(parser, llama3_json.Llama3JsonToolParser)
+    streamed, inside = "", 0
+    for piece, chunk in records(sample_tokenizer("llama-3.1"), [[i] for i in ids]):
+        fast = parser._fast
+        before = fast.scanned if fast is not None else 0
+        read.clear()
+        delta, _ = session.step(piece, chunk, None)
+        streamed += "".join(
+            c.function.arguments or "" for c in (delta.tool_calls if delta else []) if c.function
+        )
+        if fast is not None and '"' not in piece:
+            inside += 1
+            assert not read  # the call is not re-read
+            assert fast.scanned - before <= 3 * len(piece) + 48, (piece, fast.scanned - before)
+    # Nearly every record of the long string was read this way, and the stream is the whole argument.
+    assert inside > len(ids) * 3 // 4
+    streamed += parser.remaining_unstreamed_args()
+    assert json.loads(streamed) == {"path": "a.py", "content": line * 120}

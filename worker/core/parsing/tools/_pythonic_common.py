@@ -8,7 +8,9 @@ Streaming mirrors vLLM's approach (close the open brackets/quotes, parse,
 diff the JSON of each call against what was sent) but keeps state across
 records: the bracket scan is incremental, and calls that are finished and
 followed by a top-level comma are parsed once and then left out of every
-later parse, so each record costs the new text plus the call in progress.
+later parse, so each record costs the new text plus the call in progress;
+while that call ends inside a plain string literal, a record without its
+quote costs only its own text plus a short tail (``_Fast``).
 """
 
 from __future__ import annotations
@@ -160,6 +162,7 @@ class _Scanner:
         self.eq_before_paren = self.comma_before_paren = -1
         self.colon_before_brace = self.comma_before_brace = -1
         self.list_open = True  # the leading '[' has not closed yet
+        self.quote_at = -1  # offset of the last quote that opened a string
         self.boundaries: list[int] = []  # offsets just after top-level commas
 
     def feed(self, text: str) -> None:
@@ -181,6 +184,7 @@ class _Scanner:
                     self.list_open = False
             elif char in _QUOTES:
                 stack.append(char)
+                self.quote_at = pos
             elif char == "," and self.list_open and len(stack) == 1:
                 self.boundaries.append(pos + 1)
             # the counts see every char, strings included (as vLLM's do)
@@ -223,6 +227,130 @@ def _contains_set(node: ast.AST) -> bool:
     return any(isinstance(n, ast.Set) for n in ast.walk(node))
 
 
+# -- the string in progress, read incrementally ------------------------------
+#
+# While the text ends inside a plain (prefix-less) string literal and records
+# add none of its quote, the completion only changes that string's text: the
+# arguments JSON is P + (the string's JSON text) + Q with P and Q fixed, so a
+# record decodes its own characters plus a short tail, not the call.
+
+#: Characters kept in the tail: the completion reads the last one (',' '=' ':'),
+#: and an escape may still grow there.
+_WINDOW = 12
+#: Longest ``\N{...}`` escape read (Unicode names are shorter); longer is an error.
+_MAX_NAMED = 100
+_SENTINEL = "\ue000"
+_OCTAL = "01234567"
+#: Longest Q (the arguments JSON after the string) the record's work may include.
+_MAX_SUFFIX = 64
+
+
+def _literal(quote: str, body: str) -> str | None:
+    """The value of the string literal ``quote + body + quote``; None when Python rejects it."""
+    try:
+        node = _parse(quote + body + quote).body[0]
+    except Exception:
+        return None
+    value = getattr(node, "value", None)
+    if not isinstance(value, ast.Constant) or not isinstance(value.value, str):
+        return None
+    return value.value
+
+
+class _Fast:
+    """Incremental read of the string literal the call in progress ends in.
+
+    ``stable`` is the JSON text of the literal's characters before ``done``
+    (whole escapes only), which later records cannot change.
+    """
+
+    def __init__(self, text: str, quote_at: int, end: int) -> None:
+        self.quote = text[quote_at]
+        self.done = quote_at + 1
+        self.end = end  # end of the literal's text less trailing blanks
+        self.stable = ""
+        self.valid = True  # False once ``stable`` holds text Python rejects: every parse fails
+        self.prefix = ""  # P
+        self.suffix = ""  # Q less what the completion invented
+        self.scanned = 0  # characters this object handled (for the bounded-work test)
+        self._advance(text)
+
+    def _unit(self, text: str, slash: int) -> int:
+        """Length of the escape at ``slash``; 0 when it cannot be known yet; -1 when it is malformed."""
+        kind = text[slash + 1]
+        if kind in _OCTAL:
+            size = 2
+            while size < 4 and text[slash + size] in _OCTAL:
+                size += 1
+            return size
+        if kind == "N":
+            close = text.find("}", slash + 3, slash + 3 + _MAX_NAMED)
+            if close != -1:
+                return close + 1 - slash
+            return -1 if self.end - slash > _MAX_NAMED + 3 else 0
+        if kind == "\r":  # a line continuation; the tokenizer reads CR LF as one newline
+            return 3 if text[slash + 2] == "\n" else 2
+        return {"x": 4, "u": 6, "U": 10}.get(kind, 2)
+
+    def _advance(self, text: str) -> None:
+        target = self.end - _WINDOW
+        pos = good = self.done
+        if target <= pos:
+            return
+        self.scanned += target - pos
+        while pos < target:
+            slash = text.find("\\", pos, target)
+            if slash == -1:
+                good = target
+                break
+            if slash > pos:
+                good = slash
+            unit = self._unit(text, slash)
+            if unit < 0:
+                self.valid = False
+                break
+            if unit == 0 or slash + unit > target:
+                break
+            pos = slash + unit
+            good = pos
+        if good > self.done and self.valid:
+            value = _literal(self.quote, text[self.done : good])
+            if value is None:
+                self.valid = False
+            else:
+                self.stable += json.dumps(value, ensure_ascii=False)[1:-1]
+        self.done = good
+
+    def tail(self, text: str) -> str | None:
+        """The JSON text of the literal after ``done`` as the completion keeps it; None if unreadable."""
+        body = text[self.done : self.end]
+        self.scanned += len(body)
+        if body.endswith(("=", ":")):
+            return None  # the completion gives up on such text
+        if body.endswith(","):
+            body = body[:-1]
+        value = _literal(self.quote, body)
+        return None if value is None else json.dumps(value, ensure_ascii=False)[1:-1]
+
+    def extend(self, text: str, delta: str) -> str | None:
+        """Take a record's text (none of the quote in it); the literal's new tail, None if unreadable."""
+        self.scanned += len(delta)
+        kept = delta.rstrip()
+        if kept:
+            self.end = len(text) - len(delta) + len(kept)
+        self._advance(text)
+        return self.tail(text) if self.valid else None
+
+    def slice(self, tail: str, low: int) -> str:
+        """``(prefix + stable + tail + suffix)[low:]``."""
+        out, base = [], 0
+        for part in (self.prefix, self.stable, tail, self.suffix):
+            if low < base + len(part):
+                out.append(part[max(low - base, 0) :])
+            base += len(part)
+        return "".join(out)
+
+
 class PythonicStream:
     """Streaming state of one choice; ``step`` gets each record's share of the call text."""
 
@@ -239,6 +367,9 @@ class PythonicStream:
         self._committed_has_set = False
         self._no_commit = False
         self._dead = False  # a finished call can never parse: every step fails
+        self._fast: _Fast | None = None  # set while the text ends inside a string literal
+        #: False parses the call in progress at every record (the reference the tests compare with).
+        self.incremental = True
 
     def step(self, delta: str) -> DeltaOut | None:
         # The end marker's chars hold no bracket, quote, '=', ',' or ':', so
@@ -247,8 +378,14 @@ class PythonicStream:
         self._text += delta
         text = self._text
         marker = self._end_marker
-        if marker and text.endswith(marker):
-            text = text[: text.rfind(marker)]
+        cut = bool(marker) and text.endswith(marker)  # type: ignore[arg-type]
+        if cut:
+            text = text[: text.rfind(marker)]  # type: ignore[arg-type]
+        fast = self._fast
+        if fast is not None:
+            if not cut and fast.quote not in delta:
+                return self._step_fast(fast, delta)
+            self._fast = None
         if self._dead:
             return None
         try:
@@ -267,12 +404,66 @@ class PythonicStream:
             return None
         finally:
             self._commit(text)
+        if self.incremental and calls and not cut:
+            self._fast = self._anchor(text, body, added, calls[-1][1])
         if deltas:
             self._any_delta = True
             return DeltaOut(tool_calls=deltas)
         if not added and self._index > 0:
             return DeltaOut(content="")  # vLLM's "all calls done" marker
         return None
+
+    def _anchor(self, text: str, body: str, added: str, args: str) -> _Fast | None:
+        """A ``_Fast`` when this record's parse ended in a plain string literal, else None."""
+        scanner = self._scanner
+        quote_at = scanner.quote_at
+        boundaries = scanner.boundaries
+        if (
+            not scanner.stack
+            or scanner.stack[-1] not in _QUOTES
+            or quote_at < self._committed_at
+            or text[quote_at - 1].isalnum()  # a prefix (r, b, f, u...) changes what the text means
+            or not self._streamed
+            or len(self._streamed) != self._index + 1
+            or not self._streamed[self._index]
+            or ")]" not in added  # the call is still open
+            or (not self._no_commit and self._committed < min(len(boundaries), self._index))
+            or _SENTINEL in text
+            or "e000" in text.lower()  # an escape of the sentinel
+        ):
+            return None
+        try:
+            module = _parse("[" + text[self._committed_at : quote_at + 1] + _SENTINEL + added)
+            located = call_of(_call_list(module)[-1])[1]
+            if located.count(_SENTINEL) != 1:
+                return None
+            withheld = (added[:-2] + ("}" if added[-2] == ")" else "")).replace("'", '"')
+            head, tail = located.split(_SENTINEL)
+            if not tail.endswith(withheld) or len(tail) > _MAX_SUFFIX:
+                return None
+            fast = _Fast(text, quote_at, len(text.rstrip()))
+            tail_now = fast.tail(text)
+            fast.prefix, fast.suffix = head, tail[: len(tail) - len(withheld)]
+            # The parse this record made must be what the model says it is.
+            if not fast.valid or tail_now is None or args != head + fast.stable + tail_now + tail:
+                return None
+        except Exception:
+            return None
+        return fast
+
+    def _step_fast(self, fast: _Fast, delta: str) -> DeltaOut | None:
+        """``step`` for a record that extends the string literal the call in progress ends in."""
+        tail = fast.extend(self._text, delta)
+        if tail is None:
+            return None  # the parse fails: nothing changes
+        index = self._index
+        sent = len(self._streamed[index])
+        if len(fast.prefix) + len(fast.stable) + len(tail) + len(fast.suffix) <= sent:
+            return None
+        diff = fast.slice(tail, sent)
+        self._streamed[index] += diff
+        self._any_delta = True
+        return DeltaOut(tool_calls=[args_delta(index, diff)])
 
     def _diff(self, calls: list[tuple[str, str]], added: str) -> list[ToolCallDeltaOut]:
         deltas: list[ToolCallDeltaOut] = []

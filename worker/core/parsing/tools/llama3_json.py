@@ -23,9 +23,11 @@ incomplete strings are only allowed once the call's name was sent):
   is sent (possibly ``""``), and the record carries nothing else;
 * a record that cannot be read yields nothing and changes nothing.
 
-Like vLLM, each record re-reads the object in progress (its cost grows with
-that call's text, at most ``max_model_len`` tokens); finished objects are
-read once and kept, where vLLM re-reads them all.
+Finished objects are read once and kept, where vLLM re-reads them all. While
+the object in progress ends inside a string value (most of a long call), a
+record without a quote is read incrementally, its own characters plus a short
+tail (``_Fast``); any other record re-reads the object in progress as vLLM
+does (its cost grows with that call's text, at most ``max_model_len`` tokens).
 Llama has a structural tag, so with strict tool calling ``required``/named
 choices parse the native format like ``auto``.
 """
@@ -56,6 +58,11 @@ _STRUCTURAL = re.compile(r'["\[\]{}]')
 
 class _Partial(Exception):
     """The text cannot be completed to JSON (any failure of the library)."""
+
+
+#: Set while a read is traced (see ``_anchor``): where the completion cut its partial
+#: strings and how it closed the innermost container. None otherwise (parsing runs on one thread).
+_trace: list[tuple[Any, ...]] | None = None
 
 
 # -- partial JSON completion (partial_json_parser's algorithm) ---------------
@@ -104,7 +111,11 @@ def _complete_str(text: str, start: int, allow_str: bool) -> tuple[int, str | No
     for marker, window in (("\\u", 5), ("\\U", 9), ("\\x", 3)):
         found = text.rfind(marker, max(start, i - window), i)
         if found != -1 and found != last_escaped:
+            if _trace is not None:
+                _trace.append(("str", start))
             return found, '"'
+    if _trace is not None:
+        _trace.append(("str", start))
     return i, '"'
 
 
@@ -300,6 +311,8 @@ def _ensure_json(text: str, allow_str: bool) -> str:
             return text[: last_i + 1] + _closers(stack)
     index, _ = stack.pop()
     head, tail = _fix(text[index:], allow_str)
+    if _trace is not None:
+        _trace.append(("fix", index, in_string, tail, _closers(stack)))
     return text[:index] + head + tail + _closers(stack)
 
 
@@ -339,12 +352,169 @@ def _dump(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+# -- the string in progress, read incrementally -------------------------------
+#
+# A long call is mostly one long string argument. While the text ends inside a
+# string value and records add no quote, the completion above only changes that
+# string: its text is kept up to the end (less trailing blanks and a truncated
+# escape in the last few characters) and closed with '"' and the same closers.
+# So the arguments JSON is P + (the string's JSON text) + Q with P and Q fixed,
+# and a record only has to decode its own characters plus a short tail.
+
+#: Characters behind the text's end that the completion may still cut (an escape
+#: window of at most 9 plus a trailing backslash); text before them is final.
+_WINDOW = 12
+#: Stands in for the string's text when locating it in the arguments JSON.
+_SENTINEL = "\ue000"
+_HIGH_SURROGATE = re.compile(r"\\u[dD][89abAB]")
+#: Longest Q (the arguments JSON after the string) compared at each record.
+_MAX_SUFFIX = 64
+
+
+class _Fast:
+    """Incremental read of the call in progress while its text ends inside a string value.
+
+    ``stable`` is the JSON text of the string's characters before ``done`` (whole
+    escapes only, never between two surrogate escapes that decode as one
+    character), which no later record can change; each record decodes only what
+    it adds and the short tail after ``done``.
+    """
+
+    def __init__(self, text: str, quote: int, end: int) -> None:
+        self.done = quote + 1  # start of the tail not yet decoded into ``stable``
+        self.end = end  # end of the string's text less trailing blanks
+        self.stable = ""
+        self.valid = True  # False once ``stable`` holds text JSON cannot read
+        self.prefix = ""  # P: the arguments JSON before the string's text
+        self.suffix = ""  # Q: the arguments JSON after it
+        self.in_args = False  # False: the string is elsewhere and the arguments never change
+        self.is_args = False  # the arguments value is the string itself
+        self.prev_len = 0  # the text the last successful read saw (vLLM's prev_tool_call_arr)
+        self.prev_done = 0  # len(stable) at that read
+        self.prev_tail = ""  # the arguments JSON's string text after prev_done at that read
+        self.prev_truthy = False
+        self.scanned = 0  # characters this object handled (for the bounded-work test)
+        self._advance(text)
+
+    def _advance(self, text: str) -> None:
+        """Move ``done`` to the last whole-escape boundary before the window and decode up to it."""
+        target = self.end - _WINDOW
+        pos = good = self.done
+        if target <= pos:
+            return
+        self.scanned += target - pos
+        while pos < target:
+            slash = text.find("\\", pos, target)
+            if slash == -1:
+                good = target
+                break
+            if slash > pos:
+                good = slash
+            unit = 6 if text[slash + 1] == "u" else 2
+            if slash + unit > target:
+                break
+            pos = slash + unit
+            if not (unit == 6 and _HIGH_SURROGATE.match(text, slash)):
+                good = pos
+        if good > self.done and self.valid:
+            try:
+                self.stable += _dump(json.loads('"' + text[self.done : good] + '"'))[1:-1]
+            except ValueError:
+                self.valid = False  # the completion keeps this text from now on: every read fails
+        self.done = good
+
+    def tail(self, text: str) -> str | None:
+        """The JSON text of the string after ``done`` as the completion keeps it; None if unreadable."""
+        rest = '"' + text[self.done : self.end]
+        self.scanned += len(rest)
+        result = _complete_str(rest, 0, True)
+        if result is None:
+            return None
+        try:
+            return _dump(json.loads(rest[: result[0]] + '"'))[1:-1]
+        except ValueError:
+            return None
+
+    def extend(self, text: str, delta_text: str) -> str | None:
+        """Take a record's text (no quote in it); the string's new tail, None if the read fails."""
+        self.scanned += len(delta_text)
+        kept = delta_text.rstrip()
+        if kept:
+            self.end = len(text) - len(delta_text) + len(kept)
+        self._advance(text)
+        return self.tail(text) if self.valid else None
+
+    def slice(self, tail: str, low: int, high: int) -> str:
+        """``(prefix + stable + tail + suffix)[low:high]`` without building the whole."""
+        out = []
+        base = 0
+        for part in (self.prefix, self.stable, tail, self.suffix):
+            if low < base + len(part) and high > base:
+                out.append(part[max(low - base, 0) : high - base])
+            base += len(part)
+        return "".join(out)
+
+
+def _anchor(text: str, start: int, trace: list[tuple[Any, ...]], args: Any) -> _Fast | None:
+    """A ``_Fast`` for the object read from ``start`` when it ends in a string value, else None.
+
+    ``trace`` is the completion's record of that read, ``args`` the arguments it gave.
+    """
+    if not trace or trace[-1][0] != "fix":
+        return None
+    _, index, in_string, tail, closers = trace[-1]
+    strings = [entry for entry in trace if entry[0] == "str"]
+    # The completion closed a string that runs to the end as the innermost object's last value.
+    if not in_string or tail != '"}' or not strings:
+        return None
+    body = text[start:]
+    quote = index + strings[-1][1]
+    if body[quote] != '"' or _SENTINEL in body or "\\ue000" in body.lower():
+        return None
+    try:
+        obj = json.loads(body[: quote + 1] + _SENTINEL + '"}' + closers)
+        if not isinstance(obj, dict):
+            return None
+        if "parameters" in obj:
+            obj["arguments"] = obj["parameters"]
+        located = _dump(obj.get("arguments"))
+        fast = _Fast(text, start + quote, start + index + len(body[index:].rstrip()))
+        tail_now = fast.tail(text)
+        if not fast.valid or tail_now is None:
+            return None
+        count = located.count(_SENTINEL)
+        if count == 1:
+            cut = located.index(_SENTINEL)
+            fast.prefix, fast.suffix = located[:cut], located[cut + 1 :]
+            fast.in_args = True
+            fast.is_args = isinstance(obj.get("arguments"), str)
+            if len(fast.suffix) > _MAX_SUFFIX:
+                return None
+            # The read this record made must be what the model says it is.
+            if args:
+                if _dump(args) != fast.prefix + fast.stable + tail_now + fast.suffix:
+                    return None
+            elif not fast.is_args or fast.stable or tail_now:
+                return None
+        elif count != 0:
+            return None
+    except Exception:
+        return None
+    fast.prev_len = len(text)
+    fast.prev_done = len(fast.stable)
+    fast.prev_tail = tail_now
+    fast.prev_truthy = bool(args)
+    return fast
+
+
 # -- parser ------------------------------------------------------------------
 
 
 @tool_parser("llama3_json", "llama4_json")
 class Llama3JsonToolParser(ToolParser):
     supports_required_and_named = False
+    #: False re-reads the call in progress at every record (the reference the tests compare with).
+    incremental = True
 
     def __init__(
         self,
@@ -364,6 +534,7 @@ class Llama3JsonToolParser(ToolParser):
         self._streamed: list[str] = []
         self._kept: list[Any] = []  # finished objects, read once
         self._kept_end = 0
+        self._fast: _Fast | None = None  # set while the call in progress ends inside a string
 
     # -- one-shot ------------------------------------------------------
 
@@ -407,27 +578,41 @@ class Llama3JsonToolParser(ToolParser):
         if not self._mode:
             return DeltaOut(content=delta_text)
         try:
+            if self._fast is not None:
+                if '"' not in delta_text:
+                    return self._step_fast(self._fast, delta_text)
+                self._leave_fast()
             return self._step()
         except Exception:  # vLLM skips the record on any failure
             return None
 
-    def _read(self) -> tuple[list[Any], list[bool]] | None:
+    def _read(
+        self, text: str, trace: list[tuple[Any, ...]] | None = None
+    ) -> tuple[list[Any], list[bool]] | None:
         """All objects so far and which are complete.
 
         vLLM re-reads every object at every record; an object that is complete and followed by
         more text reads the same forever, so it is read once and kept, and a record re-reads
-        only the object in progress.
+        only the object in progress. ``trace`` receives the completion's record of the last
+        object read and (last) where it starts.
         """
-        text = self._text
+        global _trace
         allow_str = self._name_sent
         objects: list[Any] = list(self._kept)
         complete: list[bool] = [True] * len(objects)
         start = self._kept_end
         while start < len(text):
             try:
+                if trace is not None:
+                    trace.clear()
+                    _trace = trace
                 obj, consumed = partial_loads(text[start:], allow_str)
             except Exception:
                 return None
+            finally:
+                _trace = None
+            if trace is not None:
+                trace.append(("start", start, consumed))
             whole = _is_json(text[start : start + consumed])
             complete.append(whole)
             # Kept only when the "; " separator follows: other text can make vLLM's read of the
@@ -445,7 +630,8 @@ class Llama3JsonToolParser(ToolParser):
         return objects, complete
 
     def _step(self) -> DeltaOut | None:
-        read = self._read()
+        trace: list[tuple[Any, ...]] | None = [] if self.incremental and self._name_sent else None
+        read = self._read(self._text, trace)
         if read is None:
             return None
         objects, complete = read
@@ -486,13 +672,46 @@ class Llama3JsonToolParser(ToolParser):
                 if diff is not None:
                     delta = self._args_delta(diff)
         self._prev = objects
+        if trace and not complete[self._index]:
+            _, start, consumed = trace.pop()
+            if start + consumed == len(self._text):
+                self._fast = _anchor(self._text, start, trace, current.get("arguments"))
         return delta
+
+    def _step_fast(self, fast: _Fast, delta_text: str) -> DeltaOut | None:
+        """``_step`` for a record that extends the string the call in progress ends in."""
+        tail = fast.extend(self._text, delta_text)
+        if tail is None:
+            return None  # the read fails: nothing changes
+        delta: DeltaOut | None = None
+        truthy = not fast.is_args or bool(fast.stable) or bool(tail)
+        if fast.in_args and truthy and fast.prev_truthy:
+            new = fast.stable[fast.prev_done :] + tail
+            if new != fast.prev_tail:
+                common = _common_prefix_len(fast.prev_tail + fast.suffix, new + fast.suffix)
+                cut = len(fast.prefix) + fast.prev_done + common
+                sent = len(self._streamed[self._index])
+                delta = self._args_delta(fast.slice(tail, sent, cut) if sent < cut else "")
+        fast.prev_len = len(self._text)
+        fast.prev_done = len(fast.stable)
+        fast.prev_tail = tail
+        fast.prev_truthy = truthy
+        return delta
+
+    def _leave_fast(self) -> None:
+        """Back to whole reads: rebuild what the last successful read gave."""
+        fast, self._fast = self._fast, None
+        if fast is not None:
+            read = self._read(self._text[: fast.prev_len])
+            if read is not None:
+                self._prev = read[0]
 
     def _args_delta(self, diff: str) -> DeltaOut:
         self._streamed[self._index] += diff
         return DeltaOut(tool_calls=[args_delta(self._index, diff)])
 
     def remaining_unstreamed_args(self) -> str:
+        self._leave_fast()
         if not self._prev:
             return ""
         index = len(self._prev) - 1

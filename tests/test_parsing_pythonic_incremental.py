@@ -1,0 +1,201 @@
+"""The pythonic parsers' incremental read of a string in progress equals the whole re-parse.
+
+While the call in progress ends inside a plain string literal, a record without
+its quote is read incrementally (its own characters plus a short tail);
+``incremental = False`` keeps the whole re-parse of vLLM's semantics as the
+reference. Both read the same texts cut at random points, with and without
+llama4's end marker: every record's delta (ids aside) and the end-of-stream
+remainder must be equal.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import random
+from typing import Any
+
+import pytest
+
+from tests.parsing_helpers import records, sample_encode, sample_tokenizer, tool_parsing
+from worker.core.parsing import ParseRequest
+from worker.core.parsing.tools import _pythonic_common as common
+from worker.core.parsing.tools._pythonic_common import PythonicStream
+from worker.core.parsing.tools.llama4_pythonic import END, START
+
+TOOLS = [{"type": "function", "function": {"name": "write_file", "parameters": {"type": "object"}}}]
+CODE = "def f(x):\\n    return {\"a\": [x, '\\\\']}\\n\\t# café 北京 😀 \\u2028 \\N{BULLET} \\x41\\101\\7 end"
+CORPUS = [
+    f'[write_file(path="a.py", content="{CODE}")]',
+    f"[write_file(content='{CODE}')]",
+    f'[f(a=1), g(b={{"k": ["x", "{CODE}"]}}, c=2)]',
+    f'[f(a=("{CODE}",))]',  # a tuple: the completion cannot be found in the JSON
+    f'[f(a={{"{CODE}"}})]',  # a set
+    '[f(s="a" "implicitly joined" \'strings\' "long tail here")]',
+    '[f(s=r"raw \\d+ string"), g(s=b"bytes"), h(s=f"f {x} string"), k(s=u"unicode prefix")]',
+    '[f(s="bad \\x4 escape then text"), g(s="bad \\N{NO SUCH NAME} then text")]',
+    '[f(s="\\N{' + "A" * 120 + ' then more")]',
+    '[f(s="line\\\ncontinued and \\\r\ncontinued"), g(s="raw\nnewline")]',
+    '[f(s="ends in equals = and colon : and comma , and spaces    then more")]',
+    '[f(s="trailing blanks \u3000\u2028   ", t="x")]',
+    '[f(s="octal \\1\\12\\123\\1234 and \\0 done")]',
+    '[f(a="x", b=[1, 2.5, None, True, -3], c="more text after numbers")]',
+    '[f(s="null \x00 byte")]',
+    '[f(s="unterminated at the end of the output',
+]
+
+_PIECES = [
+    "abc",
+    "北京",
+    " ",
+    "  ",
+    "x",
+    "{",
+    "]",
+    ")",
+    "é",
+    "=",
+    ":",
+    ",",
+    "\u3000",
+    "'",
+    "\\n",
+    '\\"',
+    "\\\\",
+    "\\t",
+]
+_ODD = [
+    "\\",
+    "\\x4",
+    "\\x41",
+    "\\u00e9",
+    "\\U0001F600",
+    "\\N{BULLET}",
+    "\\N{",
+    "\\1",
+    "\\12",
+    "\\123",
+    "\n",
+    "\r",
+    "\\\r\n",
+]
+
+
+def _random_string(rng: random.Random) -> str:
+    return "".join(rng.choice(_PIECES if rng.random() < 0.7 else _ODD) for _ in range(rng.randint(0, 60)))
+
+
+def _random_text(rng: random.Random) -> str:
+    calls = []
+    for _ in range(rng.randint(1, 3)):
+        quote = rng.choice(['"', "'"])
+        value = quote + _random_string(rng).replace(quote, "") + quote
+        if rng.random() < 0.3:
+            value = "{" + f'"k": [1, {value}]' + "}"
+        prefix = rng.choice(["", "", "", "r", "f", "b"])
+        calls.append(f"{rng.choice(['f', 'write_file', 'a.b'])}(n=1, s={prefix}{value})")
+    text = "[" + ", ".join(calls) + "]"
+    if rng.random() < 0.2:
+        cut = rng.randrange(len(text))
+        text = text[:cut] + rng.choice(_PIECES + _ODD + ['"']) + text[cut + rng.randint(0, 1) :]
+    return text
+
+
+def _cuts(text: str, rng: random.Random) -> list[str]:
+    pieces, pos = [], 0
+    while pos < len(text):
+        size = rng.choice([0, 1, 1, 1, 2, 3, 5, 17]) if rng.random() < 0.97 else rng.randint(20, 200)
+        pieces.append(text[pos : pos + size])
+        pos += size
+    return pieces
+
+
+def _plain(delta: Any) -> Any:
+    if delta is None:
+        return None
+    out = dataclasses.asdict(delta)
+    for call in out["tool_calls"]:
+        call["id"] = None
+    return out
+
+
+def _run(pieces: list[str], marker: str | None, incremental: bool) -> tuple[list[Any], str, int]:
+    stream = PythonicStream(marker)
+    stream.incremental = incremental
+    out, fast = [], 0
+    for piece in pieces:
+        fast += stream._fast is not None and stream._fast.quote not in piece
+        out.append(_plain(stream.step(piece)))
+    return out, stream.remaining_args(), fast
+
+
+def _same(pieces: list[str], marker: str | None) -> int:
+    got = _run(pieces, marker, True)
+    want = _run(pieces, marker, False)
+    assert want[2] == 0
+    assert got[:2] == want[:2], "".join(pieces)
+    return got[2]
+
+
+@pytest.mark.parametrize("marker", [None, END])
+def test_corpus_in_one_character_records(marker: str | None) -> None:
+    fast = 0
+    for text in CORPUS:
+        fast += _same(list(text + (marker or "")), marker)
+    assert fast > sum(len(text) for text in CORPUS) // 3
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_splits_of_real_and_broken_calls(seed: int) -> None:
+    rng = random.Random(seed)
+    fast = records = 0
+    for _ in range(250):
+        text = rng.choice(CORPUS) if rng.random() < 0.3 else _random_text(rng)
+        marker = rng.choice([None, END])
+        if marker and rng.random() < 0.8:
+            text += marker
+        if rng.random() < 0.2:  # cut short, as a stream stopped by max_tokens is
+            text = text[: rng.randrange(1, len(text) + 1)]
+        pieces = _cuts(text, rng)
+        fast += _same(pieces, marker)
+        records += len(pieces)
+    assert fast > records // 8, (fast, records)
+
+
+@pytest.mark.parametrize(("name", "head", "tail"), [("pythonic", "", ""), ("llama4_pythonic", START, END)])
+def test_a_long_string_costs_each_record_its_own_characters(
+    monkeypatch: pytest.MonkeyPatch, name: str, head: str, tail: str
+) -> None:
+    """Inside a string, a record parses its own characters plus a constant window, never the call."""
+    parsed: list[int] = []
+    original = common._parse
+
+    def counting(source: str) -> Any:
+        parsed.append(len(source))
+        return original(source)
+
+    monkeypatch.setattr(common, "_parse", counting)
+    line = "print('café', {\\\"k\\\": [1, 2]})\\t# 北京 \\\\ 😀\\n"
+    text = head + '[write_file(path="a.py", content="' + line * 120 + '")]' + tail
+    ids = sample_encode("llama-3", text)
+    session = tool_parsing("llama-3", name).new_stream(
+        ParseRequest(tools=TOOLS, tool_choice="auto", parallel_tool_calls=None), [1]
+    )
+    parser = session._parser.tools
+    streamed, inside = "", 0
+    for piece, chunk in records(sample_tokenizer("llama-3"), [[i] for i in ids]):
+        calls = getattr(parser, "_calls", None)
+        fast = calls._fast if calls is not None else None
+        parsed.clear()
+        delta, _ = session.step(piece, chunk, None)
+        streamed += "".join(
+            c.function.arguments or "" for c in (delta.tool_calls if delta else []) if c.function
+        )
+        if fast is not None and '"' not in piece and not piece.endswith(END):
+            inside += 1
+            assert sum(parsed) <= 3 * len(piece) + 48, (piece, parsed)
+    # Nearly every record of the long string was read this way, and the stream is the whole argument.
+    assert inside > len(ids) * 3 // 4
+    expected = {"path": "a.py", "content": ast.literal_eval('"' + line * 120 + '"')}
+    assert json.loads(streamed + parser.remaining_unstreamed_args()) == expected
