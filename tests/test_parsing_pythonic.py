@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 
 from tests.parsing_helpers import run_oneshot, run_stream, splits
 from tests.parsing_helpers import sample_encode as encode
+from worker.core.parsing.tools import _pythonic_common as common
 
 CALLS = "[get_weather(city='Paris', unit=\"celsius\"), get_time(tz='Europe/Paris', n=-2, ok=true)]"
 
@@ -97,11 +99,22 @@ def test_adversarial_input_is_bounded(text: str) -> None:
     assert time.perf_counter() - start < 2.0
 
 
-def test_streaming_many_calls_does_not_reparse_finished_ones() -> None:
+def test_streaming_many_calls_does_not_reparse_finished_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed: list[int] = []
+    original = common._parse
+
+    def counting(source: str) -> Any:
+        parsed.append(len(source))
+        return original(source)
+
     text = "[" + ", ".join(f"f(i={i}, s='{'x' * 50}')" for i in range(400)) + "]"
     ids = encode("llama-3", text)
-    start = time.perf_counter()
+    monkeypatch.setattr(common, "_parse", counting)
     got = run_stream("llama-3", "pythonic", [ids[k : k + 3] for k in range(0, len(ids), 3)])
+    monkeypatch.undo()
     assert len(got["calls"]) == 400
     assert got["calls"] == run_oneshot("llama-3", "pythonic", text)["calls"]
-    assert time.perf_counter() - start < 10.0
+    # Each parse sees the call in progress, never the finished ones: no parse is longer than a call
+    # (plus its brackets), where re-reading finished calls would parse up to the whole text.
+    longest_call = max(len(f"f(i={i}, s='{'x' * 50}')") for i in range(400))
+    assert parsed and max(parsed) <= longest_call + 8
