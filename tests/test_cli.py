@@ -65,3 +65,23 @@ def test_offline_demo_shows_reasoning_content_and_tool_calls_apart() -> None:
     assert "tool call: get_weather(" in text
     assert "北京你好" in text
     assert "[1] content:   '分区里的消息" in text
+
+
+def test_run_without_a_reachable_broker_says_so_in_one_line() -> None:
+    """A newcomer's first `run` with no broker: one line naming the address and how to start one,
+    exit 2 (a usage problem), no traceback."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens here once the socket is closed
+    address = f"127.0.0.1:{port}"
+    done = _cli(
+        "run", "--bootstrap-servers", address, "--tokenizer", QWEN3, "--served-model-name", "m",
+        "--metrics-port", "0",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith(f"derender-worker: configuration error: cannot reach Kafka at {address};")
+    assert "deploy/local/kafka start" in last
+    assert b"Traceback" not in done.stderr

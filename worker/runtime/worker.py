@@ -33,6 +33,7 @@ from aiokafka.errors import (
     InconsistentGroupProtocolError,
     InvalidGroupIdError,
     InvalidSessionTimeoutError,
+    KafkaConnectionError,
     KafkaError,
     MessageSizeTooLargeError,
     RecordListTooLargeError,
@@ -162,7 +163,15 @@ class Worker:
         """Run until ``request_stop``; the process exit status."""
         self.lifecycle.to(WorkerState.STARTING)
         try:
-            await self._start_clients()
+            try:
+                await self._start_clients()
+            except KafkaConnectionError as exc:
+                address = self.settings.bootstrap_servers
+                raise ConfigurationError(
+                    f"cannot reach Kafka at {address}; start a local broker with "
+                    "`deploy/local/kafka start` (127.0.0.1:19092), or point --bootstrap-servers / "
+                    "KAFKA_BOOTSTRAP_SERVERS at a running one"
+                ) from exc
             self.lifecycle.to(WorkerState.RUNNING)
             while not self._stop.is_set():
                 await self._step()
