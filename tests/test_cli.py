@@ -85,3 +85,14 @@ def test_run_without_a_reachable_broker_says_so_in_one_line() -> None:
     assert last.startswith(f"derender-worker: configuration error: cannot reach Kafka at {address};")
     assert "deploy/local/kafka start" in last
     assert b"Traceback" not in done.stderr
+
+
+def test_a_tool_parser_without_auto_tool_choice_is_warned_about() -> None:
+    # As in vLLM the parser then does nothing; saying so beats a silently ignored flag.
+    done = _cli("replay", "-", "--tokenizer", QWEN3, "--tool-parser", "hermes", stdin=b"")
+    assert done.returncode == 0, done.stderr
+    assert b"--tool-parser hermes does nothing without --enable-auto-tool-choice" in done.stderr
+    quiet = _cli(
+        "replay", "-", "--tokenizer", QWEN3, "--tool-parser", "hermes", "--enable-auto-tool-choice", stdin=b""
+    )
+    assert b"does nothing" not in quiet.stderr

@@ -7,6 +7,7 @@ can also come from an environment variable (``DERENDER_`` + upper-case name).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from dataclasses import dataclass
 
@@ -19,6 +20,8 @@ from worker.core.envelope_processor import (
 from worker.core.model_dir import load_tokenizer
 from worker.core.parsing import ChatParsing, adapter_for
 from worker.errors import ConfigurationError
+
+log = logging.getLogger(__name__)
 
 ENV_PREFIX = "DERENDER_"
 
@@ -108,6 +111,12 @@ class ModelSettings:
     def from_args(cls, args: argparse.Namespace) -> ModelSettings:
         if not args.tokenizer:
             raise ConfigurationError("--tokenizer (or DERENDER_TOKENIZER) is required")
+        if args.tool_parser and not args.enable_auto_tool_choice:
+            log.warning(
+                "--tool-parser %s does nothing without --enable-auto-tool-choice (as in vLLM): "
+                "tool calls stay text",
+                args.tool_parser,
+            )
         return cls(
             tokenizer=args.tokenizer,
             served_model_names=tuple(args.served_model_name) if args.served_model_name else None,
