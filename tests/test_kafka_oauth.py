@@ -31,13 +31,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from tests.kafka_helpers import QWEN3_CONFIG, TopicReader, free_port, generate_sequences, model_args
-from worker.errors import ConfigurationError
-from worker.runtime.kafka_oauth import (
-    MskIamTokenProvider,
-    OidcClientCredentials,
-    OidcTokenProvider,
-    TokenError,
-)
+from worker.errors import ConfigurationError, TokenError
+from worker.runtime.kafka_oauth import MskIamTokenProvider, OidcClientCredentials, OidcTokenProvider
 from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,9 +15,9 @@ from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
 from worker.cli import build_parser
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
-from worker.errors import ConfigurationError
+from worker.errors import ConfigurationError, IllegalTransitionError
 from worker.runtime.config import DEFAULT_GROUP_ID, DeliveryMode, KafkaSettings, TopicNames
-from worker.runtime.lifecycle import IllegalTransitionError, Lifecycle, WorkerState
+from worker.runtime.lifecycle import Lifecycle, WorkerState
 from worker.runtime.memory import LiveEstimator
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask

@@ -10,14 +10,8 @@ from typing import Any
 import pytest
 
 from worker.core.model_dir import LoadedTokenizer, load_tokenizer
-from worker.core.parsing import (
-    ChatParsing,
-    DeltaOut,
-    ParseRequest,
-    ParserSetupError,
-    adapter_for,
-    resolve_finish_reason,
-)
+from worker.core.parsing import ChatParsing, DeltaOut, ParseRequest, adapter_for, resolve_finish_reason
+from worker.errors import ParserSetupError
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"

@@ -11,8 +11,9 @@ import orjson
 import pytest
 
 from tests.pipeline_helpers import FAULTS, STREAM_CASE, recording, recordings, request_of
+from worker.errors import UpstreamError
 from worker.pipeline.fake_vllm import FakeVllm
-from worker.pipeline.vllm_client import UpstreamError, VllmClient
+from worker.pipeline.vllm_client import VllmClient
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,12 @@ import itertools
 
 import pytest
 
-from worker.errors import ConfigurationError
+from worker.errors import ConfigurationError, IllegalBreakerTransitionError
 from worker.runtime.dead_letter_policy import (
     TRANSITIONS,
     BreakerState,
     DeadLetterLimits,
     DeadLetterPolicy,
-    IllegalBreakerTransitionError,
     PartitionBreaker,
     TripCause,
     add_dead_letter_arguments,

@@ -18,10 +18,10 @@ from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
 from tests.test_kafka_runtime_units import TOPICS, FakeRecord, RecordingSink, _task
 from worker.cli import build_parser
 from worker.core.envelope_processor import ProcessResult
-from worker.errors import ConfigurationError
+from worker.errors import ConfigurationError, DeliveryFailedError
 from worker.runtime.config import KafkaSettings
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
-from worker.runtime.delivery import MAX_RECORD_BYTES, DeliveryFailedError
+from worker.runtime.delivery import MAX_RECORD_BYTES
 from worker.runtime.observer import RecordObserver
 from worker.runtime.partition import PartitionTask
 from worker.runtime.poison import ResetTracker

@@ -30,7 +30,7 @@ from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.parsing.ids import RANDOM_TOOL_CALL_ID
 from worker.core.parsing.tools.mistral import MISTRAL_TOOL_CALL_ID
-from worker.errors import ConfigurationError, DerenderWorkerError
+from worker.errors import AuditUsageError, ConfigurationError
 from worker.settings import ModelSettings, add_model_arguments
 
 JsonDict = dict[str, Any]
@@ -48,10 +48,6 @@ SHOWN_DIFFERENCES = 10
 # The random tool-call id formats; nothing else is renamed.
 _RANDOM_IDS = (RANDOM_TOOL_CALL_ID, MISTRAL_TOOL_CALL_ID)
 _ABSENT = object()
-
-
-class AuditUsageError(DerenderWorkerError):
-    """Bad flags, an unreadable file, an unreachable broker: exit status 2."""
 
 
 # --- normalization and comparison (pure) --------------------------------------------------------

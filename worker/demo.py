@@ -36,7 +36,7 @@ import orjson
 
 from worker.assembly import Assembler, render_text
 from worker.demo_view import DeadLetterSeen, DemoState, DemoView, RequestProgress, make_view
-from worker.errors import ConfigurationError
+from worker.errors import ConfigurationError, DemoError
 from worker.settings import ModelSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -61,10 +61,6 @@ BROKER_ANSWER_TIMEOUT_S = 30.0
 GROUP_JOIN_TIMEOUT_S = 60.0  # tokenizer load + join + one rebalance
 OUTPUT_WAIT_S = 30.0  # after the last record is produced
 STOP_GRACE_S = 20.0  # SIGTERM, then SIGKILL
-
-
-class DemoError(Exception):
-    """A step of the demo failed; the message says which and why."""
 
 
 def _worker_model_args(model_dir: str) -> list[str]:

@@ -1,12 +1,15 @@
 """The one exception hierarchy of derender-worker.
 
-``DerenderWorkerError`` is the root. ``RequestError`` carries what vLLM would
-answer over HTTP (status code, error type, param) so a rejected record becomes
-an output envelope with vLLM's error body. ``InvalidRecordError`` is a record
+``DerenderWorkerError`` is the root of every error the package raises on purpose, core, runtime and
+commands alike (``except DerenderWorkerError`` is what the CLI turns into a one-line message).
+``RequestError`` carries what vLLM would answer over HTTP (status code, error type, param) so a
+rejected record becomes an output envelope with vLLM's error body. ``InvalidRecordError`` is a record
 that is not an envelope at all: it goes to the dead-letter output.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class DerenderWorkerError(Exception):
@@ -63,3 +66,62 @@ class RequestStateTooLargeError(RequestError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code=413, error_type="RequestStateTooLargeError")
+
+
+# --- the core's parsers ---------------------------------------------------------------------------
+
+
+class ParserSetupError(DerenderWorkerError):
+    """A parser cannot be built for this tokenizer or these request settings.
+
+    Raised at startup (the facade turns it into ``ConfigurationError``) or per
+    request when a request setting selects a variant the tokenizer cannot serve
+    (vLLM answers 500 one-shot and 400 streaming then).
+    """
+
+
+# --- the Kafka runtime --------------------------------------------------------------------------
+
+
+class IllegalTransitionError(DerenderWorkerError):
+    """The worker's lifecycle was asked for a transition its table does not have (a bug)."""
+
+
+class IllegalBreakerTransitionError(DerenderWorkerError):
+    """A dead-letter breaker was asked for a transition it does not have (a bug)."""
+
+
+class DeliveryFailedError(DerenderWorkerError):
+    """A record of the open transaction / commit was not acknowledged."""
+
+
+class TokenError(DerenderWorkerError):
+    """No SASL token could be had; aiokafka fails the connection attempt and retries it."""
+
+
+class ReplayError(DerenderWorkerError):
+    """``dlq replay`` could not finish (no progress, a send failed)."""
+
+
+# --- commands -------------------------------------------------------------------------------------
+
+
+class AuditUsageError(DerenderWorkerError):
+    """``audit``: bad flags, an unreadable file, an unreachable broker: exit status 2."""
+
+
+class DemoError(DerenderWorkerError):
+    """A step of the demo failed; the message says which and why."""
+
+
+class UpstreamError(DerenderWorkerError):
+    """vLLM's render or generate answered an error (or none): its ``ErrorResponse`` body in ``error``."""
+
+    def __init__(self, code: int, message: str, type_: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.error: dict[str, Any] = {
+            "message": message,
+            "type": type_ or ("BadGatewayError" if code == 502 else "UpstreamError"),
+            "param": param,
+            "code": code,
+        }

@@ -33,10 +33,10 @@ from worker.core.logprobs import (
     to_completion_logprobs,
 )
 from worker.core.model_dir import LoadedTokenizer
-from worker.core.parsing import ChatParsing, DeltaOut, ParseRequest, ParserSetupError
+from worker.core.parsing import ChatParsing, DeltaOut, ParseRequest
 from worker.core.sequence_state import LiveParser, SequenceState
 from worker.core.stopping import StopPolicy, drop_stop_token, find_stop_string
-from worker.errors import ModelNotFoundError, RequestError
+from worker.errors import ModelNotFoundError, ParserSetupError, RequestError
 
 JsonDict = dict[str, Any]
 

@@ -25,7 +25,6 @@ import orjson
 from worker.demo import (
     DEMO_STREAM,
     SAMPLES,
-    DemoError,
     _delete_topics,
     _given_bootstrap,
     _start_local_broker,
@@ -33,6 +32,7 @@ from worker.demo import (
     _worker_model_args,
 )
 from worker.demo_view import make_view
+from worker.errors import DemoError
 from worker.pipeline.connection import Connection
 from worker.pipeline.fake_vllm import FakeVllm, Recording
 from worker.runtime.kafka_security import KafkaSecurity

@@ -37,9 +37,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from pydantic import ValidationError
 
 from schemas.pipeline import CancelRecord, IngestMarker, RequestEnvelope
-from worker.errors import ConfigurationError
+from worker.errors import ConfigurationError, UpstreamError
 from worker.pipeline.connection import Connection, add_connection_arguments, require_topics
-from worker.pipeline.vllm_client import UpstreamError, VllmClient
+from worker.pipeline.vllm_client import VllmClient
 from worker.runtime.config import DEFAULT_INPUT_TOPIC, DEFAULT_OUTPUT_TOPIC
 from worker.runtime.genai_metrics import request_start_header
 from worker.runtime.structured_logging import add_log_format_argument, configure_logging

@@ -14,6 +14,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from worker.errors import UpstreamError
+
 JsonDict = dict[str, Any]
 
 # One SSE event may carry a chunk's logprobs and, on the first, the prompt ids.
@@ -21,17 +23,6 @@ MAX_EVENT_BYTES = 16 * 1024 * 1024
 RENDER_PATHS = {"chat": "/v1/chat/completions/render", "completion": "/v1/completions/render"}
 GENERATE_PATH = "/inference/v1/generate"
 ABORT_PATH = "/inference/v1/abort_requests"
-
-
-class UpstreamError(Exception):
-    def __init__(self, code: int, message: str, type_: str | None = None, param: str | None = None) -> None:
-        super().__init__(message)
-        self.error: JsonDict = {
-            "message": message,
-            "type": type_ or ("BadGatewayError" if code == 502 else "UpstreamError"),
-            "param": param,
-            "code": code,
-        }
 
 
 def error_from_body(status: int, raw: bytes) -> UpstreamError:

@@ -25,18 +25,9 @@ from typing import Any, TextIO
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from worker.audit import (
-    Auditor,
-    AuditUsageError,
-    InputRange,
-    Progress,
-    count_lines,
-    feed_output_file,
-    file_lines,
-    finish,
-)
+from worker.audit import Auditor, InputRange, Progress, count_lines, feed_output_file, file_lines, finish
 from worker.core.envelope_processor import EnvelopeProcessor
-from worker.errors import ConfigurationError
+from worker.errors import AuditUsageError, ConfigurationError
 from worker.runtime.config import KafkaSettings, add_topic_arguments
 from worker.runtime.delivery import producer_options
 from worker.runtime.dlq_replay import parse_since

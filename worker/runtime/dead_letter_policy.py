@@ -39,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from worker.errors import ConfigurationError
+from worker.errors import ConfigurationError, IllegalBreakerTransitionError
 from worker.settings import ENV_PREFIX, env_default
 
 DEFAULT_MAX_RATIO = 0.5
@@ -57,10 +57,6 @@ TRANSITIONS: dict[BreakerState, frozenset[BreakerState]] = {
     BreakerState.CLOSED: frozenset({BreakerState.TRIPPED}),
     BreakerState.TRIPPED: frozenset(),
 }
-
-
-class IllegalBreakerTransitionError(RuntimeError):
-    pass
 
 
 class TripCause(enum.Enum):

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import ProducerFenced
 
+from worker.errors import DeliveryFailedError
 from worker.runtime import metrics_names as m
 from worker.runtime.metrics import Metrics
 from worker.runtime.records import OutgoingRecord
@@ -80,10 +81,6 @@ def producer_options(
         # broker writes the last one's markers; the 100 ms default backoff would add 100 ms per commit.
         "retry_backoff_ms": PRODUCER_RETRY_BACKOFF_MS,
     }
-
-
-class DeliveryFailedError(RuntimeError):
-    """A record of the open transaction / commit was not acknowledged."""
 
 
 def _raise_first_failure(futures: list[asyncio.Future[Any]]) -> None:

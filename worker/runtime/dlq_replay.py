@@ -45,17 +45,13 @@ from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import ValidationError
 
 from schemas.envelope import DeadLetterRecord
-from worker.errors import ConfigurationError, DerenderWorkerError
+from worker.errors import ConfigurationError, ReplayError
 from worker.runtime.config import KafkaSettings, add_topic_arguments
 from worker.runtime.kafka_security import KafkaSecurity, add_security_arguments
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024  # as large as the worker's own producers send
 _POLL_MS = 500
 DEFAULT_IDLE_TIMEOUT_S = 60.0
-
-
-class ReplayError(DerenderWorkerError):
-    """The replay could not finish (no progress, a send failed)."""
 
 
 # --- decoding (pure) ----------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from aiokafka.abc import AbstractTokenProvider
 
-from worker.errors import ConfigurationError
+from worker.errors import ConfigurationError, TokenError
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,6 @@ MAX_RESPONSE_BYTES = 1024 * 1024
 
 class _Secret(Protocol):
     def reveal(self) -> str: ...
-
-
-class TokenError(RuntimeError):
-    """No token could be had; aiokafka fails the connection attempt and retries it."""
 
 
 @dataclass(frozen=True, slots=True)

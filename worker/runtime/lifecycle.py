@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 import logging
 
+from worker.errors import IllegalTransitionError
+
 log = logging.getLogger(__name__)
 
 
@@ -31,10 +33,6 @@ TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
     WorkerState.STOPPED: frozenset(),
     WorkerState.FAILED: frozenset({WorkerState.STOPPED}),
 }
-
-
-class IllegalTransitionError(RuntimeError):
-    pass
 
 
 class Lifecycle:

@@ -43,11 +43,11 @@ from aiokafka.errors import (
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import DEFAULT_MAX_LIVE_PARSERS, EnvelopeProcessor
 from worker.core.live_parsers import LiveParserPool
-from worker.errors import ConfigurationError
+from worker.errors import ConfigurationError, DeliveryFailedError
 from worker.runtime import metrics_names as m
 from worker.runtime.config import KafkaSettings
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy, Trip
-from worker.runtime.delivery import AtLeastOnceSink, DeliveryFailedError, Sink, TransactionalSink
+from worker.runtime.delivery import AtLeastOnceSink, Sink, TransactionalSink
 from worker.runtime.health_server import ReadinessState
 from worker.runtime.lifecycle import Lifecycle, WorkerState
 from worker.runtime.memory import MemoryBudget

@@ -38,7 +38,7 @@ from worker.core.parsing.assembly import (
     keeps_tool_calls,
     resolve_finish_reason,
 )
-from worker.core.parsing.base import ParserSetupError, ReasoningParser, ToolParser
+from worker.core.parsing.base import ReasoningParser, ToolParser
 from worker.core.parsing.composite import CompositeParser
 from worker.core.parsing.registry import reasoning_parser, reasoning_parsers, tool_parser, tool_parsers
 from worker.core.parsing.stream import ChatStreamSession
@@ -52,7 +52,7 @@ from worker.core.parsing.types import (
     ToolCallDeltaOut,
     ToolCallOut,
 )
-from worker.errors import ConfigurationError
+from worker.errors import ConfigurationError, ParserSetupError
 
 __all__ = [
     "ChatParsing",

@@ -15,15 +15,6 @@ from typing import Any, ClassVar
 from worker.core.parsing.types import DeltaOut, ExtractedCalls, ParseRequest, ParserTokenizer
 
 
-class ParserSetupError(Exception):
-    """A parser cannot be built for this tokenizer or these request settings.
-
-    Raised at startup (the facade turns it into ``ConfigurationError``) or per
-    request when a request setting selects a variant the tokenizer cannot serve
-    (vLLM answers 500 one-shot and 400 streaming then).
-    """
-
-
 class ReasoningParser(ABC):
     """Splits model output into reasoning and content."""
 

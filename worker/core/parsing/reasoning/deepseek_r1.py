@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from worker.core.parsing.base import ParserSetupError, ReasoningParser
+from worker.core.parsing.base import ReasoningParser
 from worker.core.parsing.registry import reasoning_parser
 from worker.core.parsing.types import DeltaOut, ParserTokenizer
+from worker.errors import ParserSetupError
 
 
 class ThinkTagReasoningParser(ReasoningParser):

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.core.parsing.base import ParserSetupError
 from worker.core.parsing.engine import Action, EngineReasoningParser, Grammar, State
 from worker.core.parsing.registry import reasoning_parser
 from worker.core.parsing.types import ParserTokenizer
+from worker.errors import ParserSetupError
 
 R, C = State.REASONING, State.CONTENT
 

@@ -39,7 +39,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from worker.core.parsing.base import ParserSetupError, ToolParser
+from worker.core.parsing.base import ToolParser
 from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
 from worker.core.parsing.registry import tool_parser
@@ -49,6 +49,7 @@ from worker.core.parsing.types import (
     ParseRequest,
     ToolCallOut,
 )
+from worker.errors import ParserSetupError
 
 BOT = "<|python_tag|>"
 _DECODER = json.JSONDecoder()

@@ -43,7 +43,7 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-from worker.core.parsing.base import ParserSetupError, ToolParser
+from worker.core.parsing.base import ToolParser
 from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.tools._tool_engine import (
     ARG,
@@ -67,6 +67,7 @@ from worker.core.parsing.types import (
     ToolCallDeltaOut,
     ToolCallOut,
 )
+from worker.errors import ParserSetupError
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
