@@ -160,6 +160,12 @@ class _Seen:
     timing: dict[str, Any] | None
     output: dict[str, Any]
 
+    @classmethod
+    def of(cls, stream: bool, gen: Any, output: dict[str, Any]) -> _Seen:
+        """What a call saw of one generate chunk or response ``gen``."""
+        choices = [(c.index, len(c.token_ids or ()), c.finish_reason) for c in gen.choices]
+        return cls(stream, choices, gen.metrics, output)
+
 
 class MeasuredDerenderer(Derenderer):
     """The worker's ``Derenderer``, telling ``GenAiMetrics`` what each call saw (same outputs)."""
@@ -177,37 +183,19 @@ class MeasuredDerenderer(Derenderer):
         self, body: DerenderChatStreamRequest, state: SequenceState | None
     ) -> tuple[dict[str, Any], SequenceState]:
         chunk, state = super().chat_stream(body, state)
-        gen = body.generate_chunk
-        self._genai.seen = _Seen(
-            True,
-            [(c.index, len(c.token_ids or ()), c.finish_reason) for c in gen.choices],
-            gen.metrics,
-            chunk,
-        )
+        self._genai.seen = _Seen.of(True, body.generate_chunk, chunk)
         return chunk, state
 
     def completion_stream(
         self, body: DerenderCompletionStreamRequest, state: SequenceState | None
     ) -> tuple[dict[str, Any], SequenceState]:
         chunk, state = super().completion_stream(body, state)
-        gen = body.generate_chunk
-        self._genai.seen = _Seen(
-            True,
-            [(c.index, len(c.token_ids or ()), c.finish_reason) for c in gen.choices],
-            gen.metrics,
-            chunk,
-        )
+        self._genai.seen = _Seen.of(True, body.generate_chunk, chunk)
         return chunk, state
 
     def chat(self, body: DerenderChatRequest) -> dict[str, Any]:
         response = super().chat(body)
-        gen = body.generate_response
-        self._genai.seen = _Seen(
-            False,
-            [(c.index, len(c.token_ids or ()), c.finish_reason) for c in gen.choices],
-            gen.metrics,
-            response,
-        )
+        self._genai.seen = _Seen.of(False, body.generate_response, response)
         return response
 
     def completion(self, body: DerenderCompletionRequest) -> dict[str, Any]:
