@@ -13,6 +13,8 @@ and kimi_k2 tests build on the generic pieces.
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -302,3 +304,24 @@ def run_oneshot(model_dir: str, name: str, text: str) -> dict[str, Any]:
         text, sample_encode(model_dir, text), WEATHER_REQUEST, [1]
     )
     return {"content": message.content, "calls": [(c.name, c.arguments) for c in message.tool_calls]}
+
+
+def text_cuts(text: str, rng: random.Random) -> list[str]:
+    """``text`` as records for the incremental-parser tests: mostly one to three characters,
+    sometimes longer or empty."""
+    pieces, pos = [], 0
+    while pos < len(text):
+        size = rng.choice([0, 1, 1, 1, 2, 3, 5, 17]) if rng.random() < 0.97 else rng.randint(20, 200)
+        pieces.append(text[pos : pos + size])
+        pos += size
+    return pieces
+
+
+def delta_without_ids(delta: Any) -> Any:
+    """A parser delta as plain data, with the random tool-call ids left out."""
+    if delta is None:
+        return None
+    out = dataclasses.asdict(delta)
+    for call in out["tool_calls"]:
+        call["id"] = None
+    return out

@@ -9,14 +9,13 @@ reference. Both parse the same texts cut at random points: every record's delta
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from typing import Any
 
 import pytest
 
-from tests.parsing_helpers import sample_tokenizer
+from tests.parsing_helpers import delta_without_ids, sample_tokenizer, text_cuts
 from worker.core.parsing import ParseRequest, adapter_for
 from worker.core.parsing.tools import llama3_json
 from worker.core.parsing.tools.llama3_json import Llama3JsonToolParser
@@ -123,25 +122,6 @@ def _random_call(rng: random.Random) -> str:
     return text
 
 
-def _cuts(text: str, rng: random.Random) -> list[str]:
-    """The text as records: mostly one to three characters, sometimes longer or empty."""
-    pieces, pos = [], 0
-    while pos < len(text):
-        size = rng.choice([0, 1, 1, 1, 2, 3, 5, 17]) if rng.random() < 0.97 else rng.randint(20, 200)
-        pieces.append(text[pos : pos + size])
-        pos += size
-    return pieces
-
-
-def _plain(delta: Any) -> Any:
-    if delta is None:
-        return None
-    out = dataclasses.asdict(delta)
-    for call in out["tool_calls"]:
-        call["id"] = None
-    return out
-
-
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
     return adapter_for(sample_tokenizer("llama-3.1"))
@@ -153,7 +133,7 @@ def _run(tokenizer: Any, pieces: list[str], incremental: bool) -> tuple[list[Any
     out, fast_records = [], 0
     for piece in pieces:
         fast_records += parser._fast is not None and '"' not in piece
-        out.append(_plain(parser.stream(piece, [0], REQUEST)))
+        out.append(delta_without_ids(parser.stream(piece, [0], REQUEST)))
     return out, parser.remaining_unstreamed_args(), fast_records
 
 
@@ -193,7 +173,7 @@ def test_random_splits_of_real_and_broken_calls(tokenizer: Any, seed: int) -> No
             text = "<|python_tag|>" + text
         if rng.random() < 0.2:  # cut short, as a stream stopped by max_tokens is
             text = text[: rng.randrange(1, len(text) + 1)]
-        pieces = _cuts(text, rng)
+        pieces = text_cuts(text, rng)
         fast += _same(tokenizer, pieces)
         records += len(pieces)
     assert fast > records // 4, (fast, records)

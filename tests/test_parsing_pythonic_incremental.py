@@ -11,14 +11,20 @@ remainder must be equal.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import json
 import random
 from typing import Any
 
 import pytest
 
-from tests.parsing_helpers import records, sample_encode, sample_tokenizer, tool_parsing
+from tests.parsing_helpers import (
+    delta_without_ids,
+    records,
+    sample_encode,
+    sample_tokenizer,
+    text_cuts,
+    tool_parsing,
+)
 from worker.core.parsing import ParseRequest
 from worker.core.parsing.tools import _pythonic_common as common
 from worker.core.parsing.tools._pythonic_common import PythonicStream
@@ -102,31 +108,13 @@ def _random_text(rng: random.Random) -> str:
     return text
 
 
-def _cuts(text: str, rng: random.Random) -> list[str]:
-    pieces, pos = [], 0
-    while pos < len(text):
-        size = rng.choice([0, 1, 1, 1, 2, 3, 5, 17]) if rng.random() < 0.97 else rng.randint(20, 200)
-        pieces.append(text[pos : pos + size])
-        pos += size
-    return pieces
-
-
-def _plain(delta: Any) -> Any:
-    if delta is None:
-        return None
-    out = dataclasses.asdict(delta)
-    for call in out["tool_calls"]:
-        call["id"] = None
-    return out
-
-
 def _run(pieces: list[str], marker: str | None, incremental: bool) -> tuple[list[Any], str, int]:
     stream = PythonicStream(marker)
     stream.incremental = incremental
     out, fast = [], 0
     for piece in pieces:
         fast += stream._fast is not None and stream._fast.quote not in piece
-        out.append(_plain(stream.step(piece)))
+        out.append(delta_without_ids(stream.step(piece)))
     return out, stream.remaining_args(), fast
 
 
@@ -157,7 +145,7 @@ def test_random_splits_of_real_and_broken_calls(seed: int) -> None:
             text += marker
         if rng.random() < 0.2:  # cut short, as a stream stopped by max_tokens is
             text = text[: rng.randrange(1, len(text) + 1)]
-        pieces = _cuts(text, rng)
+        pieces = text_cuts(text, rng)
         fast += _same(pieces, marker)
         records += len(pieces)
     assert fast > records // 8, (fast, records)
