@@ -98,5 +98,11 @@ class DeadLetterRecord(BaseModel):
         ),
     )
     key: str | None = None
-    headers: list[tuple[str, str]] = Field(default_factory=list)
+    headers: list[tuple[str, str] | tuple[str, str, Literal["base64"]]] = Field(
+        default_factory=list,
+        description=(
+            "The record's Kafka headers in order: [name, value] when the value is UTF-8, else "
+            '[name, base64 of the value, "base64"].'
+        ),
+    )
     source: SourcePosition | None = None

@@ -28,6 +28,7 @@ from schemas.envelope import DeadLetterRecord, OutputEnvelope
 from tests.golden_cases import MODELS_DIR, normalize
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult, RequestContext
+from worker.runtime.dlq_replay import decode_dead_letter
 from worker.runtime.state_store import encode_progress, encode_snapshot
 from worker.settings import ModelSettings
 
@@ -411,3 +412,6 @@ def test_a_dead_letter_fits_its_limit_whenever_its_fixed_part_does(
     )
     assert value.startswith(original) and (record.truncated or original == value)
     assert (record.original_size, record.original_sha256) == (len(value), hashlib.sha256(value).hexdigest())
+    if not record.truncated:
+        # ``dlq replay`` re-sends the exact header bytes, UTF-8 or not.
+        assert decode_dead_letter(payload, letter.kafka_key).headers == headers

@@ -273,17 +273,23 @@ def _clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
 
 def _dead_letter_headers(
     headers: Sequence[tuple[str, bytes | str]] | None,
-) -> tuple[list[tuple[str, str]], bool]:
-    """Kafka headers as (str, str) pairs, within ``MAX_DEAD_LETTER_HEADERS_BYTES``; and whether any
-    were cut."""
-    out: list[tuple[str, str]] = []
+) -> tuple[list[tuple[str, str] | tuple[str, str, Literal["base64"]]], bool]:
+    """Kafka headers as ``(name, text)`` pairs, or ``(name, base64, "base64")`` for a value that is
+    not UTF-8 (so ``dlq replay`` re-sends the exact bytes), within ``MAX_DEAD_LETTER_HEADERS_BYTES``;
+    and whether any were cut."""
+    out: list[tuple[str, str] | tuple[str, str, Literal["base64"]]] = []
     total = 0
     for name, value in headers or ():
-        text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
-        total += len(name) + len(text)
+        raw = value.encode("utf-8", errors="surrogatepass") if isinstance(value, str) else value
+        label = str(name).encode("utf-8", errors="replace").decode("utf-8")
+        try:
+            pair: tuple[str, str] | tuple[str, str, Literal["base64"]] = (label, raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            pair = (label, base64.b64encode(raw).decode("ascii"), "base64")
+        total += len(label) + len(pair[1])
         if total > MAX_DEAD_LETTER_HEADERS_BYTES:
             return out, True
-        out.append((str(name).encode("utf-8", errors="replace").decode("utf-8"), text))
+        out.append(pair)
     return out, False
 
 

@@ -87,7 +87,10 @@ def decode_dead_letter(value: bytes | None, kafka_key: bytes | None) -> ReplayIt
     else:
         original = letter.original.encode("utf-8")
     key = kafka_key if kafka_key is not None else (letter.key.encode("utf-8") if letter.key else None)
-    headers = [(name, text.encode("utf-8")) for name, text in letter.headers]
+    headers = [
+        (entry[0], base64.b64decode(entry[1]) if len(entry) == 3 else entry[1].encode("utf-8"))
+        for entry in letter.headers
+    ]
     return ReplayItem(letter.reason, original, key, headers)
 
 
