@@ -12,6 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tests.kafka_broker import TopicFactory
+from worker.cli import main as cli_main
 from worker.core.envelope_processor import DeadLetter
 from worker.errors import ConfigurationError
 from worker.runtime.dlq_replay import (
@@ -20,7 +21,6 @@ from worker.runtime.dlq_replay import (
     parse_since,
     register_dlq,
     replay_dead_letters,
-    run_replay_cli,
 )
 
 BINARY = b"\xff\xfe\x00not utf-8\x80"
@@ -163,7 +163,7 @@ def test_replay_round_trip(kafka_bootstrap: str, kafka_topic_factory: TopicFacto
     assert asyncio.run(_read_all(kafka_bootstrap, target)) == []
 
     # --reason-contains: only the matching dead letters.
-    assert run_replay_cli([*base, "--reason-contains", "invalid utf-8"]) == 0
+    assert cli_main(["dlq", "replay", *base, "--reason-contains", "invalid utf-8"]) == 0
     assert asyncio.run(_read_all(kafka_bootstrap, target)) == [(b"req-b", BINARY, [])]
 
     # Everything from offset 2 (in every partition of the DLQ): the third letter and the garbage.

@@ -34,7 +34,6 @@ import base64
 import binascii
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -351,13 +350,3 @@ def _dlq_replay(args: argparse.Namespace) -> int:
     report = asyncio.run(replay_dead_letters(options))
     print(report.summary())
     return 0
-
-
-def run_replay_cli(argv: Sequence[str]) -> int:
-    """``dlq replay`` with ``argv`` alone (tests, scripts): parses and runs it."""
-    parser = argparse.ArgumentParser(prog="derender-worker")
-    register_dlq(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["dlq", "replay", *argv])
-    handler = args.handler
-    result: int = handler(args)
-    return result
