@@ -1,6 +1,7 @@
-"""A small in-process metrics registry: counters, gauges and timing summaries.
+"""The runtime's in-process metrics registry: counters, gauges and recent timing windows.
 
-Deliberately dependency-free; names come from ``metrics_names``.
+The event loop writes it; ``prometheus_export`` reads it at scrape time and is the only module that
+knows the exposition format. Names come from ``metrics_names``.
 """
 
 from __future__ import annotations
