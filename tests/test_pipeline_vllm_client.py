@@ -90,18 +90,22 @@ def test_every_failure_is_an_upstream_error_with_vllms_status(
 ) -> None:
     chat = recording(STREAM_CASE)
 
-    async def go(client: VllmClient, _: aiohttp.ClientSession) -> int:
-        seen = 0
-        with pytest.raises(UpstreamError) as raised:
+    async def go(client: VllmClient, _: aiohttp.ClientSession) -> tuple[str, dict[str, Any]]:
+        """The step that failed and its error."""
+        step = "render"
+        try:
             (rendered,) = await client.render("chat", request_of(chat, user=f"fault:{fault}"), f"f-{fault}")
+            step = "generate"
             async for _chunk in client.generate_stream(rendered):
-                seen += 1
-        assert raised.value.error["code"] == code, raised.value.error
-        assert set(raised.value.error) == {"message", "type", "param", "code"}
-        return seen
+                step = "stream"
+        except UpstreamError as exc:
+            return step, exc.error
+        raise AssertionError(f"fault {fault!r} raised no UpstreamError")
 
-    seen = run(fake, go, idle_timeout_s=1.0)
-    assert seen == {"render": 0, "generate": 0, "stream": seen}[where]
+    step, error = run(fake, go, idle_timeout_s=1.0)
+    assert step == where
+    assert error["code"] == code, error
+    assert set(error) == {"message", "type", "param", "code"}
 
 
 def test_unknown_model_and_missing_key_answer_as_vllm(fake: FakeVllm) -> None:

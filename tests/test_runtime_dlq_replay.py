@@ -57,16 +57,16 @@ def test_decode_key_falls_back_to_the_json_key() -> None:
 
 
 @pytest.mark.parametrize(
-    "value",
+    ("value", "why"),
     [
-        None,
-        b"not json",
-        b'{"reason": "r"}',
-        b'{"reason": "r", "original": "***", "original_encoding": "base64"}',
+        (None, "empty dead-letter record"),
+        (b"not json", "not a DeadLetterRecord"),
+        (b'{"reason": "r"}', "not a DeadLetterRecord"),
+        (b'{"reason": "r", "original": "***", "original_encoding": "base64"}', "not valid base64"),
     ],
 )
-def test_decode_rejects_what_is_not_a_dead_letter(value: bytes | None) -> None:
-    with pytest.raises(ValueError):
+def test_decode_rejects_what_is_not_a_dead_letter(value: bytes | None, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
         decode_dead_letter(value, None)
 
 

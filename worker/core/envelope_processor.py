@@ -437,7 +437,7 @@ class EnvelopeProcessor:
         offset) goes into the output envelope; ``headers`` (Kafka's) into a dead letter."""
         try:
             result = self._process(value, key, source)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the record boundary: every bug becomes a dead letter
             # A bug in the core must not stop the partition (a poison pill): the record is
             # dead-lettered with the error and processing goes on.
             letter = DeadLetter(f"processing failed: {exc!r}", value, key)
@@ -464,7 +464,7 @@ class EnvelopeProcessor:
             return self.output_result(
                 rid, _error_envelope(rid, seq, endpoint, exc), closed=closed, source=source
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - every bug becomes this request's 500
             # A bug while derendering a valid envelope: the request's state may be half-advanced, so
             # the request fails (a 500, our fault, not the client's) and its client learns it now.
             self._close(rid, seq)

@@ -218,7 +218,7 @@ class PartitionTask:
             self.metrics.increment(m.OBSERVER_ERRORS)
         try:
             return propagated(fallback) if fallback is not None else ()
-        except Exception:
+        except Exception:  # noqa: BLE001 - observability must never stop a partition
             return ()
 
     async def _emit(self, result: ProcessResult, trace: tuple[tuple[str, bytes], ...] = ()) -> None:
