@@ -136,7 +136,7 @@ async def _read_all(bootstrap: str, topic: str) -> list[tuple[bytes | None, byte
         end = (await consumer.end_offsets([tp]))[tp]
         # An explicit seek: seek_to_beginning can lose to the "latest" reset that assign() started.
         consumer.seek(tp, (await consumer.beginning_offsets([tp]))[tp])
-        out = []
+        out: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]] = []
         while await consumer.position(tp) < end:
             for records in (await consumer.getmany(timeout_ms=500)).values():
                 out.extend((r.key, r.value, list(r.headers)) for r in records)
