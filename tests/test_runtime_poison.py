@@ -86,7 +86,8 @@ def test_the_partition_task_dead_letters_a_poison_record() -> None:
     assert orjson.loads(record["original"]) == seq.envelopes[0]
     # The skipped first record opened nothing: the second is a sequence gap for its request.
     assert second.topic == TOPICS.output and orjson.loads(second.value)["error"]["code"] == 409
-    assert task.metrics.snapshot()["counters"]["derender.records.poison_skipped"] == 1
+    counters = task.metrics.snapshot()["counters"]
+    assert counters["derender.records.poison_skipped"] == 1 and counters["derender.records.gaps"] == 1
 
 
 def test_a_poison_dead_letter_that_failed_is_cut_and_still_describes_the_whole_record() -> None:

@@ -233,8 +233,7 @@ class PartitionTask:
             self.metrics.increment(self._produced_key(out.topic))
         if result.output is not None:
             self.metrics.increment(m.OUTPUTS_PRODUCED)
-            error = result.output.get("error")
-            if isinstance(error, dict) and error.get("type") == "SequenceGapError":
+            if result.sequence_gap:
                 self.metrics.increment(m.SEQUENCE_GAPS)
         if result.request_id is not None and result.output is not None:
             self.dirty.add(result.request_id)
