@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -25,8 +25,17 @@ def fake() -> Iterator[FakeVllm]:
         server.stop()
 
 
-def run(fake: FakeVllm, work: Any, idle_timeout_s: float = 5.0) -> Any:
-    async def go() -> Any:
+T = TypeVar("T")
+
+
+def run(
+    fake: FakeVllm,
+    work: Callable[[VllmClient, aiohttp.ClientSession], Awaitable[T]],
+    idle_timeout_s: float = 5.0,
+) -> T:
+    """``work`` with a client of ``fake`` (and the client's HTTP session), run to its result."""
+
+    async def go() -> T:
         async with aiohttp.ClientSession() as session:
             return await work(VllmClient(session, fake.url, fake.url, "k", idle_timeout_s), session)
 

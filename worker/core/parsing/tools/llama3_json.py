@@ -719,7 +719,7 @@ class Llama3JsonToolParser(ToolParser):
         try:
             args = self._prev[index].get("arguments", {})
             expected = args if isinstance(args, str) else _dump(args)
-        except Exception:  # noqa: BLE001 - vLLM: a failing dump streams no remainder
+        except Exception:  # noqa: BLE001 - arguments that cannot be written have no remainder
             return ""
         actual = self._streamed[index] if index < len(self._streamed) else ""
         return expected[len(actual) :] if expected.startswith(actual) else ""
