@@ -148,6 +148,7 @@ def _record_rows(rounds: int) -> list[tuple[str, list[float], list[float]]]:
         lead = backend.token_to_id("<0xE2>")
         if lead is None:
             lead = backend.token_to_id("â")  # byte-level spelling of the lone byte 0xE2
+        assert lead is not None, f"{model} has no token for the lone byte 0xE2"
         n = 16000
         ordinary = (backend.encode(FILLER * 2000, add_special_tokens=False).ids)[:n]
         rows.append(

@@ -8,6 +8,7 @@ replay wrote), with the demo's parsers and without any. Median of 3 rounds, reco
 
 from __future__ import annotations
 
+import functools
 import io
 import statistics
 import time
@@ -29,7 +30,7 @@ ROUNDS = 3
 
 def _records() -> list[bytes]:
     envelopes = [orjson.loads(line) for line in STREAM.read_bytes().splitlines() if line.strip()]
-    queues = []
+    queues: list[list[bytes]] = []
     for copy in range(COPIES):
         by_request: dict[str, list[bytes]] = {}
         for e in envelopes:
@@ -99,7 +100,7 @@ def main(argv: list[str]) -> None:
     for name, settings in configs.items():
         derenderer = settings.build_derenderer()
         recorded = _replay(settings, derenderer, records).splitlines()
-        replay_rate = _rate(lambda s=settings, d=derenderer: _replay(s, d, records), len(records))
+        replay_rate = _rate(functools.partial(_replay, settings, derenderer, records), len(records))
         phases = [_audit(settings, derenderer, records, recorded) for _ in range(ROUNDS)]
         derender = statistics.median(p[0] for p in phases)
         compare = statistics.median(p[1] for p in phases)

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -318,7 +319,7 @@ async def delete_topics(bootstrap: str, names: list[str]) -> None:
     await admin.start()
     try:
         await admin.delete_topics(names)
-    except Exception as exc:  # leftovers only cost disk on a scratch broker
+    except Exception as exc:  # noqa: BLE001 - leftovers only cost disk on a scratch broker
         print(f"  (could not delete {names}: {exc!r})", file=sys.stderr)
     finally:
         await admin.close()
@@ -366,7 +367,7 @@ async def _run(args: argparse.Namespace) -> None:
         f"median of {args.runs} runs"
     )
     print(f"{'':24s}" + "".join(f"{mode:>20s}" for mode in results))
-    rows = [
+    rows: list[tuple[str, Callable[[RunResult], float], str]] = [
         ("throughput (chunks/s)", lambda r: r.chunks_per_s, "{:20.0f}"),
         ("latency p50 (ms)", lambda r: r.p50_ms, "{:20.1f}"),
         ("latency p99 (ms)", lambda r: r.p99_ms, "{:20.1f}"),

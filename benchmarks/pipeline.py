@@ -52,7 +52,7 @@ async def stream_one(
 
 async def run_load(
     pipeline: Pipeline, body: dict[str, Any], requests: int, concurrency: int
-) -> tuple[float, list]:
+) -> tuple[float, list[list[tuple[str, float]]]]:
     url = f"{pipeline.gateway_url}/v1/chat/completions"
     gate = asyncio.Semaphore(concurrency)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:

@@ -82,7 +82,7 @@ def normalize(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     def walk(node: Any, key: str | None = None) -> Any:
         if isinstance(node, dict):
-            out = {}
+            out: dict[str, Any] = {}
             for k, v in node.items():
                 if k == "created" and isinstance(v, int):
                     out[k] = 0

@@ -177,7 +177,7 @@ async def _broker_answers(bootstrap: str) -> bool:
         await admin.start()
         cluster = await admin.describe_cluster()
         return bool(cluster.get("brokers"))
-    except Exception:  # any connection/protocol error just means "not yet"
+    except Exception:  # noqa: BLE001 - any connection/protocol error just means "not yet"
         return False
     finally:
         with contextlib.suppress(Exception):
@@ -201,11 +201,11 @@ def docker_available(timeout: float = 3.0) -> bool:
         return False
     try:
         client = docker.from_env(timeout=timeout)
-    except Exception:  # no socket, bad DOCKER_HOST, ...: treated as "no Docker"
+    except Exception:  # noqa: BLE001 - no socket, bad DOCKER_HOST, ...: "no Docker"
         return False
     try:
         return bool(client.ping())
-    except Exception:
+    except Exception:  # noqa: BLE001 - docker's or requests' errors alike: "no Docker"
         return False
     finally:
         client.close()
@@ -449,7 +449,7 @@ class TopicFactory:
         topics, self.created = self.created, []
         try:
             run_sync(delete_topics(self.bootstrap, topics))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - cleanup only warns (e.g. the broker was stopped)
             log.warning("could not delete test topics %s: %r", topics, exc)
 
 

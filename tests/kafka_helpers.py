@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -352,14 +352,14 @@ class TopicReader:
                 self.records.extend(records)
 
     async def wait_for(
-        self, count: int, timeout: float, what: str = "records", diagnostics: Any = None
+        self, count: int, timeout: float, what: str = "records", diagnostics: Callable[[], str] | None = None
     ) -> None:
         deadline = time.monotonic() + timeout
         while len(self.records) < count:
             if self._task is not None and self._task.done():
                 self._task.result()
             if time.monotonic() > deadline:
-                extra = diagnostics() if callable(diagnostics) else ""
+                extra = diagnostics() if diagnostics is not None else ""
                 raise AssertionError(
                     f"timed out after {timeout:.0f}s waiting for {count} {what} on {self.topic}: "
                     f"got {len(self.records)}\n{extra}"

@@ -180,7 +180,11 @@ def test_sequence_gap_fails_the_request_and_duplicates_are_skipped() -> None:
     assert processor.process(records[0]).duplicate
     gap = processor.process(records[2])
     assert gap.output is not None and gap.output["error"]["code"] == 409
+    assert gap.output["error"]["type"] == "SequenceGapError" and gap.sequence_gap
     assert gap.closed and "r" not in processor.requests
+    # A later record of the failed request has no state: a gap too, and nothing else is one.
+    assert processor.process(records[3]).sequence_gap
+    assert not first.sequence_gap and not processor.process(b"{not json").sequence_gap
 
 
 def test_replay_reports_bad_lines_and_exits_non_zero(tmp_path: Path) -> None:

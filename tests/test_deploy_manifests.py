@@ -137,7 +137,7 @@ def _final_stage(parser: DockerfileParser) -> list[dict[str, Any]]:
         if instruction["instruction"] == "FROM":
             stages.append([])
         elif stages and instruction["instruction"] != "COMMENT":
-            stages[-1].append(instruction)
+            stages[-1].append(dict(instruction))
     assert stages, "no FROM"
     return stages[-1]
 

@@ -7,6 +7,7 @@ the command that reads it, and its value parses) and against the workers' own fi
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def _container(name: str) -> dict[str, Any]:
 
 def _flags(command: str) -> set[str]:
     parser = build_parser()
-    sub = next(a for a in parser._actions if a.dest == "command").choices[command]  # type: ignore[index]
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
     return {
         "DERENDER_" + option[2:].replace("-", "_").upper()
         for action in sub._actions

@@ -347,7 +347,9 @@ def _check_state(processor: EnvelopeProcessor) -> None:
 def test_any_record_gets_one_outcome_and_good_streams_are_unchanged(
     bad: list[bytes], parsers: bool, keyed: bool, small_limits: bool, seed: int
 ) -> None:
-    limits = {"max_output_bytes": 64 * 1024, "max_request_state_bytes": 16 * 1024} if small_limits else {}
+    limits: dict[str, Any] = (
+        {"max_output_bytes": 64 * 1024, "max_request_state_bytes": 16 * 1024} if small_limits else {}
+    )
     processor = EnvelopeProcessor(_derenderer(parsers), require_key=keyed, **limits)
     good = [r for rid in GOOD[parsers] for r in _streams()[rid]]
     rng = random.Random(seed)

@@ -165,9 +165,11 @@ def test_state_is_batched_per_commit_and_restorable() -> None:
         restored = EnvelopeProcessor(derenderer)
         assert state[0].value is not None
         assert install_snapshots(restored, {"unit-00000": state[0].value}, now=0.0) == 1
-        expected = [
-            restored.process(orjson.dumps(e), e["request_id"].encode()).output for e in a.envelopes[2:]
-        ]
+        expected: list[dict[str, Any]] = []
+        for e in a.envelopes[2:]:
+            output = restored.process(orjson.dumps(e), e["request_id"].encode()).output
+            assert output is not None
+            expected.append(output)
         # Commit 2: the rest of `a` closes it: a tombstone, since a snapshot was written before.
         for envelope in a.envelopes[2:]:
             await task.handle(FakeRecord(offset, envelope))
@@ -179,7 +181,7 @@ def test_state_is_batched_per_commit_and_restorable() -> None:
         got = [
             {k: v for k, v in o.items() if k != "source"} for o in outputs if o["request_id"] == "unit-00000"
         ]
-        assert normalize(got[2:]) == normalize(expected)  # type: ignore[arg-type]
+        assert normalize(got[2:]) == normalize(expected)
         # A record below the task's position (a stale fetch) is skipped, not reprocessed.
         before = len(sink.sent)
         await task.handle(FakeRecord(0, a.envelopes[0]))
@@ -193,6 +195,7 @@ def _latest(commits: list[tuple[list[OutgoingRecord], dict[TopicPartition, int]]
     latest: dict[bytes, bytes] = {}
     for state, _ in commits:
         for r in state:
+            assert r.key is not None, "a state record is keyed by its request"
             if r.value is None:
                 latest.pop(r.key, None)
             else:
@@ -202,7 +205,8 @@ def _latest(commits: list[tuple[list[OutgoingRecord], dict[TopicPartition, int]]
 
 def _restore(latest: dict[bytes, bytes]) -> dict[str, bytes]:
     """``StateRestorer.restore``'s split and merge, over a dict of latest values."""
-    contexts, progress = {}, {}
+    contexts: dict[str, bytes] = {}
+    progress: dict[str, bytes] = {}
     for key, value in latest.items():
         parsed = KEYS.parse(key)
         assert parsed is not None, key
@@ -243,7 +247,10 @@ def test_context_is_written_once_then_progress_only() -> None:
     assert middle and all([k for k, _ in c] == [KEYS.progress(rid)] for c in middle)
     progress = [orjson.loads(v or b"") for c in middle for _, v in c]
     assert all(p["kind"] == "progress" and "inherited" not in p and "request" not in p for p in progress)
-    assert sorted(last, key=lambda kv: kv[0]) == [(KEYS.context(rid), None), (KEYS.progress(rid), None)]
+    assert sorted(last, key=lambda kv: kv[0] or b"") == [
+        (KEYS.context(rid), None),
+        (KEYS.progress(rid), None),
+    ]
     assert _latest(sink.commits) == {} and task.sizes == {}
 
 

@@ -26,12 +26,15 @@ from tests.kafka_helpers import (
     TopicReader,
     WorkerGroup,
     assert_identical,
+    free_port,
     generate_sequences,
+    http_get,
     interleave,
     make_worker_topics,
     produce,
     replay,
 )
+from tests.test_kafka_operations import _metric
 from worker.runtime.state_store import StateKeys
 
 pytestmark = pytest.mark.kafka
@@ -144,22 +147,24 @@ def test_poison_records_go_to_dead_letters(kafka_bootstrap: str, kafka_topic_fac
     assert len(reference.dead_letters) == len(poison)
     topics = make_worker_topics(kafka_topic_factory, partitions=3)
     group = WorkerGroup(kafka_bootstrap, topics, QWEN3_CONFIG, extra=["--max-record-bytes", str(max_bytes)])
+    port = free_port()
 
     async def body() -> None:
         positions = await produce(kafka_bootstrap, topics.input, records)
         reader = await TopicReader(kafka_bootstrap, topics.output).start()
         dlq = await TopicReader(kafka_bootstrap, topics.dlq).start()
-        worker = group.start()
+        worker = group.start(["--metrics-port", str(port)])
         try:
             await reader.wait_for(reference.output_count, 90, "outputs", group.logs)
             await dlq.wait_for(len(poison), 30, "dead letters", group.logs)
             await reader.settle(1.0)
+            metrics = http_get(f"http://127.0.0.1:{port}/metrics")[1].decode()
         finally:
             assert worker.terminate() == 0, group.logs()
             await reader.stop()
             await dlq.stop()
         assert_identical(reader.records, reference, group.logs())
-        assert "'derender.records.duplicate': 1," in worker.log_path.read_text(), worker.log_tail()
+        assert _metric(metrics, "derender_records_duplicate_total") == 1, metrics
         assert len(dlq.records) == len(poison)
         position_of = dict(zip(records, positions, strict=True))
         for record in dlq.records:
@@ -241,14 +246,15 @@ def test_rebalance_under_load(kafka_bootstrap: str, kafka_topic_factory: TopicFa
             statuses = group.stop_all()
             await reader.stop()
         assert all(s == 0 for s in statuses), group.logs()
-        assert not _no_duplicates(reader.records)
+        assert not _duplicates(reader.records)
         assert_identical(reader.records, reference, group.logs())
         assert _restored_requests(group) > 0, "no open request was ever handed over between workers"
 
     run(body())
 
 
-def _no_duplicates(records: list[Any]) -> list[tuple[str, int]]:
+def _duplicates(records: list[Any]) -> list[tuple[str, int]]:
+    """Each (request_id, seq) seen more than once, once per extra copy."""
     seen: set[tuple[str, int]] = set()
     dups = []
     for record in records:
@@ -284,7 +290,7 @@ def test_crash_sigkill_repeatedly(kafka_bootstrap: str, kafka_topic_factory: Top
                 victim.kill()
                 kills += 1
                 group.start()  # a replacement, as an orchestrator would
-                dups = _no_duplicates(concurrent.records)
+                dups = _duplicates(concurrent.records)
                 assert not dups, f"duplicates seen by the concurrent reader after kill {kills}: {dups[:10]}"
             await producing
             await concurrent.wait_for(reference.output_count, 150, "outputs", group.logs)
@@ -295,7 +301,7 @@ def test_crash_sigkill_repeatedly(kafka_bootstrap: str, kafka_topic_factory: Top
         assert kills >= 3
         assert all(s == 0 for s in statuses), group.logs()
         assert _restored_requests(group) > 0, "no open request was ever restored from the state topic"
-        assert not _no_duplicates(concurrent.records)
+        assert not _duplicates(concurrent.records)
         assert_identical(concurrent.records, reference, group.logs())
         final = await TopicReader(kafka_bootstrap, topics.output).start()
         try:
@@ -344,7 +350,7 @@ def test_frozen_worker_is_fenced_when_it_wakes_up(
             statuses = group.stop_all()
             await reader.stop()
         assert all(s == 0 for s in statuses), group.logs()
-        assert not _no_duplicates(reader.records)
+        assert not _duplicates(reader.records)
         assert_identical(reader.records, reference, group.logs())
 
     run(body())
@@ -402,7 +408,7 @@ def test_broker_restart_mid_run(kafka_broker: KafkaBroker, kafka_topic_factory: 
             statuses = group.stop_all()
             await reader.stop()
         assert all(s == 0 for s in statuses), group.logs()
-        assert not _no_duplicates(reader.records)
+        assert not _duplicates(reader.records)
         assert_identical(reader.records, reference, group.logs())
 
     run(body(), timeout=300)

@@ -259,7 +259,7 @@ def test_the_check_catches_a_renamed_metric_and_a_wrong_kind() -> None:
     [(name, labels)] = selectors('sum by (partition) (rate(derender_records_consumd_total{pod=~"$pod"}[5m]))')
     assert name not in series
     assert labels == {"pod", "partition"}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unclosed left parenthesis"):
         promql_parser.parse("sum(rate(derender_records_consumed_total[5m])")
 
 

@@ -84,7 +84,7 @@ def test_streamed_args_are_valid_json_equal_to_oneshot() -> None:
     got = stream(parsing, req, [[i] for i in encode(text)])
     expected = oneshot(parsing, req, text)
     assert got["calls"] == expected["calls"]
-    for _, arguments in got["calls"]:  # type: ignore[attr-defined]
+    for _, arguments in got["calls"]:
         assert json.loads(arguments)["unit"] == "c"
 
 

@@ -37,6 +37,12 @@ def tokenizer() -> LoadedTokenizer:
     return sample_tokenizer("deepseek-v3")
 
 
+def token_id(token: str) -> int:
+    found = tokenizer().backend.token_to_id(token)
+    assert found is not None, token
+    return found
+
+
 def encode(text: str) -> list[int]:
     return encode_with(tokenizer(), text)
 
@@ -97,7 +103,7 @@ def test_every_adjacent_token_pair_in_one_record() -> None:
 def test_closing_record_without_quote_brace_drops_its_text() -> None:
     """vLLM quirk: the record that closes a call streams only up to its last ``"}``."""
     ids = encode(f'<｜tool▁calls▁begin｜>{B}get_time{SEP}{{"n": 5}}{E}<｜tool▁calls▁end｜>')
-    end_at = ids.index(tokenizer().backend.token_to_id(E))
+    end_at = ids.index(token_id(E))
     # '}' and the end marker arrive together: the brace is lost in streaming.
     chunks = (
         [[i] for i in ids[: end_at - 1]] + [ids[end_at - 1 : end_at + 1]] + [[i] for i in ids[end_at + 1 :]]
@@ -113,8 +119,8 @@ def test_end_and_next_begin_in_one_record_loses_previous_tail() -> None:
     """vLLM quirk (visible in the golden file too): only the new call's name streams."""
     text = TEXT
     ids = encode(text)
-    sep_id = tokenizer().backend.token_to_id(SEP)
-    first_end = ids.index(tokenizer().backend.token_to_id(E))
+    sep_id = token_id(SEP)
+    first_end = ids.index(token_id(E))
     second_sep = [i for i, t in enumerate(ids) if t == sep_id][1]
     chunks = [[i] for i in ids[: first_end - 1]] + [ids[first_end - 1 : second_sep + 1]]
     chunks += [[i] for i in ids[second_sep + 1 :]]
@@ -125,9 +131,7 @@ def test_end_and_next_begin_in_one_record_loses_previous_tail() -> None:
 
 def test_length_cut_keeps_streamed_prefix_but_oneshot_only_complete_calls() -> None:
     ids = encode(TEXT)
-    cut = ids[
-        : ids.index(tokenizer().backend.token_to_id(E), ids.index(tokenizer().backend.token_to_id(E)) + 1) - 2
-    ]
+    cut = ids[: ids.index(token_id(E), ids.index(token_id(E)) + 1) - 2]
     got = stream([[i] for i in cut], last="length")
     assert got["finish"] == "length"
     assert got["calls"][0] == ("get_weather", '{"city": "北京", "unit": "celsius"}')

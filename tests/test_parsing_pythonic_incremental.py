@@ -171,6 +171,7 @@ def test_a_long_string_costs_each_record_its_own_characters(
         ParseRequest(tools=TOOLS, tool_choice="auto", parallel_tool_calls=None), [1]
     )
     parser = session._parser.tools
+    assert parser is not None
     streamed, inside = "", 0
     for piece, chunk in records(sample_tokenizer("llama-3"), [[i] for i in ids]):
         calls = getattr(parser, "_calls", None)

@@ -52,7 +52,7 @@ QWEN_PIECES += ["content", "n", "opts", "flag", "\n", " ", "x", "12", "<", "/", 
 
 
 def _reference(parser_class: type[EngineToolParser]) -> type[EngineToolParser]:
-    class Reference(parser_class):  # type: ignore[misc, valid-type]
+    class Reference(parser_class):  # type: ignore[misc, valid-type]  # mypy takes no variable base class
         @classmethod
         def make_grammar(
             cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]
@@ -182,7 +182,8 @@ class _Counting:
 
         def feed(text: str) -> list[tuple[str, ...]]:
             self.fed += len(text)
-            return inner(text)
+            events: list[tuple[str, ...]] = inner(text)
+            return events
 
         scanner.feed = feed
         return scanner
@@ -203,7 +204,7 @@ def test_each_record_scans_only_its_own_text(
     """1-token records over a long call: every record hands the scanner its own text and no more."""
     counting = _Counting(scanner)
 
-    class Counted(parser_class):  # type: ignore[misc, valid-type]
+    class Counted(parser_class):  # type: ignore[misc, valid-type]  # mypy takes no variable base class
         @classmethod
         def make_grammar(
             cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]

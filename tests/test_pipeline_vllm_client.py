@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -25,8 +25,17 @@ def fake() -> Iterator[FakeVllm]:
         server.stop()
 
 
-def run(fake: FakeVllm, work: Any, idle_timeout_s: float = 5.0) -> Any:
-    async def go() -> Any:
+T = TypeVar("T")
+
+
+def run(
+    fake: FakeVllm,
+    work: Callable[[VllmClient, aiohttp.ClientSession], Awaitable[T]],
+    idle_timeout_s: float = 5.0,
+) -> T:
+    """``work`` with a client of ``fake`` (and the client's HTTP session), run to its result."""
+
+    async def go() -> T:
         async with aiohttp.ClientSession() as session:
             return await work(VllmClient(session, fake.url, fake.url, "k", idle_timeout_s), session)
 
@@ -90,18 +99,22 @@ def test_every_failure_is_an_upstream_error_with_vllms_status(
 ) -> None:
     chat = recording(STREAM_CASE)
 
-    async def go(client: VllmClient, _: aiohttp.ClientSession) -> int:
-        seen = 0
-        with pytest.raises(UpstreamError) as raised:
+    async def go(client: VllmClient, _: aiohttp.ClientSession) -> tuple[str, dict[str, Any]]:
+        """The step that failed and its error."""
+        step = "render"
+        try:
             (rendered,) = await client.render("chat", request_of(chat, user=f"fault:{fault}"), f"f-{fault}")
+            step = "generate"
             async for _chunk in client.generate_stream(rendered):
-                seen += 1
-        assert raised.value.error["code"] == code, raised.value.error
-        assert set(raised.value.error) == {"message", "type", "param", "code"}
-        return seen
+                step = "stream"
+        except UpstreamError as exc:
+            return step, exc.error
+        raise AssertionError(f"fault {fault!r} raised no UpstreamError")
 
-    seen = run(fake, go, idle_timeout_s=1.0)
-    assert seen == {"render": 0, "generate": 0, "stream": seen}[where]
+    step, error = run(fake, go, idle_timeout_s=1.0)
+    assert step == where
+    assert error["code"] == code, error
+    assert set(error) == {"message", "type", "param", "code"}
 
 
 def test_unknown_model_and_missing_key_answer_as_vllm(fake: FakeVllm) -> None:

@@ -21,11 +21,11 @@ from schemas.bounds import MAX_JSON_DEPTH
 from schemas.envelope import DeadLetterRecord, OutputEnvelope
 from tests.golden_cases import MODELS_DIR, derenderer_for
 from tests.stream_builders import chat_stream
+from tests.test_kafka_runtime_units import RecordingSink
 from worker.core.envelope_processor import EnvelopeProcessor, ProcessResult, json_depth_exceeds
 from worker.runtime.config import TopicNames
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask
-from worker.runtime.records import OutgoingRecord
 
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
 CONFIG: dict[str, Any] = {
@@ -415,16 +415,6 @@ def test_an_unexpected_exception_fails_its_request_with_a_500_and_the_stream_goe
 # --- the runtime's per-record path -----------------------------------------------------------
 
 
-class SentSink:
-    """Keeps what the partition sends."""
-
-    def __init__(self) -> None:
-        self.sent: list[OutgoingRecord] = []
-
-    async def send(self, record: OutgoingRecord) -> None:
-        self.sent.append(record)
-
-
 class FakeRecord:
     def __init__(self, offset: int, value: bytes, key: bytes | None) -> None:
         self.topic, self.partition, self.offset = "in", 0, offset
@@ -435,11 +425,11 @@ class FakeRecord:
 
 def test_the_partition_sends_the_core_bytes() -> None:
     topics = TopicNames("in", "out", "state", "dlq")
-    sink = SentSink()
+    sink = RecordingSink()
     task = PartitionTask(
         TopicPartition("in", 0),
         _processor(require_key=True),
-        sink,  # type: ignore[arg-type]
+        sink,
         topics,
         Metrics(),
         position=0,

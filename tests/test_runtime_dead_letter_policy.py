@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from typing import Any
 
 import pytest
 
@@ -144,9 +145,9 @@ def test_both_limits_off_never_trip() -> None:
         ({"max_consecutive": 0}, "--dlq-max-consecutive"),
     ],
 )
-def test_invalid_limits_are_configuration_errors(kwargs: dict[str, float], message: str) -> None:
+def test_invalid_limits_are_configuration_errors(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
-        DeadLetterLimits(**kwargs)  # type: ignore[arg-type]
+        DeadLetterLimits(**kwargs)
 
 
 def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -57,16 +57,16 @@ def test_decode_key_falls_back_to_the_json_key() -> None:
 
 
 @pytest.mark.parametrize(
-    "value",
+    ("value", "why"),
     [
-        None,
-        b"not json",
-        b'{"reason": "r"}',
-        b'{"reason": "r", "original": "***", "original_encoding": "base64"}',
+        (None, "empty dead-letter record"),
+        (b"not json", "not a DeadLetterRecord"),
+        (b'{"reason": "r"}', "not a DeadLetterRecord"),
+        (b'{"reason": "r", "original": "***", "original_encoding": "base64"}', "not valid base64"),
     ],
 )
-def test_decode_rejects_what_is_not_a_dead_letter(value: bytes | None) -> None:
-    with pytest.raises(ValueError):
+def test_decode_rejects_what_is_not_a_dead_letter(value: bytes | None, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
         decode_dead_letter(value, None)
 
 
@@ -136,7 +136,7 @@ async def _read_all(bootstrap: str, topic: str) -> list[tuple[bytes | None, byte
         end = (await consumer.end_offsets([tp]))[tp]
         # An explicit seek: seek_to_beginning can lose to the "latest" reset that assign() started.
         consumer.seek(tp, (await consumer.beginning_offsets([tp]))[tp])
-        out = []
+        out: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]] = []
         while await consumer.position(tp) < end:
             for records in (await consumer.getmany(timeout_ms=500)).values():
                 out.extend((r.key, r.value, list(r.headers)) for r in records)

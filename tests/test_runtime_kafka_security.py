@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import shutil
 import ssl
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,7 +97,7 @@ def test_sasl_plaintext_kwargs(mechanism: str) -> None:
     }
 
 
-def test_kwargs_are_accepted_by_every_aiokafka_client(pki: dict[str, Path]) -> None:
+def test_kwargs_reach_every_aiokafka_client(pki: dict[str, Path]) -> None:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka.admin import AIOKafkaAdminClient
 
@@ -104,16 +106,23 @@ def test_kwargs_are_accepted_by_every_aiokafka_client(pki: dict[str, Path]) -> N
         "--sasl-password", PASSWORD, "--ssl-cafile", str(pki["ca.crt"]),
     ).client_kwargs()  # fmt: skip
 
-    # Constructing (not starting) checks the keyword names and aiokafka's own validation.
-    async def construct() -> None:  # aiokafka's clients want a running loop
-        AIOKafkaAdminClient(bootstrap_servers="127.0.0.1:1", **kwargs)
-        AIOKafkaConsumer(bootstrap_servers="127.0.0.1:1", **kwargs)
+    # Constructing (not starting) runs aiokafka's own validation of the settings.
+    async def construct() -> list[Any]:  # aiokafka's clients want a running loop
+        admin = AIOKafkaAdminClient(bootstrap_servers="127.0.0.1:1", **kwargs)
+        consumer = AIOKafkaConsumer(bootstrap_servers="127.0.0.1:1", **kwargs)
         producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1", **kwargs)
         await producer.stop()
+        # A keyword aiokafka does not know is refused, not ignored: the names above were checked.
+        with pytest.raises(TypeError, match="sasl_plain_passwrd"):
+            AIOKafkaConsumer(bootstrap_servers="127.0.0.1:1", sasl_plain_passwrd=PASSWORD)
+        return [admin._client, consumer._client, producer.client]
 
-    import asyncio
-
-    asyncio.run(construct())
+    # Each client's connections use these settings (aiokafka keeps them on its AIOKafkaClient).
+    for client in asyncio.run(construct()):
+        assert client._security_protocol == "SASL_SSL"
+        assert client._sasl_mechanism == "SCRAM-SHA-512"
+        assert (client._sasl_plain_username, client._sasl_plain_password) == ("alice", PASSWORD)
+        assert client._ssl_context is kwargs["ssl_context"]
 
 
 def test_ssl_context_loads_the_ca_and_verifies(pki: dict[str, Path]) -> None:
@@ -124,8 +133,8 @@ def test_ssl_context_loads_the_ca_and_verifies(pki: dict[str, Path]) -> None:
     assert isinstance(context, ssl.SSLContext)
     assert context.verify_mode is ssl.CERT_REQUIRED
     assert context.check_hostname is True
-    subjects = [dict(item[0] for item in cert["subject"]) for cert in context.get_ca_certs()]
-    assert subjects == [{"commonName": "derender-test-ca"}]
+    subjects = [cert["subject"] for cert in context.get_ca_certs()]
+    assert subjects == [((("commonName", "derender-test-ca"),),)]
 
 
 def test_mutual_tls_and_no_hostname_check(pki: dict[str, Path]) -> None:

@@ -222,13 +222,14 @@ def test_the_budget_never_passes_its_cap_under_a_flood() -> None:
     budget = MemoryBudget(max_open_requests=0, max_state_bytes=cap)
     pool = LiveParserPool(50)
     tasks = []
-    for p in range(4):
+    sinks = [RecordingSink() for _ in range(4)]
+    for p, sink in enumerate(sinks):
         processor = _processor(True, pool)
         tasks.append(
             PartitionTask(
                 TopicPartition("in", p),
                 processor,
-                RecordingSink(),
+                sink,
                 TOPICS,
                 Metrics(),
                 position=0,
@@ -251,7 +252,7 @@ def test_the_budget_never_passes_its_cap_under_a_flood() -> None:
                 assert len(pool) <= 50
 
     asyncio.run(body())
-    outputs = [orjson.loads(r.value) for t in tasks for r in t.sink.sent if r.value]  # type: ignore[attr-defined]
+    outputs = [orjson.loads(r.value) for sink in sinks for r in sink.sent if r.value]
     refused = [o for o in outputs if o.get("error", {}).get("code") == 503]
     assert refused and peak > cap * 0.8, (len(refused), peak)
     live = sum(sum(t.sizes.values()) for t in tasks) + sum(closed_live_bytes(t.processor) for t in tasks)
@@ -263,7 +264,7 @@ def test_admission_at_a_cap_follows_the_processors_rules() -> None:
     finished request is skipped and a badly placed record dead-lettered, exactly as without a cap."""
     processor = _processor(False)
     processor.require_key = True
-    done = [
+    done: list[dict[str, Any]] = [
         {
             "request_id": "done",
             "seq": 0,

@@ -70,7 +70,7 @@ def test_name_mapping() -> None:
     assert split_labels(key) == ("derender.consumer.lag", {"partition": "3", "topic": "in-1"})
     assert split_labels(m.RECORDS_CONSUMED) == (m.RECORDS_CONSUMED, {})
     assert labelled("a") == "a"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="cannot be carried in a metric name"):
         labelled("a", topic='x"y')
 
 
@@ -127,32 +127,52 @@ def test_plain_metrics_export_recent_quantiles() -> None:
 
 
 def test_buckets_must_increase() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="strictly increasing"):
         ExportedMetrics(buckets_ms=(10, 5))
 
 
 @pytest.mark.parametrize("kind", [ExportedMetrics, Metrics])
 def test_scrapes_while_another_thread_writes(kind: type[Metrics]) -> None:
+    """Scrapes racing a writer see counters only grow, and the last one sees every write."""
     metrics = kind()
-    collector = RuntimeMetricsCollector(metrics)
-    stop = threading.Event()
+    stop, started = threading.Event(), threading.Event()
+    written = 0
 
     def write() -> None:
-        i = 0
+        nonlocal written
         while not stop.is_set():
-            i += 1
+            i = written + 1
             metrics.increment(f"derender.c{i % 100}")
             metrics.gauge(f"derender.g{i % 100}", i)
             metrics.timing(f"derender.t{i % 100}_ms", i % 97)
+            written = i
+            started.set()
 
     writer = threading.Thread(target=write)
     writer.start()
     try:
+        assert started.wait(10)
+        seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         for _ in range(30):
-            list(collector.collect())
+            for key, value in _collect(metrics).items():
+                if key[0].startswith("derender_c"):
+                    assert value >= seen.get(key, 0), key
+                    seen[key] = value
     finally:
         stop.set()
         writer.join()
+    final = _collect(metrics)
+    counters = {name: v for (name, _), v in final.items() if name.startswith("derender_c")}
+    assert sum(counters.values()) == written
+    # Each gauge holds the last value written to it: the largest i <= written with i % 100 == k.
+    last_of = {k: written - (written - k) % 100 for k in range(100) if written - (written - k) % 100 >= 1}
+    gauges = {name: v for (name, _), v in final.items() if name.startswith("derender_g")}
+    assert gauges == {f"derender_g{k}": float(i) for k, i in last_of.items()}
+    if kind is ExportedMetrics:  # its histograms count every timing
+        counts = [
+            v for (name, _), v in final.items() if name.startswith("derender_t") and name.endswith("count")
+        ]
+        assert sum(counts) == written
 
 
 # --- readiness --------------------------------------------------------------------------------

@@ -80,12 +80,14 @@ def test_the_partition_task_dead_letters_a_poison_record() -> None:
     asyncio.run(body())
     letter, second = sink.sent
     assert letter.topic == TOPICS.dlq and letter.key == b"poison-00000"
+    assert letter.value is not None and second.value is not None
     record = orjson.loads(letter.value)
     assert "poison record" in record["reason"] and "64-bit" in record["reason"]
     assert orjson.loads(record["original"]) == seq.envelopes[0]
     # The skipped first record opened nothing: the second is a sequence gap for its request.
     assert second.topic == TOPICS.output and orjson.loads(second.value)["error"]["code"] == 409
-    assert task.metrics.snapshot()["counters"]["derender.records.poison_skipped"] == 1
+    counters = task.metrics.snapshot()["counters"]
+    assert counters["derender.records.poison_skipped"] == 1 and counters["derender.records.gaps"] == 1
 
 
 def test_a_poison_dead_letter_that_failed_is_cut_and_still_describes_the_whole_record() -> None:
@@ -102,7 +104,7 @@ def test_a_poison_dead_letter_that_failed_is_cut_and_still_describes_the_whole_r
     asyncio.run(task.handle(record))
     (letter,) = sink.sent
     assert letter.topic == TOPICS.dlq and letter.key == b"poison-00000"
-    assert len(letter.value) <= 256 * 1024
+    assert letter.value is not None and len(letter.value) <= 256 * 1024
     dead = orjson.loads(letter.value)
     assert dead["truncated"] and dead["key"] == "poison-00000"
     assert dead["original_size"] == len(record.value)
@@ -132,7 +134,9 @@ def test_topics_must_accept_what_the_producers_send() -> None:
     def response(**limits: int | None) -> SimpleNamespace:
         rows = []
         for name, value in limits.items():
-            entries = [] if value is None else [("max.message.bytes", str(value), False, 5, False, [])]
+            entries: list[tuple[str, str, bool, int, bool, list[Any]]] = []
+            if value is not None:
+                entries = [("max.message.bytes", str(value), False, 5, False, [])]
             rows.append((0 if value is not None else 3, "", 2, name, entries))
         return SimpleNamespace(resources=rows)
 
@@ -450,9 +454,10 @@ def test_a_record_a_topic_refuses_as_too_large_is_named_by_isolation_and_dead_le
     last = step(1)  # skipped at once (not after --max-record-retries), then isolation goes on
     assert last.position == 3 and [offsets for _, offsets in sink.commits][1:] == [{task.tp: 2}, {task.tp: 3}]
     (letter,) = [r for r in sink.sent if r.topic == TOPICS.dlq]
+    assert letter.value is not None and len(letter.value) <= 256 * 1024
     dead = orjson.loads(letter.value)
     assert "too large for its topic" in dead["reason"] and "MessageSizeTooLargeError" in dead["reason"]
-    assert letter.key == refused.request_id.encode() and len(letter.value) <= 256 * 1024
+    assert letter.key == refused.request_id.encode()
     counters = worker.metrics.counters
     assert counters["derender.records.dead_lettered"] == counters["derender.records.poison_skipped"] == 1
     assert counters["derender.commits.isolated"] == 4  # 0, 1 (failed), 1 (its dead letter), 2

@@ -188,7 +188,9 @@ def test_spans_one_per_request_with_genai_and_messaging_attributes() -> None:
     assert attributes["gen_ai.request.model"] == "test-model"
     first_chunk = orjson.loads(sink.sent[0].value or b"")["body"]["chunk"]
     assert attributes["gen_ai.response.id"] == first_chunk["id"]
-    assert list(attributes["gen_ai.response.finish_reasons"]) == ["stop"]
+    assert attributes["gen_ai.response.finish_reasons"] == (
+        "stop",
+    )  # OpenTelemetry keeps sequences as tuples
     assert attributes["messaging.system"] == "kafka"
     assert attributes["messaging.destination.name"] == "in"
     assert attributes["messaging.destination.partition.id"] == "2"

@@ -116,7 +116,9 @@ class _Recorder:
         return SimpleNamespace(topic_errors=[(t.name, 0) for t in new_topics])
 
     async def describe_configs(self, resources: list[Any]) -> list[Any]:
-        entries = [("max.message.bytes", str(64 * 1024 * 1024), False, 1, False, [])]
+        entries: list[tuple[str, str, bool, int, bool, list[Any]]] = [
+            ("max.message.bytes", str(64 * 1024 * 1024), False, 1, False, [])
+        ]
         return [SimpleNamespace(resources=[(0, "", 2, r.name, entries) for r in resources])]
 
     def subscribe(self, topics: list[str], listener: Any) -> None:

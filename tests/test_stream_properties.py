@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from hypothesis import HealthCheck, given, settings
@@ -13,10 +13,16 @@ from tests.golden_cases import derenderer_for
 from tests.stream_builders import chat_one_shot, chat_stream, split
 from worker.core.envelope_processor import EnvelopeProcessor
 
+
+class ModelIds(NamedTuple):
+    eos: int
+    prompt: list[int]
+
+
 MODELS = {
     # Byte-level BPE (NFC) and SentencePiece with byte fallback and Metaspace.
-    "qwen3": {"eos": 151645, "prompt": [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]},
-    "mistral-7b-v0.1": {"eos": 2, "prompt": [1, 733, 16289, 28793, 6312, 28705, 733, 28748, 16289, 28793]},
+    "qwen3": ModelIds(eos=151645, prompt=[151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]),
+    "mistral-7b-v0.1": ModelIds(eos=2, prompt=[1, 733, 16289, 28793, 6312, 28705, 733, 28748, 16289, 28793]),
 }
 
 # Scripts and symbols that exercise multi-byte UTF-8, byte fallback and merges across records.
@@ -71,14 +77,14 @@ def _streamed_text(outputs: list[dict[str, Any]]) -> str:
 )
 def test_any_chunking_gives_the_one_shot_text(model_dir: str, text: str, cuts: list[int]) -> None:
     info = MODELS[model_dir]
-    ids = [*_encode(model_dir, text), info["eos"]]
+    ids = [*_encode(model_dir, text), info.eos]
     chunks = split(ids, cuts)
-    streamed = _run(model_dir, chat_stream("r", chunks, prompt_token_ids=info["prompt"]))
-    one_shot = _run(model_dir, [chat_one_shot("r", ids, prompt_token_ids=info["prompt"])])
+    streamed = _run(model_dir, chat_stream("r", chunks, prompt_token_ids=info.prompt))
+    one_shot = _run(model_dir, [chat_one_shot("r", ids, prompt_token_ids=info.prompt)])
     message = one_shot[0]["body"]["choices"][0]["message"]
     assert _streamed_text(streamed) == message["content"]
     # Chunking is invisible: one token per record gives the same text too.
-    per_token = _run(model_dir, chat_stream("r", [[t] for t in ids], prompt_token_ids=info["prompt"]))
+    per_token = _run(model_dir, chat_stream("r", [[t] for t in ids], prompt_token_ids=info.prompt))
     assert _streamed_text(per_token) == message["content"]
     assert streamed[-1]["body"]["chunk"]["choices"][0]["finish_reason"] == "stop"
 
@@ -92,8 +98,8 @@ def test_any_chunking_gives_the_one_shot_text(model_dir: str, text: str, cuts: l
 def test_carried_state_equals_held_state(model_dir: str, text: str, cuts: list[int]) -> None:
     """Handing each output ``stream_state`` back (through JSON) equals letting the core hold it."""
     info = MODELS[model_dir]
-    ids = [*_encode(model_dir, text), info["eos"]]
-    records = chat_stream("r", split(ids, cuts), prompt_token_ids=info["prompt"])
+    ids = [*_encode(model_dir, text), info.eos]
+    records = chat_stream("r", split(ids, cuts), prompt_token_ids=info.prompt)
     held = _run(model_dir, records)
 
     context = {k: v for k, v in records[0]["body"].items() if k != "generate_chunk"}

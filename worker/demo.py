@@ -328,7 +328,7 @@ async def _broker_answers(bootstrap: str) -> str | None:
         await admin.start()
         cluster = await admin.describe_cluster()
         return None if cluster.get("brokers") else "no brokers in the cluster metadata"
-    except Exception as exc:  # any connection error means "not (yet)"
+    except Exception as exc:  # noqa: BLE001 - any connection error means "not (yet)"
         return repr(exc)
     finally:
         with contextlib.suppress(Exception):
@@ -380,7 +380,7 @@ async def _wait_for_group(
             workers.check_alive()
             try:
                 state, members = await _group_members(admin, group)
-            except Exception:  # the coordinator may not be ready for a brand-new group yet
+            except Exception:  # noqa: BLE001 - the coordinator may not be ready for a brand-new group yet
                 state, members = "without a coordinator yet", {}
             joined = expected & set(members)
             assigned = sorted(p for ps in members.values() for p in ps)
@@ -590,7 +590,7 @@ def _cleanup_step(what: str, step: Callable[[], None]) -> Callable[[], None]:
     def run() -> None:
         try:
             step()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - cleanup goes on; the failure is printed
             print(f"demo: warning: {what} failed: {exc!r}", file=sys.stderr)
 
     return run

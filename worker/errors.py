@@ -60,6 +60,14 @@ class SequenceError(RequestError):
     """The record does not fit the request's stream: a gap in ``seq``, or the request expired."""
 
 
+class SequenceGapError(SequenceError):
+    """Records of the request are missing (its ``seq`` skips ahead, or a later ``seq`` comes without
+    state): 409, and the request fails."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=409, error_type="SequenceGapError", param="seq")
+
+
 class RequestStateTooLargeError(RequestError):
     """A request's state (context plus choice states) would pass the per-request limit: the
     request fails, the partition goes on."""

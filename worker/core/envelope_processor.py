@@ -42,7 +42,13 @@ from schemas.openai import ChatCompletionRequest, CompletionRequest
 from worker.core.derenderer import Derenderer
 from worker.core.live_parsers import LiveParserPool
 from worker.core.sequence_state import SequenceState
-from worker.errors import InvalidRecordError, RequestError, RequestStateTooLargeError, SequenceError
+from worker.errors import (
+    InvalidRecordError,
+    RequestError,
+    RequestStateTooLargeError,
+    SequenceError,
+    SequenceGapError,
+)
 
 JsonDict = dict[str, Any]
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -343,6 +349,8 @@ class ProcessResult:
     Never larger than the processor's ``max_output_bytes``."""
     internal_error: Exception | None = None
     """The dead letter is a processing bug, this unexpected exception, not a bad record."""
+    sequence_gap: bool = False
+    """The output is the ``SequenceGapError`` record of a request whose records went missing."""
 
 
 _LISTED_ERRORS = 20
@@ -443,7 +451,7 @@ class EnvelopeProcessor:
         offset) goes into the output envelope; ``headers`` (Kafka's) into a dead letter."""
         try:
             result = self._process(value, key, source)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the record boundary: every bug becomes a dead letter
             # A bug in the core must not stop the partition (a poison pill): the record is
             # dead-lettered with the error and processing goes on.
             letter = DeadLetter(f"processing failed: {exc!r}", value, key)
@@ -467,10 +475,11 @@ class EnvelopeProcessor:
         except RequestError as exc:
             # A gap fails the whole request: report that its state is gone.
             closed = was_open and rid not in self.requests
-            return self.output_result(
+            result = self.output_result(
                 rid, _error_envelope(rid, seq, endpoint, exc), closed=closed, source=source
             )
-        except Exception as exc:
+            return dataclasses.replace(result, sequence_gap=isinstance(exc, SequenceGapError))
+        except Exception as exc:  # noqa: BLE001 - every bug becomes this request's 500
             # A bug while derendering a valid envelope: the request's state may be half-advanced, so
             # the request fails (a 500, our fault, not the client's) and its client learns it now.
             self._close(rid, seq)
@@ -611,21 +620,15 @@ class EnvelopeProcessor:
             raise RequestError(f"request {rid!r} started on endpoint {ctx.endpoint!r}, not {endpoint!r}")
         if ctx is not None and seq > ctx.last_seq + 1:
             self._close(rid, seq)
-            raise SequenceError(
+            raise SequenceGapError(
                 f"seq {seq} of request {rid!r} skips ahead of the last processed seq {ctx.last_seq}; "
-                "the request is failed because records are missing",
-                code=409,
-                error_type="SequenceGapError",
-                param="seq",
+                "the request is failed because records are missing"
             )
         if ctx is None and seq > 0 and body.get("stream_state") is None:
             self._remember_closed(rid, seq)
-            raise SequenceError(
+            raise SequenceGapError(
                 f"no state for request {rid!r} at seq {seq}: a stream starts at seq 0, or a record "
-                "resuming it must carry stream_state",
-                code=409,
-                error_type="SequenceGapError",
-                param="seq",
+                "resuming it must carry stream_state"
             )
         created = ctx is None
         if ctx is None:

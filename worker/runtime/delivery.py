@@ -209,7 +209,7 @@ class TransactionalSink:
             return  # aiokafka refuses every call after ProducerFenced; the new owner aborted it
         try:
             await asyncio.wait_for(self._producer.abort_transaction(), CLOSE_TIMEOUT_S)
-        except Exception as exc:  # fenced or broken: the next owner's init_transactions aborts it
+        except Exception as exc:  # noqa: BLE001 - fenced or broken: the next owner's init aborts it
             log.warning(
                 "abort of %s failed (the next init_transactions aborts it): %r", self.transactional_id, exc
             )
@@ -217,7 +217,7 @@ class TransactionalSink:
     async def close(self) -> None:
         try:
             await asyncio.wait_for(self._producer.stop(), CLOSE_TIMEOUT_S)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - closing goes on; the failure is logged
             log.warning("producer %s did not close cleanly: %r", self.transactional_id, exc)
 
 
@@ -269,5 +269,5 @@ class AtLeastOnceSink:
         self._futures = []
         try:
             await asyncio.wait_for(self._producer.stop(), CLOSE_TIMEOUT_S)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - closing goes on; the failure is logged
             log.warning("producer did not close cleanly: %r", exc)

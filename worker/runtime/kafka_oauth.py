@@ -182,6 +182,6 @@ class MskIamTokenProvider(_CachingProvider):
 
         try:
             token, expiry_ms = MSKAuthTokenProvider.generate_auth_token(self.region)
-        except Exception as exc:  # botocore: no credentials, bad region, ...
+        except Exception as exc:  # noqa: BLE001 - botocore: no credentials, bad region, ...
             raise TokenError(f"AWS MSK IAM signing failed: {exc}") from None
         return str(token), float(expiry_ms) / 1000

@@ -218,7 +218,7 @@ class PartitionTask:
             self.metrics.increment(m.OBSERVER_ERRORS)
         try:
             return propagated(fallback) if fallback is not None else ()
-        except Exception:
+        except Exception:  # noqa: BLE001 - observability must never stop a partition
             return ()
 
     async def _emit(self, result: ProcessResult, trace: tuple[tuple[str, bytes], ...] = ()) -> None:
@@ -233,8 +233,7 @@ class PartitionTask:
             self.metrics.increment(self._produced_key(out.topic))
         if result.output is not None:
             self.metrics.increment(m.OUTPUTS_PRODUCED)
-            error = result.output.get("error")
-            if isinstance(error, dict) and error.get("type") == "SequenceGapError":
+            if result.sequence_gap:
                 self.metrics.increment(m.SEQUENCE_GAPS)
         if result.request_id is not None and result.output is not None:
             self.dirty.add(result.request_id)

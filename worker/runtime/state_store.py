@@ -113,7 +113,7 @@ def install_snapshots(processor: EnvelopeProcessor, snapshots: dict[str, bytes],
     for rid, value in snapshots.items():
         try:
             ctx = RequestContext.from_snapshot(orjson.loads(value))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - one bad snapshot must not keep the partition shut
             # One unreadable snapshot must not keep the partition from opening; the request's
             # next record then fails with vLLM's "no state" error instead.
             log.error("dropping unreadable state snapshot of request %r: %r", rid, exc)

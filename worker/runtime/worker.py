@@ -252,7 +252,7 @@ class Worker:
                 continue
             try:
                 await client.stop()  # the consumer's stop() leaves the group
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - closing goes on; the failure is logged
                 log.warning("closing %r failed: %r", client, exc)
         self._consumer = self._restorer = None
 
@@ -505,7 +505,7 @@ class Worker:
                 if committed is None:
                     committed = (await self._consumer.beginning_offsets([tp]))[tp]
                 positions[tp] = committed
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure: retried after a backoff
             log.warning("opening partitions %s failed, will retry: %r", sorted(t.partition for t in tps), exc)
             for sink in sinks.values():
                 await sink.close()
@@ -572,7 +572,7 @@ class Worker:
             counts = await partition_counts(
                 s.bootstrap_servers, [s.topics.input, s.topics.state], self._security
             )
-        except Exception as exc:  # the open itself will fail too and be retried
+        except Exception as exc:  # noqa: BLE001 - the open itself will fail too and be retried
             log.warning("could not read the partition counts: %r", exc)
             return tps
         state_partitions = counts.get(s.topics.state, 0)

@@ -137,7 +137,7 @@ def extract_calls(text: str) -> list[ToolCallOut] | None:
         return None
     try:
         calls = [call_of(e) for e in _call_list(_parse(text))]
-    except Exception:  # vLLM: any failure (syntax, nesting, values) keeps the text as content
+    except Exception:  # noqa: BLE001 - vLLM: any failure (syntax, nesting, values) keeps the text as content
         return None
     return [ToolCallOut(id=random_tool_call_id(), name=name, arguments=args) for name, args in calls]
 
@@ -249,7 +249,7 @@ def _literal(quote: str, body: str) -> str | None:
     """The value of the string literal ``quote + body + quote``; None when Python rejects it."""
     try:
         node = _parse(quote + body + quote).body[0]
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever Python rejects (syntax, NUL, nesting) is no literal
         return None
     value = getattr(node, "value", None)
     if not isinstance(value, ast.Constant) or not isinstance(value.value, str):
@@ -400,7 +400,7 @@ class PythonicStream:
                 return None
             calls = [call_of(e) for e in _call_list(module)]
             deltas = self._diff(calls, added)
-        except Exception:  # vLLM skips the record on any failure
+        except Exception:  # noqa: BLE001 - vLLM skips the record on any failure
             return None
         finally:
             self._commit(text)
@@ -447,7 +447,7 @@ class PythonicStream:
             # The parse this record made must be what the model says it is.
             if not fast.valid or tail_now is None or args != head + fast.stable + tail_now + tail:
                 return None
-        except Exception:
+        except Exception:  # noqa: BLE001 - any surprise leaves the fast path; the full parse decides
             return None
         return fast
 
@@ -509,7 +509,7 @@ class PythonicStream:
             try:
                 module = _parse("[" + piece + "]")
                 elements = _call_list(module)
-            except Exception:
+            except Exception:  # noqa: BLE001 - what cannot parse is not one plain call
                 elements = []
             if len(elements) != 1:
                 # Not one plain call between top-level commas (e.g. a lambda):
@@ -518,7 +518,7 @@ class PythonicStream:
                 return
             try:
                 call_of(elements[0])
-            except Exception:
+            except Exception:  # noqa: BLE001 - as in vLLM, any failure of a call fails the list
                 self._dead = True
                 return
             self._committed_has_set = self._committed_has_set or _contains_set(module)

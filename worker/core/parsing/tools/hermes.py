@@ -88,7 +88,7 @@ class HermesToolParser(ToolParser):
                         arguments=json.dumps(parsed["arguments"], ensure_ascii=False),
                     )
                 )
-        except Exception:  # vLLM: any failure keeps the whole output as content
+        except Exception:  # noqa: BLE001 - vLLM: any failure keeps the whole output as content
             return ExtractedCalls(False, [], text)
         content = text[: text.find(START)]
         return ExtractedCalls(True, calls, content or None)

@@ -499,7 +499,7 @@ def _anchor(text: str, start: int, trace: list[tuple[Any, ...]], args: Any) -> _
                 return None
         elif count != 0:
             return None
-    except Exception:
+    except Exception:  # noqa: BLE001 - any surprise leaves the fast path; the full parse decides
         return None
     fast.prev_len = len(text)
     fast.prev_done = len(fast.stable)
@@ -553,7 +553,7 @@ class Llama3JsonToolParser(ToolParser):
                     name = obj["name"]
                     args = obj["arguments"] if "arguments" in obj else obj["parameters"]
                     call = ToolCallOut(id=random_tool_call_id(), name=name, arguments=_dump(args))
-                except Exception:  # vLLM: any failure keeps the whole output as content
+                except Exception:  # noqa: BLE001 - vLLM: any failure keeps the whole output as content
                     return ExtractedCalls(False, [], text)
                 if not isinstance(call.name, str):
                     return ExtractedCalls(False, [], text)
@@ -584,7 +584,7 @@ class Llama3JsonToolParser(ToolParser):
                     return self._step_fast(self._fast, delta_text)
                 self._leave_fast()
             return self._step()
-        except Exception:  # vLLM skips the record on any failure
+        except Exception:  # noqa: BLE001 - vLLM skips the record on any failure
             return None
 
     def _read(
@@ -608,7 +608,7 @@ class Llama3JsonToolParser(ToolParser):
                     trace.clear()
                     _trace = trace
                 obj, consumed = partial_loads(text[start:], allow_str)
-            except Exception:
+            except Exception:  # noqa: BLE001 - vLLM's partial JSON read: any failure skips the record
                 return None
             finally:
                 _trace = None
@@ -719,7 +719,7 @@ class Llama3JsonToolParser(ToolParser):
         try:
             args = self._prev[index].get("arguments", {})
             expected = args if isinstance(args, str) else _dump(args)
-        except Exception:
+        except Exception:  # noqa: BLE001 - arguments that cannot be written have no remainder
             return ""
         actual = self._streamed[index] if index < len(self._streamed) else ""
         return expected[len(actual) :] if expected.startswith(actual) else ""
