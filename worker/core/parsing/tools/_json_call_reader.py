@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import json
 import re
-from bisect import bisect_right
 
 from worker.core.parsing.tools._partial_json import complete_str, dump
-from worker.core.parsing.tools._string_tail import StringTail, slice_parts
+from worker.core.parsing.tools._string_tail import AppendOnlyText, StringTail
 
 MAX_DEPTH = 256
 _WS = " \t\n\r"
@@ -129,27 +128,6 @@ class _Scalar:
         self.quote = start  # strings: where the completion starts reading it
 
 
-class Stable:
-    """The append-only start of the arguments JSON, kept in pieces."""
-
-    def __init__(self) -> None:
-        self.parts: list[str] = []
-        self.ends: list[int] = []
-        self.length = 0
-
-    def add(self, piece: str) -> None:
-        if piece:
-            self.parts.append(piece)
-            self.length += len(piece)
-            self.ends.append(self.length)
-
-    def between(self, low: int, high: int) -> str:
-        """``text[low:high]``, reading only the pieces from ``low`` on."""
-        index = bisect_right(self.ends, low)
-        base = self.ends[index - 1] if index else 0
-        return slice_parts(self.parts[index:], low - base, high - base)
-
-
 class View:
     """One read's arguments JSON: ``stable[:size] + volatile``."""
 
@@ -181,7 +159,7 @@ class CallReader:
         self.args_seen = False  # the arguments' value has started
         self.dead = False  # the completion keeps text JSON rejects: every read fails for good
         self.complete = False  # the object closed
-        self.stable = Stable()
+        self.stable = AppendOnlyText()
         self.closers = ""  # the open tracked containers' closers, innermost first
         self.last_nonblank = start  # end of the text less trailing blanks (str.isspace)
         self.scanned = 0  # characters handled, for the bounded-work tests

@@ -15,6 +15,7 @@ decoded; a subclass gives those two, the scan is shared.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 
 #: Characters behind the end that the completion may still cut or read (an
@@ -32,6 +33,27 @@ def slice_parts(parts: Sequence[str], low: int, high: int | None = None) -> str:
             out.append(part[max(low - base, 0) : None if high is None else high - base])
         base = end
     return "".join(out)
+
+
+class AppendOnlyText:
+    """Text that only grows (the start of an arguments JSON), kept in pieces and sliced by offset."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.ends: list[int] = []
+        self.length = 0
+
+    def add(self, piece: str) -> None:
+        if piece:
+            self.parts.append(piece)
+            self.length += len(piece)
+            self.ends.append(self.length)
+
+    def between(self, low: int, high: int) -> str:
+        """``text[low:high]``, reading only the pieces from ``low`` on."""
+        index = bisect_right(self.ends, low)
+        base = self.ends[index - 1] if index else 0
+        return slice_parts(self.parts[index:], low - base, high - base)
 
 
 class StringTail:
