@@ -12,7 +12,9 @@ ratio <= 4):
   without logprobs, and per entry it carries vs per ordinary token (its work
   is linear in its entries: positions x (1 + candidates));
 * long tool calls in 1-token records through each tool parser: the mean cost
-  of the last decile's records vs the first decile's (flat = O(delta)).
+  of the last decile's records vs the first decile's (flat = O(delta)); for
+  ``llama3_json`` and the pythonic parsers also calls of many short arguments,
+  short strings, numbers, nested and deep containers and many calls.
 
 ``python -m benchmarks adversarial [--rounds N] [--shapes records|parsers]``; prints figures,
 asserts nothing.
@@ -80,15 +82,56 @@ XML_SHAPES: list[tuple[str, str, str]] = [
     ("qwen3_coder many args", "qwen3_coder", _QWEN_CALL + "{}</function>\n</tool_call>"),
     ("qwen3_coder open name", "qwen3_coder", _QWEN_CALL + "<parameter={}</tool_call>"),
 ]
-#: Calls made of many short arguments: the text is mostly outside any string.
-MANY_ARG_SHAPES: list[tuple[str, str, str, str]] = [
+#: Calls of many short arguments, numbers, nested and deep containers, many calls: text mostly outside
+#: any string. (label, parser, model, call text with {} for the body, body unit with {} for a counter)
+STRUCTURED_SHAPES: list[tuple[str, str, str, str, str]] = [
     (
-        "llama3_json many args",
+        "many args",
         "llama3_json",
         "llama-3.1",
-        '<|python_tag|>{{"name": "write_file", "parameters": {{{}}}}}',
+        '<|python_tag|>{{"name": "f", "parameters": {{{}}}}}',
+        '"k{0}": {0}, ',
     ),
-    ("pythonic many args", "pythonic", "llama-3", "[write_file({})]"),
+    (
+        "short strings",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": "f", "parameters": {{{}}}}}',
+        '"k{0}": "v", ',
+    ),
+    (
+        "numbers",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": "f", "parameters": {{{}}}}}',
+        '"n{0}": -{0}.5e3, ',
+    ),
+    (
+        "nested",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": "f", "parameters": {{"a": [{}]}}}}',
+        '{{"i": [{0}, {{"b": null}}]}}, ',
+    ),
+    (
+        "deep nesting",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": "f", "parameters": {{"a": {}}}}}',
+        "[{0}, ",
+    ),
+    (
+        "many calls",
+        "llama3_json",
+        "llama-3.1",
+        "<|python_tag|>{}",
+        '{{"name": "f", "parameters": {{"k": {0}}}}}; ',
+    ),
+    ("many args", "pythonic", "llama-3", "[f({})]", "k{0}={0}, "),
+    ("short strings", "pythonic", "llama-3", "[f({})]", "k{0}='v', "),
+    ("numbers", "pythonic", "llama-3", "[f({})]", "n{0}=-{0}.5e3, "),
+    ("many calls", "pythonic", "llama-3", "[{}]", "f{0}(k={0}), "),
+    ("many args", "llama4_pythonic", "llama-3", "<|python_start|>[f({})]<|python_end|>", "k{0}={0}, "),
 ]
 FILLER = "Line of text, numbers 12345 and punctuation; café, 北京. "
 
@@ -253,15 +296,17 @@ def _parser_rows(rounds: int, tokens: int) -> list[tuple[str, list[float], list[
             firsts.append(first)
             lasts.append(last)
         rows.append((f"{label}: last vs first decile", lasts, firsts))
-    for label, parser, model, shape in MANY_ARG_SHAPES:
-        pattern = '"k{}": {}' if parser == "llama3_json" else "k{}={}"
-        body = ", ".join(pattern.format(i, i) for i in range(tokens // 6))
+    for label, parser, model, shape, unit in STRUCTURED_SHAPES:
+        if label == "deep nesting":  # 200 levels (vLLM's json fails near 1,000), then short items
+            body = "".join(unit.format(i) for i in range(200)) + ", ".join(map(str, range(tokens // 3)))
+        else:
+            body = "".join(unit.format(i) for i in range(tokens // 6))[:-2]
         firsts, lasts = [], []
         for _ in range(rounds):
             first, last = _deciles(_parser_stream_costs(parser, model, shape.format(body), [_STRING_TOOL]))
             firsts.append(first)
             lasts.append(last)
-        rows.append((f"{label}: last vs first decile", lasts, firsts))
+        rows.append((f"{parser}, {label}: last vs first decile", lasts, firsts))
     return rows
 
 

@@ -188,3 +188,42 @@ def test_a_long_string_costs_each_record_its_own_characters(
     assert inside > len(ids) * 3 // 4
     expected = {"path": "a.py", "content": ast.literal_eval('"' + line * 120 + '"')}
     assert json.loads(streamed + parser.remaining_unstreamed_args()) == expected
+
+
+SHAPES = {
+    "many short arguments": "[write_file(" + ", ".join(f"k{i}={i}" for i in range(300)) + ")]",
+    "many short strings": "[write_file(" + ", ".join(f"k{i}='v{i}'" for i in range(200)) + ")]",
+    "numbers": "[write_file(" + ", ".join(f"n{i}=-{i}.5e3, m{i}=true" for i in range(120)) + ")]",
+    "many calls": "[" + ", ".join(f"f{i}(a={i}, s='x')" for i in range(120)) + "]",
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("name", "head", "tail"), [("pythonic", "", ""), ("llama4_pythonic", START, END)])
+def test_many_arguments_cost_each_record_its_own_characters(
+    name: str, head: str, tail: str, shape: str
+) -> None:
+    """Finished arguments are parsed once: a record hands the parser its own text plus a constant."""
+    text = head + SHAPES[shape] + tail
+    ids = sample_encode("llama-3", text)
+    session = tool_parsing("llama-3", name).new_stream(
+        ParseRequest(tools=TOOLS, tool_choice="auto", parallel_tool_calls=None), [1]
+    )
+    parser = session._parser.tools
+    calls: dict[int, list[str]] = {}
+    for piece, chunk in records(sample_tokenizer("llama-3"), [[i] for i in ids]):
+        stream = getattr(parser, "_calls", None)
+        fast = stream._fast if stream is not None else None
+        before = (stream.scanned if stream is not None else 0) + (fast.scanned if fast is not None else 0)
+        delta, _ = session.step(piece, chunk, None)
+        if stream is not None:
+            after = stream.scanned + (fast.scanned if fast is not None else 0)
+            # The call's name, the argument in progress and the closers: a constant beside the record.
+            assert after - before <= 3 * len(piece) + 80, (piece, after - before)
+        for call in delta.tool_calls if delta else []:
+            entry = calls.setdefault(call.index, ["", ""])
+            entry[0] += (call.function.name or "") if call.function else ""
+            entry[1] += (call.function.arguments or "") if call.function else ""
+    expected = common.extract_calls(SHAPES[shape])
+    assert expected is not None
+    assert [tuple(calls[i]) for i in sorted(calls)] == [(call.name, call.arguments) for call in expected]

@@ -39,6 +39,7 @@ from schemas.derender import (
 )
 from schemas.envelope import InputEnvelope
 from schemas.openai import ChatCompletionRequest, CompletionRequest
+from worker.core.cycle_collection import cycle_collection_paused
 from worker.core.derenderer import Derenderer
 from worker.core.live_parsers import LiveParserPool
 from worker.core.sequence_state import SequenceState
@@ -450,7 +451,8 @@ class EnvelopeProcessor:
         """One record in, its one outcome out. ``source`` (the record's topic, partition and
         offset) goes into the output envelope; ``headers`` (Kafka's) into a dead letter."""
         try:
-            result = self._process(value, key, source)
+            with cycle_collection_paused():
+                result = self._process(value, key, source)
         except Exception as exc:  # noqa: BLE001 - the record boundary: every bug becomes a dead letter
             # A bug in the core must not stop the partition (a poison pill): the record is
             # dead-lettered with the error and processing goes on.

@@ -6,11 +6,12 @@ evaluated, so no model text can run code.
 
 Streaming mirrors vLLM's approach (close the open brackets/quotes, parse,
 diff the JSON of each call against what was sent) but keeps state across
-records: the bracket scan is incremental, and calls that are finished and
+records: the bracket scan is incremental; calls that are finished and
 followed by a top-level comma are parsed once and then left out of every
-later parse, so each record costs the new text plus the call in progress;
-while that call ends inside a plain string literal, a record without its
-quote costs only its own text plus a short tail (``_Fast``).
+later parse, and so are the finished arguments of the call in progress (their
+JSON kept), so a parse sees that call's name and its last argument; while the
+call ends inside a plain string literal, a record without its quote costs only
+its own text plus a short tail (``_Fast``, on the shared ``StringTail`` scan).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
+from worker.core.parsing.tools._string_tail import AppendOnlyText, StringTail, slice_parts
 from worker.core.parsing.types import DeltaOut, ToolCallDeltaOut, ToolCallOut
 
 _NAME_RE = re.compile(r"[a-zA-Z]+\w*")
@@ -137,7 +139,7 @@ def extract_calls(text: str) -> list[ToolCallOut] | None:
         return None
     try:
         calls = [call_of(e) for e in _call_list(_parse(text))]
-    except Exception:  # noqa: BLE001 - vLLM: any failure (syntax, nesting, values) keeps the text as content
+    except Exception:  # vLLM: any failure (syntax, nesting, values) keeps the text as content
         return None
     return [ToolCallOut(id=random_tool_call_id(), name=name, arguments=args) for name, args in calls]
 
@@ -150,7 +152,8 @@ class _Scanner:
 
     Tracks the open bracket/quote stack, whether the last char is escaped,
     the counts vLLM's heuristics read (``=``, ``,``, ``:`` before the last
-    ``(``/``{``) and the top-level commas of the leading list.
+    ``(``/``{``), the top-level commas of the leading list, and each call's
+    ``(`` and the commas between its arguments.
     """
 
     def __init__(self) -> None:
@@ -164,6 +167,8 @@ class _Scanner:
         self.list_open = True  # the leading '[' has not closed yet
         self.quote_at = -1  # offset of the last quote that opened a string
         self.boundaries: list[int] = []  # offsets just after top-level commas
+        self.parens: list[int] = []  # offsets of the '(' opened right inside the leading list
+        self.arg_commas: list[tuple[int, int]] = []  # (index in parens, offset just after the comma)
 
     def feed(self, text: str) -> None:
         stack = self.stack
@@ -176,6 +181,8 @@ class _Scanner:
                 if char == stack[-1] and self.backslashes % 2 == 0:
                     stack.pop()
             elif char in "[({":
+                if char == "(" and self.list_open and len(stack) == 1:
+                    self.parens.append(pos)
                 stack.append(char)
             elif char in "])}":
                 if not stack or stack.pop() != {"]": "[", ")": "(", "}": "{"}[char]:
@@ -187,6 +194,8 @@ class _Scanner:
                 self.quote_at = pos
             elif char == "," and self.list_open and len(stack) == 1:
                 self.boundaries.append(pos + 1)
+            elif char == "," and self.list_open and len(stack) == 2 and stack[-1] == "(":
+                self.arg_commas.append((len(self.parens) - 1, pos + 1))
             # the counts see every char, strings included (as vLLM's do)
             if char == "(":
                 self.eq_before_paren, self.comma_before_paren = self.n_eq, self.n_comma
@@ -234,9 +243,6 @@ def _contains_set(node: ast.AST) -> bool:
 # arguments JSON is P + (the string's JSON text) + Q with P and Q fixed, so a
 # record decodes its own characters plus a short tail, not the call.
 
-#: Characters kept in the tail: the completion reads the last one (',' '=' ':'),
-#: and an escape may still grow there.
-_WINDOW = 12
 #: Longest ``\N{...}`` escape read (Unicode names are shorter); longer is an error.
 _MAX_NAMED = 100
 _SENTINEL = "\ue000"
@@ -249,7 +255,7 @@ def _literal(quote: str, body: str) -> str | None:
     """The value of the string literal ``quote + body + quote``; None when Python rejects it."""
     try:
         node = _parse(quote + body + quote).body[0]
-    except Exception:  # noqa: BLE001 - whatever Python rejects (syntax, NUL, nesting) is no literal
+    except Exception:
         return None
     value = getattr(node, "value", None)
     if not isinstance(value, ast.Constant) or not isinstance(value.value, str):
@@ -257,26 +263,23 @@ def _literal(quote: str, body: str) -> str | None:
     return value.value
 
 
-class _Fast:
+class _Fast(StringTail):
     """Incremental read of the string literal the call in progress ends in.
 
-    ``stable`` is the JSON text of the literal's characters before ``done``
-    (whole escapes only), which later records cannot change.
+    The arguments JSON is ``base + prefix + stable + tail + suffix``: ``base``
+    the arguments committed before (see ``PythonicStream``), ``prefix`` and
+    ``suffix`` fixed around the literal's JSON text.
     """
 
-    def __init__(self, text: str, quote_at: int, end: int) -> None:
+    def __init__(self, text: str, quote_at: int, end: int, base: AppendOnlyText) -> None:
+        super().__init__(quote_at + 1, end)
         self.quote = text[quote_at]
-        self.done = quote_at + 1
-        self.end = end  # end of the literal's text less trailing blanks
-        self.stable = ""
-        self.valid = True  # False once ``stable`` holds text Python rejects: every parse fails
-        self.prefix = ""  # P
+        self.base = base
+        self.prefix = ""  # P less the base
         self.suffix = ""  # Q less what the completion invented
-        self.scanned = 0  # characters this object handled (for the bounded-work test)
-        self._advance(text)
+        self.advance(text)
 
-    def _unit(self, text: str, slash: int) -> int:
-        """Length of the escape at ``slash``; 0 when it cannot be known yet; -1 when it is malformed."""
+    def unit(self, text: str, slash: int) -> int:
         kind = text[slash + 1]
         if kind in _OCTAL:
             size = 2
@@ -292,34 +295,9 @@ class _Fast:
             return 3 if text[slash + 2] == "\n" else 2
         return {"x": 4, "u": 6, "U": 10}.get(kind, 2)
 
-    def _advance(self, text: str) -> None:
-        target = self.end - _WINDOW
-        pos = good = self.done
-        if target <= pos:
-            return
-        self.scanned += target - pos
-        while pos < target:
-            slash = text.find("\\", pos, target)
-            if slash == -1:
-                good = target
-                break
-            if slash > pos:
-                good = slash
-            unit = self._unit(text, slash)
-            if unit < 0:
-                self.valid = False
-                break
-            if unit == 0 or slash + unit > target:
-                break
-            pos = slash + unit
-            good = pos
-        if good > self.done and self.valid:
-            value = _literal(self.quote, text[self.done : good])
-            if value is None:
-                self.valid = False
-            else:
-                self.stable += json.dumps(value, ensure_ascii=False)[1:-1]
-        self.done = good
+    def decode(self, piece: str) -> str | None:
+        value = _literal(self.quote, piece)
+        return None if value is None else json.dumps(value, ensure_ascii=False)[1:-1]
 
     def tail(self, text: str) -> str | None:
         """The JSON text of the literal after ``done`` as the completion keeps it; None if unreadable."""
@@ -329,30 +307,56 @@ class _Fast:
             return None  # the completion gives up on such text
         if body.endswith(","):
             body = body[:-1]
-        value = _literal(self.quote, body)
-        return None if value is None else json.dumps(value, ensure_ascii=False)[1:-1]
+        return self.decode(body)
 
-    def extend(self, text: str, delta: str) -> str | None:
-        """Take a record's text (none of the quote in it); the literal's new tail, None if unreadable."""
-        self.scanned += len(delta)
-        kept = delta.rstrip()
-        if kept:
-            self.end = len(text) - len(delta) + len(kept)
-        self._advance(text)
-        return self.tail(text) if self.valid else None
+    def length(self, tail: str) -> int:
+        return self.base.length + len(self.prefix) + len(self.stable) + len(tail) + len(self.suffix)
 
     def slice(self, tail: str, low: int) -> str:
-        """``(prefix + stable + tail + suffix)[low:]``."""
-        out, base = [], 0
-        for part in (self.prefix, self.stable, tail, self.suffix):
-            if low < base + len(part):
-                out.append(part[max(low - base, 0) :])
-            base += len(part)
-        return "".join(out)
+        """The arguments JSON from ``low`` on."""
+        size = self.base.length
+        head = self.base.between(low, size) if low < size else ""
+        return head + slice_parts((self.prefix, self.stable, tail, self.suffix), max(low - size, 0))
+
+
+class _Args:
+    """A call's arguments JSON: the arguments committed before (``base``) and the parsed rest."""
+
+    def __init__(self, base: AppendOnlyText, rest: str) -> None:
+        self.base = base
+        if not base.length:
+            self.rest = rest
+        else:  # base is '{' + members; rest is a JSON object
+            self.rest = "}" if rest == "{}" else ", " + rest[1:]
+        self.length = base.length + len(self.rest)
+
+    def endswith(self, suffix: str) -> bool:
+        if len(suffix) <= len(self.rest):
+            return self.rest.endswith(suffix)
+        return self.text_from(0).endswith(suffix)
+
+    def cut(self, size: int) -> None:
+        """Drop the last ``size`` characters."""
+        if size > len(self.rest):
+            self.rest, self.base = self.text_from(0)[:-size], AppendOnlyText()
+        else:
+            self.rest = self.rest[: len(self.rest) - size]
+        self.length -= size
+
+    def text_from(self, low: int) -> str:
+        size = self.base.length
+        head = self.base.between(low, size) if low < size else ""
+        return head + self.rest[max(low - size, 0) :]
 
 
 class PythonicStream:
-    """Streaming state of one choice; ``step`` gets each record's share of the call text."""
+    """Streaming state of one choice; ``step`` gets each record's share of the call text.
+
+    Calls that are finished and followed by a top-level comma are parsed once and
+    left out of later parses; inside the call in progress, so are its arguments
+    followed by a comma (each is parsed once, its JSON kept), so a parse sees
+    that call's name and its last argument, and a record costs O(its text).
+    """
 
     def __init__(self, end_marker: str | None = None) -> None:
         self._end_marker = end_marker  # cut from the end of the text before parsing
@@ -368,6 +372,15 @@ class PythonicStream:
         self._no_commit = False
         self._dead = False  # a finished call can never parse: every step fails
         self._fast: _Fast | None = None  # set while the text ends inside a string literal
+        # finished arguments of the call in progress, dropped from later parses
+        self._arg_paren = -1  # that call's '(' (index in the scanner's parens); -1: none yet
+        self._arg_start = -1  # where its uncommitted arguments start; -1: none committed
+        self._arg_used = 0  # argument commas looked at
+        self._arg_names: set[str] = set()
+        self._arg_json = AppendOnlyText()  # '{' + the committed arguments' JSON members
+        self._arg_has_set = False
+        self._arg_off = False  # an argument that is not one plain keyword: parse the call whole
+        self.scanned = 0  # characters handed to the parser, for the bounded-work tests
         #: False parses the call in progress at every record (the reference the tests compare with).
         self.incremental = True
 
@@ -388,24 +401,31 @@ class PythonicStream:
             self._fast = None
         if self._dead:
             return None
+        if self.incremental:
+            self._commit_args(text)
         try:
             completed = self._scanner.completion(text)
             if completed is None:
                 return None
             body, added = completed
-            module = _parse("[" + body[self._committed_at :] + added)
+            head, start = self._region()
+            source = "[" + head + body[start:] + added
+            self.scanned += len(source)
+            module = _parse(source)
             if not module.body:
                 return None
-            if "}" in added and (self._committed_has_set or _contains_set(module)):
+            has_set = self._committed_has_set or self._arg_has_set
+            if "}" in added and (has_set or _contains_set(module)):
                 return None
-            calls = [call_of(e) for e in _call_list(module)]
+            # Only the first call can have committed arguments (the others follow it, unstreamed).
+            calls = [self._call(e, "" if i else head) for i, e in enumerate(_call_list(module))]
             deltas = self._diff(calls, added)
-        except Exception:  # noqa: BLE001 - vLLM skips the record on any failure
+        except Exception:  # vLLM skips the record on any failure
             return None
         finally:
             self._commit(text)
         if self.incremental and calls and not cut:
-            self._fast = self._anchor(text, body, added, calls[-1][1])
+            self._fast = self._anchor(text, added, calls[-1][2])
         if deltas:
             self._any_delta = True
             return DeltaOut(tool_calls=deltas)
@@ -413,15 +433,107 @@ class PythonicStream:
             return DeltaOut(content="")  # vLLM's "all calls done" marker
         return None
 
-    def _anchor(self, text: str, body: str, added: str, args: str) -> _Fast | None:
-        """A ``_Fast`` when this record's parse ended in a plain string literal, else None."""
+    # -- committed arguments of the call in progress ---------------------------
+
+    def _region(self) -> tuple[str, int]:
+        """(text standing for the committed part of the call in progress, where the rest starts)."""
+        if self._arg_start < 0:
+            return "", self._committed_at
+        paren = self._scanner.parens[self._arg_paren]
+        return self._text[self._committed_at : paren + 1], self._arg_start
+
+    def _call(self, node: ast.expr, head: str) -> tuple[str, _Args, str]:
+        """(name, arguments JSON, JSON of the parsed arguments only) of a parsed call."""
+        name, args = call_of(node)
+        if not head:
+            return name, _Args(AppendOnlyText(), args), args
+        assert isinstance(node, ast.Call)
+        # What the whole call's parse would reject, with the committed arguments before these.
+        if any(not isinstance(arg, ast.Starred) for arg in node.args):
+            raise _NotACall("positional argument follows keyword argument")
+        if any(keyword.arg in self._arg_names for keyword in node.keywords):
+            raise _NotACall("keyword argument repeated")
+        return name, _Args(self._arg_json, args), args
+
+    def _commit_args(self, text: str) -> None:
+        """Parse once each argument of the call in progress that a comma follows, and drop it."""
+        scanner = self._scanner
+        if self._no_commit or self._arg_off or self._committed < len(scanner.boundaries):
+            return
+        parens = scanner.parens
+        if self._arg_paren < 0:
+            if not parens or parens[-1] < self._committed_at:
+                return
+            self._arg_paren = len(parens) - 1
+            while self._arg_paren > 0 and parens[self._arg_paren - 1] >= self._committed_at:
+                self._arg_paren -= 1
+        commas = scanner.arg_commas
+        while self._arg_used < len(commas):
+            paren, end = commas[self._arg_used]
+            if paren < self._arg_paren:
+                self._arg_used += 1
+                continue
+            if paren > self._arg_paren or end > len(text):
+                if paren > self._arg_paren:
+                    self._arg_off = True  # another call in the same stretch: parse it whole
+                return
+            self._arg_used += 1
+            start = self._arg_start if self._arg_start >= 0 else parens[paren] + 1
+            if not self._commit_arg(text[start : end - 1]):
+                return
+            self._arg_start = end
+
+    def _commit_arg(self, piece: str) -> bool:
+        self.scanned += len(piece)
+        if "#" in piece or "'''" in piece or '"""' in piece:
+            self._arg_off = True  # comments, triple quotes: the scan may not split as Python does
+            return False
+        try:
+            node = _parse("f(" + piece + ")").body[0]
+            call = getattr(node, "value", None)
+            if not isinstance(call, ast.Call) or call.args or len(call.keywords) != 1:
+                raise _NotACall("not one keyword argument")
+            keyword = call.keywords[0]
+            if keyword.arg is None:
+                raise _NotACall("a ** argument")
+        except Exception:
+            self._arg_off = True
+            return False
+        try:
+            value = _value(keyword.value)
+        except Exception:
+            self._dead = True  # vLLM's whole parse fails on this argument from now on
+            return False
+        if keyword.arg in self._arg_names:
+            self._dead = True  # "keyword argument repeated", from now on
+            return False
+        member = json.dumps({keyword.arg: value}, ensure_ascii=False)[1:-1]
+        self._arg_json.add(("{" if not self._arg_names else ", ") + member)
+        self._arg_names.add(keyword.arg)
+        self._arg_has_set = self._arg_has_set or _contains_set(keyword.value)
+        return True
+
+    def _reset_args(self) -> None:
+        self._arg_paren = self._arg_start = -1
+        self._arg_names = set()
+        self._arg_json = AppendOnlyText()
+        self._arg_has_set = self._arg_off = False
+
+    # -- the string in progress ------------------------------------------------
+
+    def _anchor(self, text: str, added: str, args: str) -> _Fast | None:
+        """A ``_Fast`` when this record's parse ended in a plain string literal, else None.
+
+        ``args``: the JSON of the arguments that parse read (the committed ones aside).
+        """
         scanner = self._scanner
         quote_at = scanner.quote_at
         boundaries = scanner.boundaries
+        head, start = self._region()
         if (
             not scanner.stack
             or scanner.stack[-1] not in _QUOTES
-            or quote_at < self._committed_at
+            or quote_at < start
             or text[quote_at - 1].isalnum()  # a prefix (r, b, f, u...) changes what the text means
             or not self._streamed
             or len(self._streamed) != self._index + 1
@@ -433,43 +545,52 @@ class PythonicStream:
         ):
             return None
         try:
-            module = _parse("[" + text[self._committed_at : quote_at + 1] + _SENTINEL + added)
-            located = call_of(_call_list(module)[-1])[1]
+            source = "[" + head + text[start : quote_at + 1] + _SENTINEL + added
+            self.scanned += len(source)
+            elements = _call_list(_parse(source))
+            head = head if len(elements) == 1 else ""
+            located = self._call(elements[-1], head)[2]
             if located.count(_SENTINEL) != 1:
                 return None
             withheld = (added[:-2] + ("}" if added[-2] == ")" else "")).replace("'", '"')
-            head, tail = located.split(_SENTINEL)
-            if not tail.endswith(withheld) or len(tail) > _MAX_SUFFIX:
+            before, after = located.split(_SENTINEL)
+            if not after.endswith(withheld) or len(after) > _MAX_SUFFIX:
                 return None
-            fast = _Fast(text, quote_at, len(text.rstrip()))
+            base = self._arg_json if head else AppendOnlyText()
+            fast = _Fast(text, quote_at, len(text.rstrip()), base)
             tail_now = fast.tail(text)
-            fast.prefix, fast.suffix = head, tail[: len(tail) - len(withheld)]
             # The parse this record made must be what the model says it is.
-            if not fast.valid or tail_now is None or args != head + fast.stable + tail_now + tail:
+            if not fast.valid or tail_now is None or args != before + fast.stable + tail_now + after:
                 return None
-        except Exception:  # noqa: BLE001 - any surprise leaves the fast path; the full parse decides
+            fast.prefix = _Args(base, before + "}").rest[:-1]
+            fast.suffix = after[: len(after) - len(withheld)]
+        except Exception:
             return None
         return fast
 
     def _step_fast(self, fast: _Fast, delta: str) -> DeltaOut | None:
         """``step`` for a record that extends the string literal the call in progress ends in."""
-        tail = fast.extend(self._text, delta)
+        kept = delta.rstrip()
+        fast.extend(self._text, len(self._text) - len(delta) + len(kept) if kept else fast.end)
+        tail = fast.tail(self._text) if fast.valid else None
         if tail is None:
             return None  # the parse fails: nothing changes
         index = self._index
         sent = len(self._streamed[index])
-        if len(fast.prefix) + len(fast.stable) + len(tail) + len(fast.suffix) <= sent:
+        if fast.length(tail) <= sent:
             return None
         diff = fast.slice(tail, sent)
         self._streamed[index] += diff
         self._any_delta = True
         return DeltaOut(tool_calls=[args_delta(index, diff)])
 
-    def _diff(self, calls: list[tuple[str, str]], added: str) -> list[ToolCallDeltaOut]:
+    # -- deltas and finished calls ---------------------------------------------
+
+    def _diff(self, calls: list[tuple[str, _Args, str]], added: str) -> list[ToolCallDeltaOut]:
         deltas: list[ToolCallDeltaOut] = []
         offset = self._committed
         total = offset + len(calls)
-        for local, (name, args) in enumerate(calls):
+        for local, (name, args, _) in enumerate(calls):
             index = offset + local
             if index < self._index:
                 continue
@@ -479,7 +600,6 @@ class PythonicStream:
             complete = index < total - 1 or ")]" not in added
             if complete:
                 self._index += 1
-            withheld = ""
             if not complete:
                 # still open: hold back what the completion invented
                 withheld = added[:-2] + ("}" if added[-2] == ")" else "")
@@ -487,13 +607,14 @@ class PythonicStream:
                 if not args.endswith(withheld):
                     raise _NotACall("completion suffix not found in arguments")
                 if withheld:
-                    args = args[: -len(withheld)]
+                    args.cut(len(withheld))
             sent = self._streamed[index]
             if not sent:
-                deltas.append(name_delta(index, name, args))
-                self._streamed[index] += args
-            elif len(args) > len(sent):
-                diff = args[len(sent) :]
+                whole = args.text_from(0)
+                deltas.append(name_delta(index, name, whole))
+                self._streamed[index] += whole
+            elif args.length > len(sent):
+                diff = args.text_from(len(sent))
                 deltas.append(args_delta(index, diff))
                 self._streamed[index] += diff
         return deltas
@@ -505,11 +626,11 @@ class PythonicStream:
             end = boundaries[self._committed]
             if end > len(text):
                 return
-            piece = text[self._committed_at : end - 1]
+            head, start = self._region()
             try:
-                module = _parse("[" + piece + "]")
+                module = _parse("[" + head + text[start : end - 1] + "]")
                 elements = _call_list(module)
-            except Exception:  # noqa: BLE001 - what cannot parse is not one plain call
+            except Exception:
                 elements = []
             if len(elements) != 1:
                 # Not one plain call between top-level commas (e.g. a lambda):
@@ -517,13 +638,15 @@ class PythonicStream:
                 self._no_commit = True
                 return
             try:
-                call_of(elements[0])
-            except Exception:  # noqa: BLE001 - as in vLLM, any failure of a call fails the list
+                self._call(elements[0], head)
+            except Exception:
                 self._dead = True
                 return
-            self._committed_has_set = self._committed_has_set or _contains_set(module)
+            has_set = self._arg_has_set or _contains_set(module)
+            self._committed_has_set = self._committed_has_set or has_set
             self._committed += 1
             self._committed_at = end
+            self._reset_args()
 
     def remaining_args(self) -> str:
         """vLLM's end-of-stream fill-up: judged against a placeholder ``{}`` of call 0."""

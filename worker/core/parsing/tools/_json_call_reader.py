@@ -1,0 +1,455 @@
+"""The ``llama3_json`` call in progress, read incrementally: per record O(its own text).
+
+vLLM re-reads the call object at every record with the partial-JSON completion
+(:mod:`._partial_json`) and diffs ``json.dumps`` of its arguments against the
+previous read. For text that is a JSON prefix, that completion keeps every
+finished member, closes every open container, and completes the value in
+progress at the end: a string is kept (less a truncated escape, and less
+trailing blanks when its container is an object) and closed; a number loses a
+dangling sign/exponent/point; a literal prefix becomes the literal; a lone
+``-`` or a key without its value is left out.
+
+So the arguments JSON is an append-only *stable* part (the opening of each open
+container and its finished members, and the decoded part of a string in
+progress) followed by a short *volatile* part (the number, literal or string
+tail in progress and the open containers' closers). :class:`CallReader` keeps
+a scan position and a stack of open containers, takes each record's
+characters once, and gives that split; the parser diffs only the volatile
+parts and what became stable since.
+
+Whatever it does not model (a syntax error, a duplicate key, whitespace JSON
+does not allow, nesting deeper than :data:`MAX_DEPTH`, both ``parameters`` and
+``arguments``) raises :class:`Unsupported`, and the parser re-reads that call
+as vLLM does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from worker.core.parsing.tools._partial_json import complete_str, dump
+from worker.core.parsing.tools._string_tail import AppendOnlyText, StringTail
+
+MAX_DEPTH = 256
+_WS = " \t\n\r"
+_NUM_CHARS = frozenset("0123456789.-+eE")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+#: The literals the completion knows, in the order it tries them.
+_LITERALS = ("null", "true", "false", "Infinity", "-Infinity", "NaN")
+_STRING_STOP = re.compile(r'["\\]')
+_HIGH_SURROGATE = re.compile(r"\\u[dD][89abAB]")
+_ARGS_KEYS = ("parameters", "arguments")
+#: ``json.dumps`` of the falsy values (vLLM sends nothing for falsy arguments).
+_FALSY = frozenset(("{}", "[]", '""', "0", "0.0", "-0.0", "false", "null"))
+
+# Container states: what may come next.
+_KEY_OR_END, _KEY, _COLON, _VALUE, _VALUE_OR_END, _AFTER = range(6)
+
+
+class Unsupported(Exception):
+    """Text the reader does not model: the caller re-reads the call as vLLM does."""
+
+
+class JsonStringTail(StringTail):
+    """A JSON string in progress: ``\\uXXXX`` escapes are six characters, never split between surrogates."""
+
+    def unit(self, text: str, slash: int) -> int:
+        return 6 if text[slash + 1] == "u" else 2
+
+    def splits_after(self, text: str, slash: int, unit: int) -> bool:
+        return not (unit == 6 and _HIGH_SURROGATE.match(text, slash))
+
+    def decode(self, piece: str) -> str | None:
+        try:
+            return dump(json.loads('"' + piece + '"'))[1:-1]
+        except ValueError:
+            return None
+
+    def tail(self, text: str, quote: int) -> str | None:
+        """The JSON text of the string after ``done`` as the completion keeps it; None if unreadable.
+
+        ``quote``: where the completion starts its scan (a quote, maybe an escaped one inside
+        the string), which bounds its search for a truncated escape.
+        """
+        rest = '"' + text[self.done : self.end]
+        self.scanned += len(rest)
+        result = complete_str(rest, max(quote - self.done + 1, 0), True)
+        if result is None:
+            return None
+        return self.decode(rest[1 : result[0]])
+
+    def finish(self, text: str, close: int) -> str | None:
+        """The JSON text of the whole string, closed at ``close``; None if JSON rejects it."""
+        self.scanned += close - self.done
+        rest = self.decode(text[self.done : close])
+        return None if rest is None or not self.valid else self.stable + rest
+
+
+class _Frame:
+    __slots__ = ("count", "is_list", "key", "keys", "state", "tracked")
+
+    def __init__(self, is_list: bool, tracked: bool) -> None:
+        self.is_list = is_list
+        self.tracked = tracked  # inside the arguments: its JSON text is built
+        self.count = 0  # members in the arguments JSON so far
+        self.state = _VALUE_OR_END if is_list else _KEY_OR_END
+        self.key = ""  # JSON text of the member in progress's key
+        self.keys: set[str] = set()
+
+
+class _Scalar:
+    """The string, number or literal the scan is in."""
+
+    __slots__ = (
+        "checked",
+        "end",
+        "is_key",
+        "kind",
+        "quote",
+        "quote_last",
+        "start",
+        "string",
+        "taken",
+        "tracked",
+    )
+
+    def __init__(self, kind: str, start: int, tracked: bool, is_key: bool = False) -> None:
+        self.kind = kind  # "str", "num" or "lit"
+        self.start = start
+        self.end = -1  # numbers and literals: where the token ended (blanks may follow)
+        self.tracked = tracked
+        self.is_key = is_key
+        self.string: JsonStringTail | None = None
+        self.taken = 0  # characters of ``string.stable`` already in the stable part
+        self.quote_last = True  # strings: the last of '"[]{}' in its text so far is a quote
+        self.checked = start  # strings: where that search stopped
+        self.quote = start  # strings: where the completion starts reading it
+
+
+class View:
+    """One read's arguments JSON: ``stable[:size] + volatile``."""
+
+    __slots__ = ("size", "truthy", "volatile")
+
+    def __init__(self, size: int, volatile: str, truthy: bool) -> None:
+        self.size = size
+        self.volatile = volatile
+        self.truthy = truthy
+
+
+#: ``CallReader.read`` of a record whose completion fails (vLLM skips the record).
+FAILED = None
+
+
+class CallReader:
+    """Incremental partial-JSON read of one call object that starts at ``start`` in the text."""
+
+    def __init__(self, start: int) -> None:
+        self.pos = start  # next character to scan
+        self.start = start
+        self.frames: list[_Frame] = []
+        self.scalar: _Scalar | None = None
+        self.escape = False  # in a string, the last character scanned is a backslash
+        self.after_quote = False  # the last bracket or quote scanned closed a string
+        self.values_after_quote = 0  # numbers and literals finished since
+        self.args_key: str | None = None
+        self.args_pending = False  # the member whose value comes next holds the arguments
+        self.args_seen = False  # the arguments' value has started
+        self.dead = False  # the completion keeps text JSON rejects: every read fails for good
+        self.complete = False  # the object closed
+        self.stable = AppendOnlyText()
+        self.closers = ""  # the open tracked containers' closers, innermost first
+        self.last_nonblank = start  # end of the text less trailing blanks (str.isspace)
+        self.scanned = 0  # characters handled, for the bounded-work tests
+
+    # -- scanning ----------------------------------------------------------
+
+    def feed(self, text: str) -> None:
+        """Scan the characters added since the last call (stops when the object closes)."""
+        pos, length = self.pos, len(text)
+        kept = text[pos:].rstrip()
+        if kept:
+            self.last_nonblank = pos + len(kept)
+        self.scanned += length - pos
+        while pos < length and not self.complete and not self.dead:
+            scalar = self.scalar
+            if scalar is not None and scalar.kind == "str":
+                pos = self._in_string(text, pos, scalar)
+                continue
+            if scalar is not None and scalar.end < 0:
+                chars = _NUM_CHARS if scalar.kind == "num" else _LETTERS
+                while pos < length and text[pos] in chars:
+                    pos += 1
+                if pos == length:
+                    break
+                if scalar.kind == "num" and text[pos] == "I" and pos == scalar.start + 1:
+                    scalar.kind = "lit"  # "-I...": -Infinity
+                    continue
+                scalar.end = pos
+            char = text[pos]
+            if char in _WS:
+                pos += 1
+                continue
+            if scalar is not None:
+                self._close_token(text, scalar)
+            self._structural(text, pos, char)
+            pos += 1
+        self.pos = pos
+
+    def _in_string(self, text: str, pos: int, scalar: _Scalar) -> int:
+        length = len(text)
+        if self.escape:
+            self.escape = False
+            return pos + 1
+        stop = _STRING_STOP.search(text, pos)
+        if stop is None:
+            return length
+        at = stop.start()
+        if text[at] == "\\":
+            if at + 1 == length:
+                self.escape = True
+                return length
+            return at + 2
+        self._close_string(text, scalar, at)
+        return at + 1
+
+    def _frame(self) -> _Frame:
+        return self.frames[-1]
+
+    def _member_head(self, frame: _Frame) -> str:
+        """What the arguments JSON holds before a member's value: separator and key."""
+        head = ", " if frame.count else ""
+        return head if frame.is_list else head + frame.key + ": "
+
+    def _structural(self, text: str, pos: int, char: str) -> None:
+        if not self.frames:
+            if pos != self.start or char != "{":
+                raise Unsupported("the call is not an object")
+            self._open(False, tracked=False)
+            return
+        frame = self._frame()
+        state = frame.state
+        if state == _AFTER:
+            if char == ",":
+                frame.state = _VALUE if frame.is_list else _KEY
+            elif char == ("]" if frame.is_list else "}"):
+                self._close_container(frame)
+            else:
+                raise Unsupported(f"unexpected {char!r} after a value")
+        elif state in (_KEY_OR_END, _KEY):
+            if char == '"':
+                self.scalar = _Scalar("str", pos, False, is_key=True)
+            elif char == "}" and state == _KEY_OR_END:
+                self._close_container(frame)
+            else:
+                raise Unsupported(f"unexpected {char!r} for a key")
+        elif state == _COLON:
+            if char != ":":
+                raise Unsupported("expected ':'")
+            frame.state = _VALUE
+        elif char == "]" and state == _VALUE_OR_END:
+            self._close_container(frame)
+        else:
+            self._value(text, pos, char, frame)
+
+    def _value(self, text: str, pos: int, char: str, frame: _Frame) -> None:
+        args = self.args_pending and len(self.frames) == 1
+        tracked = frame.tracked or args
+        frame.state = _AFTER
+        if args:
+            self.args_seen = True
+        if char in "{[":
+            if frame.tracked:
+                self.stable.add(self._member_head(frame) + char)
+                frame.count += 1
+            elif args:
+                self.stable.add(char)
+            self._open(char == "[", tracked)
+        elif char == '"':
+            scalar = _Scalar("str", pos, tracked)
+            scalar.string = JsonStringTail(pos + 1, pos + 1)
+            self.scalar = scalar
+            self.after_quote = False
+            if frame.tracked:
+                self.stable.add(self._member_head(frame) + '"')
+                frame.count += 1
+            elif args:
+                self.stable.add('"')
+        elif char in "-0123456789":
+            self.scalar = _Scalar("num", pos, tracked)
+        elif char in "ntfIN":
+            self.scalar = _Scalar("lit", pos, tracked)
+        else:
+            raise Unsupported(f"unexpected {char!r} for a value")
+
+    def _open(self, is_list: bool, tracked: bool) -> None:
+        if len(self.frames) >= MAX_DEPTH:
+            raise Unsupported("nested too deep")
+        self.frames.append(_Frame(is_list, tracked))
+        self.after_quote = False
+        if tracked:
+            self.closers = ("]" if is_list else "}") + self.closers
+
+    def _close_container(self, frame: _Frame) -> None:
+        self.frames.pop()
+        self.after_quote = False
+        if frame.tracked:
+            self.stable.add(self.closers[0])
+            self.closers = self.closers[1:]
+        if not self.frames:
+            self.complete = True
+
+    def _close_string(self, text: str, scalar: _Scalar, close: int) -> None:
+        self.scalar = None
+        self.after_quote = True
+        self.values_after_quote = 0
+        frame = self._frame()
+        if scalar.is_key:
+            try:
+                key = json.loads(text[scalar.start : close + 1])
+            except ValueError as exc:
+                raise Unsupported("a key JSON rejects") from exc
+            if frame.tracked:
+                if key in frame.keys:
+                    raise Unsupported("a duplicate key")
+                frame.keys.add(key)
+                frame.key = dump(key)
+            elif len(self.frames) == 1:
+                self.args_pending = False
+                if key in _ARGS_KEYS:
+                    if self.args_key is not None:
+                        raise Unsupported("the arguments given twice")
+                    self.args_key = key
+                    self.args_pending = True
+            frame.state = _COLON
+            return
+        string = scalar.string
+        assert string is not None
+        full = string.finish(text, close)
+        self.scanned += string.scanned
+        string.scanned = 0
+        if full is None:
+            self.dead = True
+            return
+        if scalar.tracked:
+            self.stable.add(full[scalar.taken :] + '"')
+
+    def _close_token(self, text: str, scalar: _Scalar) -> None:
+        """A number or literal followed by something other than blanks: it is final."""
+        self.scalar = None
+        token = text[scalar.start : scalar.end]
+        if scalar.kind == "num" and token[-1] in ".-+eE":
+            # The library walks back over it and cuts the container there, or keeps it and fails.
+            raise Unsupported("a number ending in a sign, exponent or point")
+        value = _token_json(scalar.kind, token, partial=False)
+        if value is None:
+            self.dead = True  # the completion keeps it and JSON rejects it, from now on
+            return
+        if scalar.tracked:
+            frame = self._frame()
+            if frame.tracked:
+                self.stable.add(self._member_head(frame) + value)
+                frame.count += 1
+            else:
+                self.stable.add(value)
+        self.values_after_quote += 1
+
+    # -- reading -------------------------------------------------------------
+
+    def read(self, text: str) -> View | None:
+        """The arguments JSON as vLLM's read of ``text`` gives it (a View; size -1: no arguments).
+
+        ``FAILED`` when that read fails. Call after :meth:`feed`; not when ``complete``.
+        """
+        if self.dead:
+            return FAILED
+        volatile = ""
+        dropped = False
+        scalar = self.scalar
+        if scalar is not None and not scalar.is_key:
+            frame = self._frame()
+            if scalar.kind == "str":
+                string = scalar.string
+                assert string is not None
+                string.extend(text, self._string_end(text, scalar, frame))
+                tail = string.tail(text, scalar.quote) if string.valid else None
+                self.scanned += string.scanned
+                string.scanned = 0
+                if not string.valid:
+                    self.dead = True
+                    return FAILED
+                if tail is None:
+                    return FAILED
+                if scalar.tracked:
+                    self.stable.add(string.stable[scalar.taken :])
+                    scalar.taken = len(string.stable)
+                    volatile = tail + '"'
+            else:
+                token = text[scalar.start : len(text) if scalar.end < 0 else scalar.end]
+                self.scanned += len(token)
+                if token == "-":
+                    # Left out, except right after a string in an array and followed by blanks:
+                    # the library's array tail then reads '[..., "x",]', which JSON rejects.
+                    if frame.is_list and self.after_quote and not self.values_after_quote and scalar.end >= 0:
+                        return FAILED
+                    dropped = scalar.tracked and not frame.tracked  # the arguments themselves
+                elif (value := _token_json(scalar.kind, token, partial=True)) is None:
+                    return FAILED
+                elif scalar.tracked:
+                    volatile = (self._member_head(frame) if frame.tracked else "") + value
+        if not self.args_seen or dropped:
+            return View(-1, "", False)  # no arguments yet, or a lone "-" as the arguments: left out
+        volatile += self.closers
+        size = self.stable.length
+        short = size + len(volatile) <= 4
+        return View(size, volatile, not short or self.stable.between(0, size) + volatile not in _FALSY)
+
+    def _string_end(self, text: str, scalar: _Scalar, string_frame: _Frame) -> int:
+        """Where the completion's copy of the string in progress ends.
+
+        The library completes the last open container, less trailing blanks, unless that is an
+        array and the last bracket or quote in the text is a quote: then it reads the string
+        from that quote (an escaped one too) and closes it where the text ends, blanks kept.
+        """
+        string = scalar.string
+        assert string is not None
+        if string_frame.is_list:
+            last = max(text.rfind(char, scalar.checked) for char in '"[]{}')
+            if last >= 0:
+                scalar.quote_last = text[last] == '"'
+                if scalar.quote_last:
+                    scalar.quote = last
+            scalar.checked = len(text)
+            if scalar.quote_last:
+                return len(text)
+        scalar.quote = scalar.start
+        return max(self.last_nonblank, string.done)
+
+    def text_of(self, view: View, low: int = 0, high: int | None = None) -> str:
+        """``(stable[:view.size] + view.volatile)[low:high]``."""
+        size = view.size
+        end = size + len(view.volatile) if high is None else high
+        head = self.stable.between(low, min(end, size)) if low < size else ""
+        return head + view.volatile[max(low - size, 0) : max(end - size, 0)]
+
+
+def _token_json(kind: str, token: str, partial: bool) -> str | None:
+    """The JSON text the completion gives a number or literal token; None when the read fails."""
+    if kind == "lit":
+        for literal in _LITERALS:
+            if token == literal or (partial and literal.startswith(token)):
+                return literal
+        raise Unsupported("not a literal")
+    if partial:
+        cut = token.rstrip(".-+eE")
+        if not cut:
+            raise Unsupported("a number of signs only")  # the library's walk-back wraps here
+        token = cut
+    if not _NUMBER.fullmatch(token):
+        return None
+    try:
+        return dump(json.loads(token))
+    except ValueError:
+        return None

@@ -1,0 +1,298 @@
+"""vLLM's partial-JSON read for ``llama3_json``: the completion of the ``partial_json_parser`` library.
+
+Re-implemented (vLLM 0.33.0 calls the library): completion returns (cut,
+closer), keep ``text[:cut]`` and append ``closer``; closer None means the value
+was already complete. False-like results are raised as :class:`_Partial`;
+malformed text raises too (the caller treats both alike). Incomplete strings
+are allowed only with ``allow_str`` (vLLM allows them once the call's name was
+sent). The library's fast path scans the brackets and completes only the last
+open container (:func:`_ensure_json`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_DECODER = json.JSONDecoder()
+_STRING_STOP = re.compile(r'["\\]')
+_STRUCTURAL = re.compile(r'["\[\]{}]')
+
+
+class _Partial(Exception):
+    """The text cannot be completed to JSON (any failure of the library)."""
+
+
+def _skip_blank(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _at(text: str, pos: int) -> str:
+    if pos >= len(text) or pos < 0:
+        raise IndexError(pos)
+    return text[pos]
+
+
+def complete_str(text: str, start: int, allow_str: bool) -> tuple[int, str | None] | None:
+    """String at ``start`` (a quote): (end offset, closer) or None if partial and not allowed."""
+    if _at(text, start) != '"':
+        raise _Partial("expected a string")
+    length = len(text)
+    i = start + 1
+    last_escaped = -1
+    while True:
+        # Jump to the next quote or backslash (the string's text in between is skipped in C).
+        stop = _STRING_STOP.search(text, i)
+        if stop is None:
+            i = length
+            break
+        pos = stop.start()
+        if text[pos] == '"':
+            return pos + 1, None
+        last_escaped = pos + 1
+        if last_escaped == length:
+            i = pos
+            break
+        i = pos + 2
+    if not allow_str:
+        return None
+    # Cut a trailing, truncated \u / \U / \x escape (the library's windows).
+    for marker, window in (("\\u", 5), ("\\U", 9), ("\\x", 3)):
+        found = text.rfind(marker, max(start, i - window), i)
+        if found != -1 and found != last_escaped:
+            return found, '"'
+    return i, '"'
+
+
+def _complete_num(text: str, start: int, top_level: bool) -> tuple[int, str | None]:
+    length = len(text)
+    i = start + 1
+    while i < length and text[i] in "1234567890.-+eE":
+        i += 1
+    # The library walks back over a dangling sign/exponent/point on its slice
+    # of the text; an index below the slice start wraps to the text's end.
+    rel = i - start
+    modified = False
+    while True:
+        back = rel - 1
+        if back >= 0:
+            char = text[start + back]
+        elif -back <= length - start:
+            char = text[length + back]
+        else:
+            raise IndexError(back)
+        if char not in ".-+eE":
+            break
+        modified = True
+        rel -= 1
+    end = start + rel
+    if modified or (end == length and not top_level):
+        return end, ""
+    return end, None
+
+
+_LITERALS = ("null", "true", "false", "Infinity")
+
+
+def _complete_any(
+    text: str, start: int, allow_str: bool, top_level: bool = False
+) -> tuple[int, str | None] | None:
+    char = _at(text, _skip_blank(text, start))
+    if char == '"':
+        return complete_str(text, start, allow_str)
+    if char in "1234567890":
+        return _complete_num(text, start, top_level)
+    if char == "[":
+        return _complete_arr(text, start, allow_str)
+    if char == "{":
+        return _complete_obj(text, start, allow_str)
+    rest_len = len(text) - start
+    for literal in _LITERALS:
+        if text.startswith(literal, start):
+            return start + len(literal), None
+        if rest_len <= len(literal) and literal.startswith(text[start:]):
+            return start, literal
+    if char == "-":
+        if rest_len == 1:
+            return None
+        if text[start + 1] != "I":
+            return _complete_num(text, start, top_level)
+    for literal in ("-Infinity", "NaN"):
+        if text.startswith(literal, start):
+            return start + len(literal), None
+        if rest_len <= len(literal) and literal.startswith(text[start:]):
+            return start, literal
+    raise _Partial(f"unexpected character {char!r}")
+
+
+def _complete_arr(text: str, start: int, allow_str: bool) -> tuple[int, str | None]:
+    i = j = start + 1
+    try:
+        while True:
+            j = _skip_blank(text, j)
+            if _at(text, j) == "]":
+                return j + 1, None
+            result = _complete_any(text, j, allow_str)
+            if result is None:
+                return i, "]"
+            end, closer = result
+            if closer is not None:
+                return end, closer + "]"
+            i = j = end
+            j = _skip_blank(text, j)
+            char = _at(text, j)
+            if char == ",":
+                j += 1
+            elif char == "]":
+                return j + 1, None
+            else:
+                raise _Partial("expected ',' or ']'")
+    except IndexError:
+        return i, "]"
+
+
+def _complete_obj(text: str, start: int, allow_str: bool) -> tuple[int, str | None]:
+    i = j = start + 1
+    try:
+        while True:
+            j = _skip_blank(text, j)
+            if _at(text, j) == "}":
+                return j + 1, None
+            key = complete_str(text, j, allow_str)
+            if key is None or key[1] is not None:
+                return i, "}"
+            j = _skip_blank(text, key[0])
+            if _at(text, j) != ":":
+                raise _Partial("expected ':'")
+            j = _skip_blank(text, j + 1)
+            result = _complete_any(text, j, allow_str)
+            if result is None:
+                return i, "}"
+            end, closer = result
+            if closer is not None:
+                return end, closer + "}"
+            i = j = end
+            j = _skip_blank(text, j)
+            char = _at(text, j)
+            if char == ",":
+                j += 1
+            elif char == "}":
+                return j + 1, None
+            else:
+                raise _Partial("expected ',' or '}'")
+    except IndexError:
+        return i, "}"
+
+
+def _fix(text: str, allow_str: bool) -> tuple[str, str]:
+    """The library's slow path: (kept text, appended closer)."""
+    stripped = text.strip()
+    try:
+        result = _complete_any(stripped, 0, allow_str, top_level=True)
+    except IndexError as exc:
+        raise _Partial("malformed") from exc
+    if result is None:
+        raise _Partial("partial value not allowed")
+    end, closer = result
+    return text[:end], closer or ""
+
+
+def _closers(stack: list[tuple[int, str]]) -> str:
+    return "".join("}" if char == "{" else "]" for _, char in reversed(stack))
+
+
+def _escaped(text: str, pos: int) -> bool:
+    count = 0
+    while pos - count - 1 >= 0 and text[pos - count - 1] == "\\":
+        count += 1
+    return count % 2 == 1
+
+
+def _ensure_json(text: str, allow_str: bool) -> str:
+    """The library's fast path: bracket scan, then complete only the last open container."""
+    tokens = [(found.start(), found.group()) for found in _STRUCTURAL.finditer(text)]
+    if not tokens or tokens[0][1] == '"':
+        head, tail = _fix(text, allow_str)
+        return head + tail
+    stack: list[tuple[int, str]] = []
+    in_string = False
+    for i, char in tokens:
+        if char == '"':
+            if not in_string or not _escaped(text, i):
+                in_string = not in_string
+        elif not in_string:
+            if char in "]}":
+                if not stack or stack.pop()[1] != ("{" if char == "}" else "["):
+                    raise _Partial("mismatched brackets")
+            else:
+                stack.append((i, char))
+    if not stack:
+        return text
+    last_i, last_char = tokens[-1]
+    if text[-1] in "]}" and not in_string:
+        return text[: last_i + 1] + _closers(stack)
+    if last_char == '"':
+        if in_string:
+            if not allow_str:
+                # Partial strings are not allowed: cut back to the previous token,
+                # unless that closes a string in an object (then read the object).
+                if len(tokens) < 2:
+                    raise _Partial("partial string not allowed")
+                cut, before = tokens[-2]
+                if before != '"' or stack[-1][1] != "{":
+                    return text[: cut + 1] + _closers(stack)
+            if stack[-1][1] != "{":
+                result = complete_str(text, last_i, allow_str)
+                if result is None or result[1] is None:
+                    raise _Partial("string scan disagrees")  # the library fails here too
+                return text[: result[0]] + result[1] + _closers(stack)
+        if stack[-1][1] == "[":
+            rest = text[last_i + 1 :].rstrip("-").strip().lstrip(",")
+            if rest:
+                head, tail = _fix("[" + rest, allow_str)
+                if not (head.startswith("[") and tail.endswith("]")):
+                    raise _Partial("malformed array tail")
+                return text[: last_i + 1] + "," + head[1:] + tail + _closers(stack[:-1])
+            return text[: last_i + 1] + _closers(stack)
+    index, _ = stack.pop()
+    head, tail = _fix(text[index:], allow_str)
+    return text[:index] + head + tail + _closers(stack)
+
+
+def partial_loads(text: str, allow_str: bool) -> tuple[Any, int]:
+    """vLLM's ``partial_json_loads``: (value, chars consumed); raises on any failure."""
+    try:
+        return json.loads(_ensure_json(text, allow_str)), len(text)
+    except json.JSONDecodeError as exc:
+        if "Extra data" in exc.msg:
+            return _DECODER.raw_decode(text)
+        raise
+
+
+def is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def common_prefix_len(a: str, b: str) -> int:
+    # Bisection on slice comparisons: the text is compared in C, not char by char.
+    low, high = 0, min(len(a), len(b))
+    if a[:high] == b[:high]:
+        return high
+    while high - low > 1:  # a[:low] == b[:low] and a[:high] != b[:high]
+        mid = (low + high) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def dump(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
