@@ -13,6 +13,7 @@ BENCHMARKS = {
     "pipeline": "benchmarks.pipeline",
     "adversarial": "benchmarks.adversarial",
     "flood": "benchmarks.flood",
+    "state": "benchmarks.state_checkpoints",
 }
 
 

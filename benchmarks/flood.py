@@ -30,12 +30,12 @@ from aiokafka import TopicPartition
 
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.live_parsers import LiveParserPool
-from worker.runtime.config import TopicNames
 from worker.runtime.delivery import PRODUCER_BATCH_BYTES
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask
 from worker.runtime.records import OutgoingRecord
+from worker.runtime.topics import TopicNames
 from worker.settings import ModelSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,7 +132,6 @@ class Flood:
                 topics,
                 Metrics(),
                 position=0,
-                persisted=set(),
                 budget=self.budget,
             )
             for p in range(PARTITIONS)

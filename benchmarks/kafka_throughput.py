@@ -1,19 +1,28 @@
 """Throughput and latency of one ``derender-worker run`` process against a real broker.
 
-    .venv/bin/python benchmarks/kafka_throughput.py [--runs 3] [--sequences 1000] [--tokens 20]
+    .venv/bin/python benchmarks/kafka_throughput.py [--runs 2] [--sequences 1000] [--tokens 60]
 
 Uses ``KAFKA_BOOTSTRAP_SERVERS`` if set, else starts ``deploy/local/kafka`` (and leaves it
-running). For each mode (exactly-once, at-least-once) and run:
+running). Each run produces the same records (``sequences x tokens`` 1-token chunks of real Qwen3
+ids, ``sequences`` requests open at once, round-robin interleaved) to a fresh input topic, then:
 
-* throughput: ``sequences x tokens`` 1-token chunks (``sequences`` requests open at once,
-  round-robin interleaved) are produced to the input topic *before* the worker starts; the
-  figure is chunks / (last output visible - first output visible) on a ``read_committed``
-  reader, so tokenizer loading and the group join are not counted.
-* latency: with the worker caught up, chunks are produced at a steady rate (``--latency-rate``)
-  and each chunk's time from ``send`` to visible on the ``read_committed`` reader is taken.
+* pass-through: a librdkafka transactional copy of those records to another topic (KIP-447,
+  one producer, a commit every ``--commit-interval-ms``): what this machine and broker allow,
+  the ceiling the worker is compared with; records/s and CPU µs per record of that process.
+* for each mode (``delivery/client/transactional-id-mode``, e.g. ``exactly-once/confluent/per-worker``),
+  throughput: the worker starts on the backlog; chunks / (last output visible - partitions
+  opened, from its log) on a ``read_committed`` reader, so tokenizer loading and the group join are
+  not counted; CPU µs per record of the worker process over the same span (``/proc``).
+* latency: with the worker caught up, chunks are produced at half the throughput just measured
+  (or ``--latency-rate``) and each chunk's time from ``send`` to visible on the ``read_committed``
+  reader is taken.
 * ``exactly-once+trace``: the same with W3C ``traceparent`` / ``tracestate`` / ``baggage`` headers on
   every input record, which the worker copies to every output; beside it, in-process, the cost per
   record of the observability hook (trace headers, GenAI metrics, spans) against none.
+
+* scale-out (``--scale-out``, ``benchmarks/kafka_scale_out.py``): the longest output gap on the
+  partitions that stayed and on those that moved while a second worker joins, eager against
+  cooperative-sticky.
 
 Prints medians over the runs side by side. The producer, the reader, the worker and the
 broker share this machine's cores, so the figures are a floor for a dedicated worker host.
@@ -33,7 +42,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,11 +50,12 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from worker.runtime.config import TopicNames  # noqa: E402
-from worker.runtime.topics import create_topics  # noqa: E402
+from worker.runtime.topics import TopicNames, create_topics  # noqa: E402
 
 MODEL_DIR = REPO / "samples" / "models" / "qwen3"
 WORDS = [
@@ -212,16 +221,117 @@ def opened_at(log: Path) -> float:
     return stamp.timestamp() + int(match.group(2)) / 1000
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 @dataclass
 class RunResult:
     chunks_per_s: float
     p50_ms: float
     p99_ms: float
     latency_rate: float
+    cpu_us: float  # CPU per record of the worker process
+
+
+@dataclass(frozen=True)
+class Mode:
+    """``delivery[+trace]/client/transactional-id-mode``."""
+
+    name: str
+
+    @property
+    def parts(self) -> list[str]:
+        return self.name.split("/")
+
+    @property
+    def delivery(self) -> str:
+        return self.parts[0].partition("+")[0]
+
+    @property
+    def trace(self) -> bool:
+        return self.parts[0].endswith("+trace")
+
+    def flags(self) -> list[str]:
+        parts = self.parts
+        flags = ["--mode", self.delivery]
+        if len(parts) > 1:
+            flags += ["--kafka-client", parts[1]]
+        if len(parts) > 2:
+            flags += ["--transactional-id-mode", parts[2]]
+        return flags
+
+
+def passthrough(bootstrap: str, source: str, sink: str, count: int, commit_ms: int) -> tuple[float, float]:
+    """librdkafka, KIP-447: copy ``count`` records ``source`` -> ``sink`` in transactions.
+
+    Runs in its own process (``process_time`` then counts librdkafka's threads, and only them):
+    records/s from the first record consumed to the last commit, and CPU µs per record.
+    """
+    import confluent_kafka as ck
+
+    consumer = ck.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-pass-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    producer = ck.Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": f"bench-pass-{uuid.uuid4().hex[:8]}",
+            "linger.ms": 2,
+            "batch.size": 512 * 1024,
+            "delivery.report.only.error": True,
+        }
+    )
+    producer.init_transactions()
+    consumer.subscribe([source])
+    copied = 0
+    started = cpu_started = 0.0
+    offsets: dict[tuple[str, int], int] = {}
+
+    def commit() -> None:
+        tps = [ck.TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        producer.send_offsets_to_transaction(tps, consumer.consumer_group_metadata())
+        producer.commit_transaction()
+
+    producer.begin_transaction()
+    due = 0.0
+    while copied < count:
+        for message in consumer.consume(2000, 0.1):
+            if message.error() is not None:
+                continue
+            if not copied:
+                started, cpu_started = time.monotonic(), time.process_time()
+                due = started + commit_ms / 1000
+            while True:
+                try:
+                    producer.produce(sink, message.value(), message.key(), headers=message.headers())
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            assert topic is not None and partition is not None and offset is not None  # a consumed record
+            offsets[(topic, partition)] = offset + 1
+            copied += 1
+        if copied and time.monotonic() >= due:
+            commit()
+            producer.begin_transaction()
+            due = time.monotonic() + commit_ms / 1000
+    commit()
+    elapsed, cpu = time.monotonic() - started, time.process_time() - cpu_started
+    consumer.close()
+    return count / elapsed, cpu / count * 1e6
 
 
 def start_worker(
-    bootstrap: str, topics: TopicNames, mode: str, commit_ms: int, log: Path
+    bootstrap: str, topics: TopicNames, mode: Mode, commit_ms: int, log: Path
 ) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable,
@@ -240,8 +350,7 @@ def start_worker(
         topics.state,
         "--dlq-topic",
         topics.dlq,
-        "--mode",
-        mode,
+        *mode.flags(),
         "--commit-interval-ms",
         str(commit_ms),
         "--max-poll-records",
@@ -257,28 +366,44 @@ def start_worker(
         return subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=f, stdin=subprocess.DEVNULL)
 
 
-async def one_run(bootstrap: str, mode: str, args: argparse.Namespace, run: int, log_dir: Path) -> RunResult:
+async def _cpu_when_opened(log: Path, pid: int) -> float:
+    """The worker's CPU seconds within ~20 ms of it opening its partitions (start-up left out)."""
+    # Polls a subprocess's log file: nothing to wait on but the file, read in a few microseconds.
+    while _OPENED.search(log.read_text(errors="replace")) is None:  # noqa: ASYNC110, ASYNC240
+        await asyncio.sleep(0.02)
+    return process_cpu_s(pid)
+
+
+async def one_run(
+    bootstrap: str,
+    mode: Mode,
+    args: argparse.Namespace,
+    run: int,
+    log_dir: Path,
+    load: list[tuple[bytes, bytes]],
+) -> RunResult:
     suffix = uuid.uuid4().hex[:8]
     topics = TopicNames(
         f"bench-in-{suffix}", f"bench-out-{suffix}", f"bench-state-{suffix}", f"bench-dlq-{suffix}"
     )
     await create_topics(bootstrap, topics, args.partitions)
-    load = make_workload(args.sequences, args.tokens, f"t{run}")
-    delivery, _, variant = mode.partition("+")
-    headers = TRACE_HEADERS if variant == "trace" else None
+    headers = TRACE_HEADERS if mode.trace else None
     await produce(bootstrap, topics.input, load, headers)
     reader = Reader(bootstrap, topics.output, args.partitions)
     await reader.start()
-    worker = start_worker(bootstrap, topics, delivery, args.commit_interval_ms, log_dir / f"{mode}-{run}.log")
+    log = log_dir / f"{mode.name.replace('/', '_')}-{run}.log"
+    worker = start_worker(bootstrap, topics, mode, args.commit_interval_ms, log)
     try:
+        cpu_opened = asyncio.create_task(_cpu_when_opened(log, worker.pid))
         await reader.wait_for(len(load), timeout=600)
+        cpu_us = (process_cpu_s(worker.pid) - await cpu_opened) / len(load) * 1e6
         # From the moment the worker owned its partitions (its log) to the last output visible:
         # with exactly-once, outputs become visible in bursts, so the reader alone cannot tell.
-        started_at = opened_at(log_dir / f"{mode}-{run}.log")
+        started_at = opened_at(log)
         throughput = len(load) / max(reader.last_wall - started_at, 1e-9)
 
-        # Latency at a steady rate below capacity, worker caught up.
-        rate = args.latency_rate
+        # Latency at a steady rate below capacity (half the rate just measured), worker caught up.
+        rate = args.latency_rate or throughput / 2
         lat_load = make_workload(
             args.sequences, max(2, int(rate * args.latency_seconds) // args.sequences), f"l{run}"
         )
@@ -311,7 +436,7 @@ async def one_run(bootstrap: str, mode: str, args: argparse.Namespace, run: int,
             worker.kill()
         await reader.stop()
         await delete_topics(bootstrap, [topics.input, topics.output, topics.state, topics.dlq])
-    return RunResult(throughput, p50, p99, rate)
+    return RunResult(throughput, p50, p99, rate, cpu_us)
 
 
 async def delete_topics(bootstrap: str, names: list[str]) -> None:
@@ -330,64 +455,128 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--sequences", type=int, default=1000, help="concurrent sequences")
-    parser.add_argument("--tokens", type=int, default=30, help="1-token chunks per sequence")
+    parser.add_argument("--tokens", type=int, default=60, help="1-token chunks per sequence")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--commit-interval-ms", type=int, default=100)
     parser.add_argument(
-        "--latency-rate", type=float, default=2000.0, help="chunks/s during the latency phase"
+        "--latency-rate", type=float, default=0.0, help="chunks/s during the latency phase (0: half the max)"
     )
     parser.add_argument("--latency-seconds", type=float, default=10.0)
-    parser.add_argument("--modes", default="exactly-once,exactly-once+trace,at-least-once")
+    parser.add_argument(
+        "--modes",
+        default="exactly-once/aiokafka/per-partition,exactly-once/confluent/per-partition,"
+        "exactly-once/confluent/per-worker",
+        help="comma-separated delivery[+trace]/client/transactional-id-mode (also at-least-once/confluent)",
+    )
+    parser.add_argument("--no-observability", action="store_true", help="skip the in-process hook figures")
+    parser.add_argument(
+        "--scale-out",
+        choices=("also", "only", "skip"),
+        default="also",
+        help="the scale-out output gaps, eager against cooperative (benchmarks/kafka_scale_out.py)",
+    )
+    parser.add_argument("--scale-out-rate", type=float, default=1000.0, help="records/s during the scale-out")
+    parser.add_argument("--scale-out-seconds", type=float, default=24.0)
     args = parser.parse_args(argv)
+    if args.scale_out == "only":
+        asyncio.run(_scale_out(args))
+        return
     asyncio.run(_run(args))
-    print()
-    observability_overhead(args)
+    if args.scale_out == "also":
+        print()
+        asyncio.run(_scale_out(args))
+    if not args.no_observability:
+        print()
+        observability_overhead(args)
 
 
 async def _run(args: argparse.Namespace) -> None:
     bootstrap = bootstrap_address()
     log_dir = Path(tempfile.mkdtemp(prefix="derender-bench-"))
     print(f"broker {bootstrap}; worker logs in {log_dir}", flush=True)
+    load = make_workload(args.sequences, args.tokens, "t")
+    modes = [Mode(name) for name in args.modes.split(",")]
     results: dict[str, list[RunResult]] = {}
-    for mode in args.modes.split(","):
-        for run in range(args.runs):
-            result = await one_run(bootstrap, mode, args, run, log_dir)
-            results.setdefault(mode, []).append(result)
+    ceilings: list[tuple[float, float]] = []
+    for run in range(args.runs):
+        ceilings.append(await passthrough_run(bootstrap, args, load))
+        rate, cpu = ceilings[-1]
+        print(f"  {'pass-through (librdkafka, KIP-447)':40s} run {run + 1}: {rate:9.0f} records/s  "
+              f"{cpu:5.1f} us CPU/record", flush=True)  # fmt: skip
+        for mode in modes:
+            result = await one_run(bootstrap, mode, args, run, log_dir, load)
+            results.setdefault(mode.name, []).append(result)
             print(
-                f"  {mode:18s} run {run + 1}: {result.chunks_per_s:9.0f} chunks/s   latency p50 "
-                f"{result.p50_ms:6.1f} ms  p99 {result.p99_ms:6.1f} ms  (at {result.latency_rate:.0f}/s)",
+                f"  {mode.name:40s} run {run + 1}: {result.chunks_per_s:9.0f} chunks/s  "
+                f"{result.cpu_us:5.1f} us CPU/record  latency p50 {result.p50_ms:6.1f} ms  "
+                f"p99 {result.p99_ms:6.1f} ms  (at {result.latency_rate:.0f}/s)",
                 flush=True,
             )
     print()
+    ceiling = statistics.median(rate for rate, _ in ceilings)
     print(
-        f"one worker, {args.sequences} concurrent sequences x {args.tokens} 1-token chunks, "
+        f"one worker, {args.sequences} concurrent sequences x {args.tokens} 1-token chunks (Qwen3 ids), "
         f"{args.partitions} partitions, commit interval {args.commit_interval_ms} ms, "
-        f"median of {args.runs} runs"
+        f"median of {args.runs} runs (min-max in brackets)"
     )
-    print(f"{'':24s}" + "".join(f"{mode:>20s}" for mode in results))
-    rows: list[tuple[str, Callable[[RunResult], float], str]] = [
-        ("throughput (chunks/s)", lambda r: r.chunks_per_s, "{:20.0f}"),
-        ("latency p50 (ms)", lambda r: r.p50_ms, "{:20.1f}"),
-        ("latency p99 (ms)", lambda r: r.p99_ms, "{:20.1f}"),
-    ]
-    for label, get, fmt in rows:
+    print(
+        f"  {'pass-through (librdkafka, KIP-447)':40s}{ceiling:9.0f} records/s "
+        f"{_spread([r for r, _ in ceilings])}  "
+        f"{statistics.median(c for _, c in ceilings):5.1f} us CPU/record"
+    )
+    for name, rs in results.items():
+        rate = statistics.median(r.chunks_per_s for r in rs)
         print(
-            f"{label:24s}"
-            + "".join(fmt.format(statistics.median(get(r) for r in rs)) for rs in results.values())
+            f"  {name:40s}{rate:9.0f} chunks/s  {_spread([r.chunks_per_s for r in rs])}  "
+            f"x{rate / ceiling:.2f} of pass-through  "
+            f"{statistics.median(r.cpu_us for r in rs):5.1f} us CPU/record  "
+            f"p50 {statistics.median(r.p50_ms for r in rs):6.1f} ms  "
+            f"p99 {statistics.median(r.p99_ms for r in rs):6.1f} ms {_spread([r.p99_ms for r in rs])}"
         )
+
+
+async def _scale_out(args: argparse.Namespace) -> None:
+    from benchmarks.kafka_scale_out import scale_out
+
+    bootstrap = bootstrap_address()
+    log_dir = Path(tempfile.mkdtemp(prefix="derender-bench-"))
+    print(f"broker {bootstrap}; worker logs in {log_dir}", flush=True)
+    await scale_out(bootstrap, args, log_dir)
+
+
+def _spread(values: list[float]) -> str:
+    return f"[{min(values):.0f}-{max(values):.0f}]"
+
+
+async def passthrough_run(
+    bootstrap: str, args: argparse.Namespace, load: list[tuple[bytes, bytes]]
+) -> tuple[float, float]:
+    suffix = uuid.uuid4().hex[:8]
+    names = TopicNames(*(f"bench-pass-{kind}-{suffix}" for kind in ("in", "out", "s", "d")))
+    source, sink = names.input, names.output
+    await create_topics(bootstrap, names, args.partitions)
+    await produce(bootstrap, source, load)
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        future = pool.submit(passthrough, bootstrap, source, sink, len(load), args.commit_interval_ms)
+        result = await asyncio.wrap_future(future)
+    await delete_topics(bootstrap, [names.input, names.output, names.state, names.dlq])
+    return result
 
 
 def observability_overhead(args: argparse.Namespace) -> None:
     """In-process: records/s of one partition's record path with and without the observability hook."""
-    from aiokafka import TopicPartition as TP
-
     from worker.core.envelope_processor import EnvelopeProcessor
-    from worker.runtime.config import TopicNames as Names
+    from worker.runtime.kafka_client.base import TopicPartition as KafkaTopicPartition
     from worker.runtime.metrics import Metrics
     from worker.runtime.observer import RecordObserver
     from worker.runtime.partition import PartitionTask
+    from worker.runtime.topics import TopicNames as Names
     from worker.settings import ModelSettings
 
     class NullSink:
@@ -430,13 +619,12 @@ def observability_overhead(args: argparse.Namespace) -> None:
         metrics = Metrics()
         observer = make(metrics)
         task = PartitionTask(
-            TP("in", 0),
+            KafkaTopicPartition("in", 0),
             EnvelopeProcessor(observer.measured(derenderer)),
             NullSink(),
             Names("in", "out", "state", "dlq"),
             metrics,
             position=0,
-            persisted=set(),
             observer=observer,
         )
         records = [Rec(i, k, v, headers) for i, (k, v) in enumerate(load)]

@@ -404,23 +404,6 @@ async def delete_topics(bootstrap: str, names: Sequence[str], timeout: float = 3
         await admin.close()
 
 
-def make_topics(
-    bootstrap: str,
-    names: Sequence[str],
-    partitions: int = 1,
-    *,
-    config: Mapping[str, str] | None = None,
-) -> list[str]:
-    """Create one topic per base name with a unique suffix; returns the real names, in order.
-
-    The caller deletes them (``run_sync(delete_topics(bootstrap, topics))``); the
-    ``kafka_topic_factory`` fixture does that for you.
-    """
-    topics = [unique_topic_name(name) for name in names]
-    run_sync(create_topics(bootstrap, topics, partitions, config=config))
-    return topics
-
-
 class TopicFactory:
     """Creates uniquely named topics for one test and deletes them afterwards."""
 

@@ -48,6 +48,15 @@ QWEN3_CONFIG: dict[str, Any] = {
 
 Record = tuple[bytes | None, bytes]  # (key, value)
 
+# The exactly-once tests run against every Kafka client backend and transactional-id mode
+# (``pytest.mark.parametrize("client", CLIENTS)``, then ``WorkerGroup(..., client=client)``).
+CLIENT_FLAGS: dict[str, tuple[str, ...]] = {
+    "aiokafka": ("--kafka-client", "aiokafka", "--transactional-id-mode", "per-partition"),
+    "confluent": ("--kafka-client", "confluent", "--transactional-id-mode", "per-partition"),
+    "confluent-per-worker": ("--kafka-client", "confluent", "--transactional-id-mode", "per-worker"),
+}
+CLIENTS = list(CLIENT_FLAGS)
+
 
 # --- topics -----------------------------------------------------------------------------------
 
@@ -179,7 +188,9 @@ class WorkerGroup:
         mode: str = "exactly-once",
         extra: Sequence[str] = (),
         group_id: str | None = None,
+        client: str | None = None,
     ) -> None:
+        """``client``: a key of ``CLIENT_FLAGS``; ``None``: the worker's defaults."""
         self.group_id = group_id or f"derender-test-{uuid.uuid4().hex[:10]}"
         self.base = [
             sys.executable,
@@ -198,6 +209,7 @@ class WorkerGroup:
             "6000",
             *topics.args(),
             *model_args(config),
+            *(CLIENT_FLAGS[client] if client is not None else ()),
             *extra,
         ]
         self.log_dir = Path(tempfile.mkdtemp(prefix="derender-workers-"))
@@ -260,14 +272,20 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
 
 
 async def wait_for_http(
-    url: str, status: int, timeout: float, group: WorkerGroup | None = None, what: str = ""
+    url: str,
+    status: int,
+    timeout: float,
+    group: WorkerGroup | None = None,
+    what: str = "",
+    containing: bytes = b"",
 ) -> bytes:
-    """Poll ``url`` until it answers ``status``; its body. Fails on timeout (or a crashed worker)."""
+    """Poll ``url`` until it answers ``status`` with a body ``containing`` that; the body. Fails on
+    timeout (or a crashed worker)."""
     deadline = time.monotonic() + timeout
     last: tuple[int, bytes] = (0, b"")
     while True:
         last = await asyncio.to_thread(http_get, url)
-        if last[0] == status:
+        if last[0] == status and containing in last[1]:
             return last[1]
         if group is not None:
             group.check_no_unexpected_exit()
@@ -503,9 +521,9 @@ def generate_sequences(
     straddle records), cut into chunks of 1-5 tokens; the last chunk of each choice
     finishes with ``stop`` or ``length``.
     """
-    from worker.core.model_dir import load_tokenizer
+    from tests.parsing_helpers import sample_tokenizer
 
-    tokenizer = load_tokenizer(MODELS_DIR / model_dir).backend
+    tokenizer = sample_tokenizer(model_dir).backend
     rng = random.Random(seed)
     sequences = []
     for i in range(count):

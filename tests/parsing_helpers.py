@@ -7,8 +7,9 @@ Ready-made harnesses sit on top: the Qwen3 one (``samples/models/qwen3``, a
 user turn as prompt; the behaviour tests), the XML-tool one on top of it
 (its tools, ids checked; the qwen3_coder, qwen3_xml and glm45 tests) and the
 tool-only one over any sample tokenizer with a one-tool request (the
-pythonic, llama3_json and llama4_pythonic tests). The deepseek_v31, mistral
-and kimi_k2 tests build on the generic pieces.
+pythonic, llama3_json and llama4_pythonic tests), and :class:`SampleHarness`,
+one sample tokenizer's driver for a parser's own tests with their own tools
+(the deepseek_v31, mistral and kimi_k2 tests).
 """
 
 from __future__ import annotations
@@ -18,29 +19,28 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from typing import Any
 
+from tests.golden_cases import MODELS_DIR
 from worker.core.model_dir import LoadedTokenizer, load_tokenizer
 from worker.core.parsing import (
     ChatParsing,
     ChatStreamSession,
     DeltaOut,
+    ParsedMessage,
     ParseRequest,
     ParserTokenizer,
     TokenizerAdapter,
     adapter_for,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-
 # -- tokenizers and records ------------------------------------------------------
 
 
 @cache
 def sample_tokenizer(model_dir: str) -> LoadedTokenizer:
-    """A tokenizer from ``samples/models`` (loaded once per test run)."""
-    return load_tokenizer(ROOT / "samples" / "models" / model_dir)
+    """A tokenizer from ``samples/models`` (loaded once per test run): every test's one loader."""
+    return load_tokenizer(MODELS_DIR / model_dir)
 
 
 def encode_with(lt: LoadedTokenizer, text: str) -> list[int]:
@@ -174,6 +174,41 @@ def stream_summary(
     out = summarize(deltas, ids_once=ids_once, names_once=names_once)
     out.finish = resolved
     return out
+
+
+# -- one sample tokenizer's driver --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleHarness:
+    """Encode, decode, stream and parse one-shot on one sample tokenizer."""
+
+    model_dir: str
+    #: the prompt ids every streamed session is opened with
+    prompt: tuple[int, ...] = (1,)
+    #: records hold a partial UTF-8 character back (else U+FFFD is text), see :func:`records`
+    hold_partial_utf8: bool = True
+
+    @property
+    def tokenizer(self) -> LoadedTokenizer:
+        return sample_tokenizer(self.model_dir)
+
+    def encode(self, text: str) -> list[int]:
+        return encode_with(self.tokenizer, text)
+
+    def decode(self, ids: list[int]) -> str:
+        return decode_with(self.tokenizer, ids)
+
+    def stream(
+        self, parsing: ChatParsing, req: ParseRequest, chunks: list[list[int]], finish: str = "stop"
+    ) -> Summary:
+        """The chunks as records through one session, summed."""
+        session = parsing.new_stream(req, list(self.prompt))
+        recs = records(self.tokenizer, chunks, hold_partial_utf8=self.hold_partial_utf8)
+        return stream_summary(session, recs, finish)
+
+    def oneshot(self, parsing: ChatParsing, req: ParseRequest, text: str) -> ParsedMessage:
+        return parsing.parse_full(text, self.encode(text), req, None)
 
 
 # -- the Qwen3 harness -----------------------------------------------------------

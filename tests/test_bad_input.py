@@ -15,7 +15,6 @@ from tests.stream_builders import chat_one_shot, chat_stream
 from worker.core.envelope_processor import EnvelopeProcessor
 
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
-HELLO = [9707, 0, 151645]  # "Hello!" + <|im_end|>
 CONFIG: dict[str, Any] = {
     "model_dir": "qwen3",
     "served_model_name": "test-model",

@@ -85,6 +85,9 @@ def test_run_without_a_reachable_broker_says_so_in_one_line() -> None:
     assert last.startswith(f"derender-worker: configuration error: cannot reach Kafka at {address};")
     assert "deploy/local/kafka start" in last
     assert b"Traceback" not in done.stderr
+    # Asked before the data-path clients start: no client retries and logs each failed connect.
+    noise = [line for line in done.stderr.decode().splitlines() if " INFO " not in line]
+    assert noise == [last]
 
 
 def test_a_tool_parser_without_auto_tool_choice_is_warned_about() -> None:

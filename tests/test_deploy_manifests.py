@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,17 @@ from dockerfile_parse import DockerfileParser
 from yamllint import linter as yamllint_linter
 from yamllint.config import YamlLintConfig
 
+from tests.golden_cases import MODELS_DIR
 from worker.cli import build_parser
-from worker.settings import ModelSettings
+from worker.settings import (
+    RUN_SETTINGS_BY_ENV,
+    ModelSettings,
+    RunConfig,
+    TopicsCreateSettings,
+    load,
+    setting_text,
+    vars_of,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -52,7 +61,7 @@ COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
 DOCKERFILE = DOCKER_DIR / "Dockerfile"
 MODEL_DOCKERFILE = DOCKER_DIR / "model.Dockerfile"
 HEALTHCHECK_SCRIPT = DOCKER_DIR / "healthcheck.py"
-SAMPLE_MODEL = ROOT / "samples" / "models" / "qwen3"
+SAMPLE_MODEL = MODELS_DIR / "qwen3"
 
 # The oldest Kubernetes minor these manifests promise to work on (deploy/README.md), and the newest
 # one kubernetes-validate bundles.
@@ -81,6 +90,7 @@ SERVICE_ENV = {
 # Environment variables of the worker containers that are not DERENDER_ flags (anything else is a typo).
 NON_FLAG_ENV = {
     "KAFKA_BOOTSTRAP_SERVERS",  # the documented fallback of --bootstrap-servers
+    "POD_NAME",  # the documented default of --group-instance-id
     "PATH",
     "HOME",
     "PYTHONUNBUFFERED",
@@ -581,6 +591,16 @@ def test_worker_env_names_are_flags_or_known_process_variables() -> None:
     assert odd == []
 
 
+def test_the_pod_name_reaches_the_group_instance_id(clean_env: pytest.MonkeyPatch) -> None:
+    """Static membership: the Deployment hands the pod name to --group-instance-id's default."""
+    from worker.settings import pod_name
+
+    [pod_env] = [e for e in _worker_container()["env"] if e["name"] == "POD_NAME"]
+    assert pod_env["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    clean_env.setenv("POD_NAME", "derender-worker-5d8f-x2k")
+    assert pod_name() == "derender-worker-5d8f-x2k"
+
+
 # ---- the worker's CLI understands the manifests -----------------------------------------------------
 
 
@@ -598,12 +618,11 @@ def test_metrics_and_security_env_names_are_run_flags(clean_env: pytest.MonkeyPa
     assert unknown == {}, "names the CLI does not read (DERENDER_ + `run` flag name)"
 
 
-def _expected_value(action: argparse.Action, raw: str) -> object:
-    if isinstance(action, argparse._StoreTrueAction):
+def _expected_value(raw: str, value: object) -> object:
+    if isinstance(value, bool):
         return raw.lower() in ("1", "true", "yes", "on")
-    if action.nargs in ("+", "*"):
-        return raw.split()
-    return action.type(raw) if callable(action.type) else raw
+    convert: Callable[[str], object] = type(value)
+    return convert(raw)
 
 
 @pytest.mark.parametrize("source", ["kubernetes ConfigMap", "compose worker"])
@@ -614,17 +633,17 @@ def test_manifest_values_reach_the_run_flags(source: str, clean_env: pytest.Monk
         clean_env.setenv(name, value)
     run = _command_parser("run")
     assert run is not None, "`derender-worker run` is missing"
-    args = run.parse_args([])
-    flags = _flag_env_names(run)
+    config = RunConfig.from_args(run.parse_args([]))
+    sections = {type(section): section for section in vars_of(config)}
     for name, raw in env.items():
-        if name not in flags:
+        declared = RUN_SETTINGS_BY_ENV.get(name)
+        if declared is None:
             continue  # reported by the name checks above
-        action = flags[name]
-        if action.choices is not None:
-            assert raw in action.choices, f"{name}={raw!r} is not one of {list(action.choices)}"
-        assert getattr(args, action.dest) == _expected_value(action, raw), (
-            f"{name} does not reach {action.dest}"
-        )
+        section, field = declared
+        value = getattr(sections[section], field)
+        assert setting_text(value) == (" ".join(raw.split()) if isinstance(value, tuple) else raw) or (
+            isinstance(value, bool | int | float) and value == _expected_value(raw, value)
+        ), f"{name} does not reach {section.__name__}.{field}"
 
 
 def test_image_command_is_a_valid_run_invocation(clean_env: pytest.MonkeyPatch) -> None:
@@ -649,7 +668,7 @@ def test_compose_topics_service_is_a_valid_topics_create_invocation(clean_env: p
         args = build_parser().parse_args(_compose()["services"]["topics"]["command"])
     except SystemExit as exc:  # argparse reports the problem on stderr
         pytest.fail(f"`topics create` rejects the compose command: exit {exc.code}")
-    assert args.partitions == _compose_partitions()
+    assert load(TopicsCreateSettings, args).partitions == _compose_partitions()
 
 
 @pytest.mark.parametrize("source", ["kubernetes ConfigMap", "compose worker"])
@@ -662,7 +681,7 @@ def test_model_settings_load_the_bundled_model(source: str, clean_env: pytest.Mo
         clean_env.setenv(name, value)
     replay = _command_parser("replay")
     assert replay is not None
-    settings = ModelSettings.from_args(replay.parse_args([]))
+    settings = load(ModelSettings, replay.parse_args([]))
     assert settings.reasoning_parser == env["DERENDER_REASONING_PARSER"]
     assert settings.tool_parser == env["DERENDER_TOOL_PARSER"]
     assert settings.enable_auto_tool_choice is True

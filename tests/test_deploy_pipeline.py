@@ -21,6 +21,7 @@ import yaml
 from tests.test_deploy_manifests import K8S_VERSIONS
 from worker.cli import build_parser
 from worker.pipeline.ingest import settings_from_args
+from worker.settings import GatewayOptions, load
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINE_K8S = ROOT / "deploy" / "kubernetes" / "pipeline"
@@ -112,10 +113,10 @@ def test_manifest_values_reach_the_flags(clean_env: pytest.MonkeyPatch) -> None:
         env["DERENDER_OUTPUT_TOPIC"],
     )
     assert ingest.render_url == env["DERENDER_RENDER_URL"] and ingest.max_inflight == 256
-    gateway = build_parser().parse_args(["gateway"])
+    gateway = load(GatewayOptions, build_parser().parse_args(["gateway"]))
     (port,) = _container("gateway")["ports"]
     assert gateway.port == port["containerPort"] == int(env["DERENDER_PORT"])
-    assert gateway.served_model_name == [env["DERENDER_SERVED_MODEL_NAME"]]
+    assert gateway.served_model_names == (env["DERENDER_SERVED_MODEL_NAME"],)
 
 
 def test_topics_are_the_workers() -> None:

@@ -27,9 +27,10 @@ from hypothesis import strategies as st
 from schemas.envelope import DeadLetterRecord, OutputEnvelope
 from tests.golden_cases import MODELS_DIR, normalize
 from worker.core.derenderer import Derenderer
-from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult, RequestContext
+from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult
+from worker.runtime import dead_letter_record
 from worker.runtime.dlq_replay import decode_dead_letter
-from worker.runtime.state_store import encode_progress, encode_snapshot
+from worker.runtime.state_changelog import decode, encode_context, encode_progress
 from worker.settings import ModelSettings
 
 STREAMS = Path(__file__).resolve().parent.parent / "samples" / "streams" / "demo-qwen3.jsonl"
@@ -315,12 +316,15 @@ def _check(result: ProcessResult, processor: EnvelopeProcessor) -> None:
     if result.duplicate:
         assert result.payload is None
         return
-    assert result.payload is not None
     if result.dead_letter is not None:
-        key = result.dead_letter.kafka_key or b""
-        assert len(result.payload) + len(key) <= processor.max_output_bytes
-        DeadLetterRecord.model_validate_json(result.payload)
+        assert result.payload is None
+        limit = processor.max_output_bytes
+        payload = dead_letter_record.encode(result.dead_letter, None, None, max_bytes=limit)
+        key = dead_letter_record.kafka_key(result.dead_letter) or b""
+        assert len(payload) + len(key) <= limit
+        DeadLetterRecord.model_validate_json(payload)
         return
+    assert result.payload is not None
     assert len(result.payload) <= processor.max_output_bytes
     OutputEnvelope.model_validate_json(result.payload)
     assert orjson.loads(result.payload) == result.output
@@ -330,10 +334,9 @@ def _check_state(processor: EnvelopeProcessor) -> None:
     """What a commit would write for every open request encodes, fits and restores."""
     for ctx in processor.requests.values():
         assert ctx.state_bytes() <= processor.max_request_state_bytes
-        snapshot, progress = encode_snapshot(ctx), encode_progress(ctx)
+        snapshot, progress = encode_context(ctx, 2**63 - 1), encode_progress(ctx, 2**63 - 1)
         assert len(snapshot) <= ctx.state_bytes() and len(progress) <= ctx.state_bytes()
-        merged = b'{"v":1,"context":' + snapshot + b',"progress":' + progress + b"}"
-        RequestContext.from_snapshot(orjson.loads(merged))
+        assert encode_context(decode(snapshot, progress).ctx) == encode_context(ctx)
 
 
 @FUZZ
@@ -399,12 +402,12 @@ def test_a_dead_letter_fits_its_limit_whenever_its_fixed_part_does(
 ) -> None:
     letter = DeadLetter(reason, value, key)
     source = {"topic": "in", "partition": 0, "offset": 1}
-    payload = letter.encode(headers, source, max_bytes=limit)
+    payload = dead_letter_record.encode(letter, headers, source, max_bytes=limit)
     record = DeadLetterRecord.model_validate_json(payload)
-    kafka_key = len(letter.kafka_key or b"")
+    kafka_key = len(dead_letter_record.kafka_key(letter) or b"")
     # Everything but the original: its size and hash describe the whole value (a longer size has
     # more digits), so measure the same letter with no room for the original at all.
-    fixed = len(letter.encode(headers, source, max_bytes=0)) + kafka_key
+    fixed = len(dead_letter_record.encode(letter, headers, source, max_bytes=0)) + kafka_key
     if limit >= fixed:
         assert len(payload) + kafka_key <= limit
     original = (
@@ -416,4 +419,4 @@ def test_a_dead_letter_fits_its_limit_whenever_its_fixed_part_does(
     assert (record.original_size, record.original_sha256) == (len(value), hashlib.sha256(value).hexdigest())
     if not record.truncated:
         # ``dlq replay`` re-sends the exact header bytes, UTF-8 or not.
-        assert decode_dead_letter(payload, letter.kafka_key).headers == headers
+        assert decode_dead_letter(payload, dead_letter_record.kafka_key(letter)).headers == headers

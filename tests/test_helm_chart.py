@@ -314,7 +314,7 @@ def test_msk_iam_mounts_the_service_account_token(helm: str) -> None:
     pod = deployment["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is True and pod["serviceAccountName"] == "derender-msk"
     env = {e["name"] for e in pod["containers"][0]["env"]}
-    assert env == {"DERENDER_CLIENT_ID"}
+    assert env == {"DERENDER_CLIENT_ID", "POD_NAME"}
     assert _by_kind(docs)["ConfigMap"][0]["data"]["DERENDER_AWS_REGION"] == "eu-west-1"
 
 

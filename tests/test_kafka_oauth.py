@@ -32,8 +32,14 @@ from aiokafka.errors import KafkaError
 
 from tests.kafka_helpers import QWEN3_CONFIG, TopicReader, free_port, generate_sequences, model_args
 from worker.errors import ConfigurationError, TokenError
+from worker.runtime.kafka_client import confluent_backend
 from worker.runtime.kafka_oauth import MskIamTokenProvider, OidcClientCredentials, OidcTokenProvider
 from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
+from worker.settings import (
+    SecuritySettings,
+    add_arguments,
+    load,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_SCRIPT = ROOT / "deploy" / "local" / "kafka"
@@ -148,6 +154,19 @@ def test_token_is_cached_and_refreshed_before_it_expires(token_endpoint: TokenEn
     assert len(token_endpoint.requests) == 3
 
 
+def test_librdkafka_fetches_through_the_same_provider(token_endpoint: TokenEndpoint) -> None:
+    # The secret has ':', '/' and '&': the endpoint checks RFC 6749's form-encoded Basic credentials,
+    # which librdkafka's own OIDC grant does not send.
+    security = KafkaSecurity(
+        protocol=SecurityProtocol.SASL_PLAINTEXT,
+        sasl_mechanism=SaslMechanism.OAUTHBEARER,
+        oauth=_credentials(token_endpoint),
+    )
+    token, expires_at = confluent_backend.security_config(security)["oauth_cb"]("")
+    assert token.count(".") == 2 and expires_at > time.time() + 3000
+    assert token_endpoint.requests == [{"grant_type": "client_credentials", "scope": SCOPE}]
+
+
 def test_token_endpoint_failures_are_token_errors(token_endpoint: TokenEndpoint) -> None:
     with pytest.raises(TokenError, match="HTTP 401"):
         asyncio.run(OidcTokenProvider(_credentials(token_endpoint, secret="wrong")).token())
@@ -159,16 +178,14 @@ def test_token_endpoint_failures_are_token_errors(token_endpoint: TokenEndpoint)
 def test_oauthbearer_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
-    from worker.runtime.kafka_security import add_security_arguments
-
     for name in list(os.environ):
         if name.startswith("DERENDER_") or name == "AWS_REGION":
             monkeypatch.delenv(name)
 
     def security(*argv: str) -> KafkaSecurity:
         parser = argparse.ArgumentParser()
-        add_security_arguments(parser)
-        return KafkaSecurity.from_args(parser.parse_args(list(argv)))
+        add_arguments(parser, SecuritySettings)
+        return load(SecuritySettings, parser.parse_args(list(argv))).kafka_security()
 
     base = ["--security-protocol", "SASL_SSL", "--sasl-mechanism", "OAUTHBEARER"]
     monkeypatch.setenv("DERENDER_SASL_OAUTH_CLIENT_SECRET", CLIENT_SECRET)

@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from tests.golden_cases import derenderer_for
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import (
+    CLIENTS,
     QWEN3_CONFIG,
     TopicReader,
     WorkerGroup,
@@ -134,7 +135,10 @@ async def _ends(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
         await consumer.stop()
 
 
-def test_poison_shapes_pass_two_workers(kafka_bootstrap: str, kafka_topic_factory: TopicFactory) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_poison_shapes_pass_two_workers(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory, client: str
+) -> None:
     good = interleave(generate_sequences(50, seed=41, prefix="good"), window=20)
     reference = replay(derenderer_for(QWEN3_CONFIG), good)
     poison = poison_records()
@@ -150,6 +154,7 @@ def test_poison_shapes_pass_two_workers(kafka_bootstrap: str, kafka_topic_factor
         topics,
         QWEN3_CONFIG,
         extra=["--max-record-bytes", str(MAX_RECORD_BYTES), "--max-record-retries", "2"],
+        client=client,
     )
 
     async def body() -> None:

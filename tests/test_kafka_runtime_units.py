@@ -14,21 +14,24 @@ from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
 from worker.cli import build_parser
 from worker.core.derenderer import Derenderer
-from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
+from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import ConfigurationError, IllegalTransitionError
-from worker.runtime.config import DEFAULT_GROUP_ID, DeliveryMode, KafkaSettings, TopicNames
 from worker.runtime.lifecycle import Lifecycle, WorkerState
-from worker.runtime.memory import LiveEstimator
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask
 from worker.runtime.records import OutgoingRecord
-from worker.runtime.state_store import (
+from worker.runtime.state_changelog import (
+    StateChangelog,
     StateKeys,
-    encode_snapshot,
-    install_snapshots,
-    merge_records,
+    decode,
+    encode_context,
+    encode_progress,
+    install,
+    replay_after,
+    restore,
 )
-from worker.runtime.topics import check_layout
+from worker.runtime.topics import TopicNames, check_layout
+from worker.settings import DEFAULT_GROUP_ID, DeliveryMode, KafkaSettings, load_kafka
 
 TOPICS = TopicNames("in", "out", "state", "dlq")
 KEYS = StateKeys(DEFAULT_GROUP_ID)  # the namespace of ``_task``'s state keys
@@ -36,7 +39,16 @@ KEYS = StateKeys(DEFAULT_GROUP_ID)  # the namespace of ``_task``'s state keys
 
 def _settings(argv: list[str]) -> KafkaSettings:
     args = build_parser().parse_args(["run", "--tokenizer", "x", *argv])
-    return KafkaSettings.from_args(args)
+    return load_kafka(KafkaSettings, args)
+
+
+def test_state_checkpoint_interval_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DERENDER_BOOTSTRAP_SERVERS", "b:9092")
+    monkeypatch.delenv("DERENDER_STATE_CHECKPOINT_INTERVAL_MS", raising=False)
+    assert _settings([]).state_checkpoint_interval_ms == 10_000
+    assert _settings(["--state-checkpoint-interval-ms", "0"]).state_checkpoint_interval_ms == 0
+    with pytest.raises(ConfigurationError, match="--state-checkpoint-interval-ms"):
+        _settings(["--state-checkpoint-interval-ms", "-1"])
 
 
 def test_flags_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,7 +82,7 @@ def test_bad_settings_are_configuration_errors(monkeypatch: pytest.MonkeyPatch) 
         _settings(["--bootstrap-servers", "b:1", "--commit-interval-ms", "0"])
     monkeypatch.setenv("DERENDER_COMMIT_INTERVAL_MS", "soon")
     with pytest.raises(ConfigurationError, match="DERENDER_COMMIT_INTERVAL_MS"):
-        build_parser()
+        _settings(["--bootstrap-servers", "b:1"])
 
 
 def test_state_topic_must_mirror_input_partitions() -> None:
@@ -137,7 +149,6 @@ def _task(derenderer: Derenderer, sink: RecordingSink) -> PartitionTask:
         TOPICS,
         Metrics(),
         position=0,
-        persisted=set(),
     )
 
 
@@ -164,7 +175,7 @@ def test_state_is_batched_per_commit_and_restorable() -> None:
         # A restore of that snapshot continues `a` exactly like the original processor.
         restored = EnvelopeProcessor(derenderer)
         assert state[0].value is not None
-        assert install_snapshots(restored, {"unit-00000": state[0].value}, now=0.0) == 1
+        install(restored, {"unit-00000": decode(state[0].value)}, now=0.0)
         expected: list[dict[str, Any]] = []
         for e in a.envelopes[2:]:
             output = restored.process(orjson.dumps(e), e["request_id"].encode()).output
@@ -203,16 +214,13 @@ def _latest(commits: list[tuple[list[OutgoingRecord], dict[TopicPartition, int]]
     return latest
 
 
-def _restore(latest: dict[bytes, bytes]) -> dict[str, bytes]:
-    """``StateRestorer.restore``'s split and merge, over a dict of latest values."""
-    contexts: dict[str, bytes] = {}
-    progress: dict[str, bytes] = {}
-    for key, value in latest.items():
-        parsed = KEYS.parse(key)
-        assert parsed is not None, key
-        rid, is_progress = parsed
-        (progress if is_progress else contexts)[rid] = value
-    return merge_records(contexts, progress)
+def _restore(commits: list[tuple[list[OutgoingRecord], dict[TopicPartition, int]]]) -> EnvelopeProcessor:
+    """A processor restored from what a state partition holds after these commits (no replay)."""
+    restored = restore(KEYS, _latest(commits))
+    assert restored.replay_from is None  # every change checkpointed: nothing to re-read
+    processor = EnvelopeProcessor(derenderer_for(QWEN3_CONFIG))
+    install(processor, restored.checkpoints, now=0.0)
+    return processor
 
 
 def test_context_is_written_once_then_progress_only() -> None:
@@ -229,12 +237,12 @@ def test_context_is_written_once_then_progress_only() -> None:
             await task.handle(FakeRecord(offset, envelope))
             await task.commit()
             # A restore from what the topic holds now equals the live request, and continues it alike.
-            restored = EnvelopeProcessor(derenderer)
-            assert install_snapshots(restored, _restore(_latest(sink.commits)), now=0.0) == 1
+            restored = _restore(sink.commits)
             live = task.processor.requests[rid]
-            assert restored.requests[rid].to_snapshot() == live.to_snapshot()
+            assert list(restored.requests) == [rid]
+            assert encode_context(restored.requests[rid]) == encode_context(live)
             # The budget counts its live bytes, more than the state topic holds for it.
-            assert task.sizes[rid] == LiveEstimator().estimate(rid, live)
+            assert task.sizes[rid] == live.live_bytes()
             assert task.sizes[rid] > sum(len(v) for v in _latest(sink.commits).values())
         await task.handle(FakeRecord(len(a.envelopes) - 1, a.envelopes[-1]))
         await task.commit()
@@ -274,32 +282,49 @@ def test_a_changed_context_rewrites_the_context_record() -> None:
     asyncio.run(body())
     third = sorted((r.key, r.value is None) for r in sink.commits[2][0])
     assert third == [(KEYS.context(rid), False), (KEYS.progress(rid), True)]
-    restored = EnvelopeProcessor(derenderer)
-    assert install_snapshots(restored, _restore(_latest(sink.commits)), now=0.0) == 1
-    assert restored.requests[rid].to_snapshot() == task.processor.requests[rid].to_snapshot()
+    restored = _restore(sink.commits)
+    assert encode_context(restored.requests[rid]) == encode_context(task.processor.requests[rid])
     assert restored.requests[rid].inherited["prompt_token_ids"][-1] == 13
 
 
 def test_restore_of_both_kinds() -> None:
+    """A context record alone, a context record with a newer progress record, and a progress
+    record without its context record (dropped); other groups' keys are not read."""
     derenderer = derenderer_for(QWEN3_CONFIG)
     (a,) = generate_sequences(1, seed=4, prefix="kinds")
+    processor = EnvelopeProcessor(derenderer)
+    processor.process(orjson.dumps(a.envelopes[0]))
+    early = encode_context(processor.requests[a.request_id], 0)
+    processor.process(orjson.dumps(a.envelopes[1]))
+    ctx = processor.requests[a.request_id]
+    latest = {
+        KEYS.context("context"): encode_context(ctx, 1),
+        KEYS.context("pair"): early,
+        KEYS.progress("pair"): encode_progress(ctx, 1),
+        KEYS.progress("orphan"): encode_progress(ctx, 1),
+        StateKeys("other").context("other"): early,
+    }
+    restored = restore(KEYS, latest)
+    assert set(restored.checkpoints) == {"context", "pair"} and restored.replay_from is None
+    for checkpoint in restored.checkpoints.values():
+        assert encode_context(checkpoint.ctx) == encode_context(ctx) and checkpoint.offset == 1
+
+
+def test_format_1_records_are_read() -> None:
+    """Records written before checkpoints carried an offset (format 1) restore as current ones."""
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    (a,) = generate_sequences(1, seed=4, prefix="v1")
     processor = EnvelopeProcessor(derenderer)
     for envelope in a.envelopes[:2]:
         processor.process(orjson.dumps(envelope))
     ctx = processor.requests[a.request_id]
-    full = ctx.to_snapshot()
-    progress_only = orjson.dumps(ctx.progress_snapshot())
-    snapshots = {
-        "context": encode_snapshot(ctx),
-        "pair": merge_records({"pair": encode_snapshot(ctx)}, {"pair": progress_only})["pair"],
-        "orphan": merge_records({}, {"orphan": progress_only})["orphan"],  # no context: unreadable
-    }
-    restored = EnvelopeProcessor(derenderer)
-    assert install_snapshots(restored, snapshots, now=0.0) == 2
-    assert set(restored.requests) == {"context", "pair"}
-    for got in restored.requests.values():
-        assert got.to_snapshot() == full
-    assert isinstance(RequestContext.from_snapshot(orjson.loads(snapshots["pair"])), RequestContext)
+    v1 = orjson.loads(encode_context(ctx))
+    v1["v"] = v1["progress"]["v"] = 1
+    del v1["progress"]["offset"]
+    checkpoint = decode(orjson.dumps(v1))
+    assert checkpoint.offset is None and encode_context(checkpoint.ctx) == encode_context(ctx)
+    with pytest.raises(ValueError, match="unknown state record format"):
+        decode(orjson.dumps({**v1, "v": 99}))
 
 
 @pytest.mark.parametrize("case", load_cases(), ids=lambda c: f"{c.file}:{c.id}")
@@ -315,9 +340,9 @@ def test_restoring_from_a_snapshot_before_every_record_changes_nothing(case: Gol
     got = []
     for envelope in case.input:
         processor = EnvelopeProcessor(derenderer)
-        install_snapshots(processor, snapshots, now=0.0)
+        install(processor, {rid: decode(value) for rid, value in snapshots.items()}, now=0.0)
         got.append(processor.process(orjson.dumps(envelope)).output)
-        snapshots = {rid: encode_snapshot(ctx) for rid, ctx in processor.requests.items()}
+        snapshots = {rid: encode_context(ctx) for rid, ctx in processor.requests.items()}
     assert normalize([o for o in got if o]) == normalize([o for o in expected if o])
 
 
@@ -331,3 +356,56 @@ def test_state_keys_are_namespaced_by_group() -> None:
     # A group whose id extends another's: the 0xfe after the group id keeps them apart.
     assert StateKeys("blue").parse(b"blue-2\xfex") is None
     assert StateKeys("").parse(b"chatcmpl-1") is None  # an un-namespaced key belongs to no group
+    assert blue.parse(blue.replay_from) is None  # the partition's own key is no request's
+
+
+def test_deferred_checkpoints_restore_by_re_reading_the_input() -> None:
+    """With a checkpoint interval, progress records are written at most that often and a
+    replay-from offset says where the input must be re-read; a restore from what the topic holds
+    after any commit, plus the re-read records, equals the live processor, and continues alike."""
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    sequences = generate_sequences(6, seed=5, prefix="ckpt")
+    envelopes = [
+        s.envelopes[i]
+        for i in range(max(len(s.envelopes) for s in sequences))
+        for s in sequences
+        if i < len(s.envelopes)
+    ]
+    now = [0.0]
+    changelog = StateChangelog("state", 2, KEYS, checkpoint_interval_s=1.0, clock=lambda: now[0])
+    sink = RecordingSink()
+    task = PartitionTask(
+        TopicPartition("in", 2),
+        EnvelopeProcessor(derenderer),
+        sink,
+        TOPICS,
+        Metrics(),
+        position=0,
+        changelog=changelog,
+    )
+    records = [FakeRecord(offset, envelope) for offset, envelope in enumerate(envelopes)]
+    replays = 0
+
+    async def body() -> None:
+        nonlocal replays
+        for start in range(0, len(records), 3):
+            for record in records[start : start + 3]:
+                await task.handle(record)
+            now[0] += 0.25
+            await task.commit()
+            restored = restore(KEYS, _latest(sink.commits))
+            processor = EnvelopeProcessor(derenderer)
+            install(processor, restored.checkpoints, now=0.0)
+            if restored.replay_from is not None:
+                replays += 1
+                replay_after(processor, restored.checkpoints, records[restored.replay_from : task.position])
+            live = {rid: encode_context(ctx) for rid, ctx in task.processor.requests.items()}
+            assert {rid: encode_context(ctx) for rid, ctx in processor.requests.items()} == live
+
+    asyncio.run(body())
+    progress = [
+        r for state, _ in sink.commits for r in state if r.key is not None and r.key.endswith(b"\xffprogress")
+    ]
+    updates = sum(1 for r in records[1:] if orjson.loads(r.value)["seq"] > 0)
+    assert replays > 0 and 0 < len(progress) < updates / 2  # fewer than one per record, by the interval
+    assert _latest(sink.commits) == {KEYS.replay_from: b'{"v":2,"kind":"replay-from","offset":null}'}

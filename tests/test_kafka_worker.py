@@ -22,6 +22,7 @@ import pytest
 from tests.golden_cases import derenderer_for, load_cases
 from tests.kafka_broker import KafkaBroker, TopicFactory
 from tests.kafka_helpers import (
+    CLIENTS,
     QWEN3_CONFIG,
     TopicReader,
     WorkerGroup,
@@ -35,7 +36,7 @@ from tests.kafka_helpers import (
     replay,
 )
 from tests.test_kafka_operations import _metric
-from worker.runtime.state_store import StateKeys
+from worker.runtime.state_changelog import StateKeys
 
 pytestmark = pytest.mark.kafka
 
@@ -221,11 +222,12 @@ def test_scale_out_three_workers(kafka_bootstrap: str, kafka_topic_factory: Topi
     run(body())
 
 
-def test_rebalance_under_load(kafka_bootstrap: str, kafka_topic_factory: TopicFactory) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_rebalance_under_load(kafka_bootstrap: str, kafka_topic_factory: TopicFactory, client: str) -> None:
     records = interleave(generate_sequences(800, seed=23, prefix="rebal"))
     reference = replay(derenderer_for(QWEN3_CONFIG), records)
     topics = make_worker_topics(kafka_topic_factory, partitions=12)
-    group = WorkerGroup(kafka_bootstrap, topics, QWEN3_CONFIG)
+    group = WorkerGroup(kafka_bootstrap, topics, QWEN3_CONFIG, client=client)
 
     async def body() -> None:
         reader = await TopicReader(kafka_bootstrap, topics.output).start()
@@ -266,18 +268,24 @@ def _duplicates(records: list[Any]) -> list[tuple[str, int]]:
     return dups
 
 
-def test_crash_sigkill_repeatedly(kafka_bootstrap: str, kafka_topic_factory: TopicFactory) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_crash_sigkill_repeatedly(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory, client: str
+) -> None:
     """Kafka's transactions_test.py pattern: kill -9 workers while a read_committed reader watches."""
     records = interleave(generate_sequences(700, seed=29, prefix="crash"))
     reference = replay(derenderer_for(QWEN3_CONFIG), records)
     topics = make_worker_topics(kafka_topic_factory, partitions=12)
-    group = WorkerGroup(kafka_bootstrap, topics, QWEN3_CONFIG)
+    group = WorkerGroup(kafka_bootstrap, topics, QWEN3_CONFIG, client=client)
     rng = random.Random(31)
 
     async def body() -> None:
         concurrent = await TopicReader(kafka_bootstrap, topics.output).start()
         for _ in range(3):
             group.start()
+        # Streams must be in flight when the kills come: a worker still loading its tokenizer while
+        # the whole input is produced could find it all there and finish it before the first kill.
+        await _wait_for_log(group, "opened partitions", 1, 120)
         kills = 0
         try:
             producing = asyncio.create_task(
@@ -314,18 +322,20 @@ def test_crash_sigkill_repeatedly(kafka_bootstrap: str, kafka_topic_factory: Top
     run(body(), timeout=300)
 
 
+@pytest.mark.parametrize("client", CLIENTS)
 def test_frozen_worker_is_fenced_when_it_wakes_up(
-    kafka_bootstrap: str, kafka_topic_factory: TopicFactory
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory, client: str
 ) -> None:
     """A zombie: SIGSTOP a worker past its session timeout so its partitions move, then SIGCONT it.
 
-    Its open transaction was aborted by the new owner's init_transactions (same transactional_id)
-    and its late writes must be fenced: no duplicates, nothing lost.
+    Per partition, its open transaction was aborted by the new owner's init_transactions (same
+    transactional_id); per worker, its offsets carry a stale group generation (KIP-447). Either way
+    its late writes must be fenced: no duplicates, nothing lost.
     """
     records = interleave(generate_sequences(500, seed=43, prefix="zombie"))
     reference = replay(derenderer_for(QWEN3_CONFIG), records)
     topics = make_worker_topics(kafka_topic_factory, partitions=6)
-    group = WorkerGroup(kafka_bootstrap, topics, QWEN3_CONFIG)
+    group = WorkerGroup(kafka_bootstrap, topics, QWEN3_CONFIG, client=client)
 
     async def body() -> None:
         reader = await TopicReader(kafka_bootstrap, topics.output).start()
@@ -378,14 +388,17 @@ async def _wait_for_log(group: WorkerGroup, text: str, count: int, timeout: floa
         await asyncio.sleep(0.2)
 
 
-def test_broker_restart_mid_run(kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_broker_restart_mid_run(
+    kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory, client: str
+) -> None:
     if not kafka_broker.restartable:
         pytest.skip(f"the {kafka_broker.source} broker cannot be restarted by tests")
     bootstrap = kafka_broker.bootstrap
     records = interleave(generate_sequences(500, seed=37, prefix="restart"))
     reference = replay(derenderer_for(QWEN3_CONFIG), records)
     topics = make_worker_topics(kafka_topic_factory, partitions=6)
-    group = WorkerGroup(bootstrap, topics, QWEN3_CONFIG)
+    group = WorkerGroup(bootstrap, topics, QWEN3_CONFIG, client=client)
 
     async def body() -> None:
         for _ in range(2):
@@ -445,9 +458,10 @@ def test_idle_requests_expire_with_an_error_and_a_tombstone(
         assert "source" not in outputs[2]  # no input record caused it
         # Its context record first; progress records if the two records were committed apart.
         keys = StateKeys(group.group_id)
-        assert {r.key for r in state.records} <= {keys.context("idle-00000"), keys.progress("idle-00000")}
-        assert state.records[0].key == keys.context("idle-00000") and state.records[0].value is not None
-        latest = {r.key: r.value for r in state.records}
+        records = [r for r in state.records if r.key != keys.replay_from]
+        assert {r.key for r in records} <= {keys.context("idle-00000"), keys.progress("idle-00000")}
+        assert records[0].key == keys.context("idle-00000") and records[0].value is not None
+        latest = {r.key: r.value for r in records}
         assert all(v is None for v in latest.values()), "the expired request's state was not deleted"
 
     run(body())

@@ -137,3 +137,38 @@ def test_tool_parser_needs_auto_tool_choice() -> None:
     tok = qwen3()[1]
     made = ChatParsing.create(tok, reasoning_parser=None, tool_parser="hermes", enable_auto_tool_choice=False)
     assert made is None
+
+
+@pytest.mark.parametrize(
+    ("reasoning", "text", "want"),
+    [
+        # A call start ends Qwen3 reasoning (whose trailing whitespace is kept) and stays
+        # content; the rest of the call markup is text.
+        (
+            "qwen3",
+            "<think>\nplan <tool_call>\n<function=f>\n</function>\n</tool_call> done",
+            ("\nplan ", "<tool_call>\n<function=f>\n</function>\n</tool_call> done"),
+        ),
+        ("qwen3", "<think>plan</think>so <function=f> is text", ("plan", "so <function=f> is text")),
+        # GLM: a call start ends reasoning only inside it; in content it is text.
+        ("glm45", "<think>plan<tool_call>x</tool_call>", ("plan", "<tool_call>x</tool_call>")),
+        (
+            "glm45",
+            "<think>plan</think>then <tool_call>x</tool_call>",
+            ("plan", "then <tool_call>x</tool_call>"),
+        ),
+    ],
+)
+def test_reasoning_runs_the_family_config_with_tools_off(
+    reasoning: str, text: str, want: tuple[str, str]
+) -> None:
+    """The reasoning adapter reads the family's one config, tool markup as text (vLLM's tools-off pass)."""
+    parsing = make(reasoning, None)
+    req = request(False)
+    expected = {"reasoning": want[0], "content": want[1], "calls": []}
+    assert oneshot(parsing, req, text) == expected
+    ids = encode(text)
+    for chunks in [[ids], [[i] for i in ids]]:
+        got = stream(parsing, req, chunks)
+        got.pop("finish")
+        assert got == expected

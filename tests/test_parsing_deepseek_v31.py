@@ -14,8 +14,7 @@ import json
 from functools import cache
 from typing import Any
 
-from tests.parsing_helpers import create_parsing, encode_with, records, sample_tokenizer, stream_summary
-from worker.core.model_dir import LoadedTokenizer
+from tests.parsing_helpers import SampleHarness, create_parsing
 from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
 
 TOOLS = [
@@ -33,23 +32,20 @@ CALLS = (
 TEXT = "我来查询。" + CALLS
 
 
-def tokenizer() -> LoadedTokenizer:
-    return sample_tokenizer("deepseek-v3")
+#: records send U+FFFD as text: vLLM decides from token-id counts
+HARNESS = SampleHarness("deepseek-v3", prompt=(0,), hold_partial_utf8=False)
+encode = HARNESS.encode
 
 
 def token_id(token: str) -> int:
-    found = tokenizer().backend.token_to_id(token)
+    found = HARNESS.tokenizer.backend.token_to_id(token)
     assert found is not None, token
     return found
 
 
-def encode(text: str) -> list[int]:
-    return encode_with(tokenizer(), text)
-
-
 @cache
 def parsing() -> ChatParsing:
-    return create_parsing(adapter_for(tokenizer()), None, "deepseek_v31")
+    return create_parsing(adapter_for(HARNESS.tokenizer), None, "deepseek_v31")
 
 
 def request(choice: str = "auto") -> ParseRequest:
@@ -57,14 +53,12 @@ def request(choice: str = "auto") -> ParseRequest:
 
 
 def stream(chunks: list[list[int]], req: ParseRequest | None = None, last: str = "stop") -> dict[str, Any]:
-    """Records carry the cumulative-decode diff of their ids (U+FFFD kept as text)."""
-    session = parsing().new_stream(req or request(), [0])
-    got = stream_summary(session, records(tokenizer(), chunks, hold_partial_utf8=False), last)
+    got = HARNESS.stream(parsing(), req or request(), chunks, last)
     return {"content": got.content, "calls": got.calls, "ids": [i for _, i in got.ids], "finish": got.finish}
 
 
 def oneshot(text: str, req: ParseRequest | None = None) -> dict[str, Any]:
-    msg = parsing().parse_full(text, encode(text), req or request(), None)
+    msg = HARNESS.oneshot(parsing(), req or request(), text)
     return {"content": msg.content, "calls": [(c.name, c.arguments) for c in msg.tool_calls]}
 
 
@@ -110,7 +104,7 @@ def test_closing_record_without_quote_brace_drops_its_text() -> None:
     )
     got = stream(chunks)
     assert got["calls"] == [("get_time", '{"n": 5')]
-    assert oneshot(tokenizer().backend.decode(ids, skip_special_tokens=False))["calls"] == [
+    assert oneshot(HARNESS.tokenizer.backend.decode(ids, skip_special_tokens=False))["calls"] == [
         ("get_time", '{"n": 5}')
     ]
 
@@ -131,12 +125,13 @@ def test_end_and_next_begin_in_one_record_loses_previous_tail() -> None:
 
 def test_length_cut_keeps_streamed_prefix_but_oneshot_only_complete_calls() -> None:
     ids = encode(TEXT)
-    cut = ids[: ids.index(token_id(E), ids.index(token_id(E)) + 1) - 2]
+    end_id = token_id(E)
+    cut = ids[: ids.index(end_id, ids.index(end_id) + 1) - 2]
     got = stream([[i] for i in cut], last="length")
     assert got["finish"] == "length"
     assert got["calls"][0] == ("get_weather", '{"city": "北京", "unit": "celsius"}')
     assert got["calls"][1][0] == "get_time" and not got["calls"][1][1].endswith("}")
-    want = oneshot(tokenizer().backend.decode(cut, skip_special_tokens=False))
+    want = oneshot(HARNESS.tokenizer.backend.decode(cut, skip_special_tokens=False))
     assert want["calls"] == [("get_weather", '{"city": "北京", "unit": "celsius"}')]
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from worker.core.model_dir import LoadedTokenizer, load_tokenizer
+from tests.parsing_helpers import sample_tokenizer
+from worker.core.model_dir import LoadedTokenizer
 from worker.core.parsing import ChatParsing, DeltaOut, ParseRequest, adapter_for, resolve_finish_reason
 from worker.errors import ParserSetupError
 
@@ -25,11 +25,6 @@ FILES = [
 ]
 MINE_REASONING = {"qwen3", "deepseek_r1", "deepseek_v3", "glm45", "mistral"}
 MINE_TOOLS = {"hermes"}
-
-
-@cache
-def tokenizer(model_dir: str) -> LoadedTokenizer:
-    return load_tokenizer(ROOT / "samples" / "models" / model_dir)
 
 
 def to_parse_request(chat: dict[str, Any]) -> ParseRequest:
@@ -132,7 +127,7 @@ def delta_json(delta: DeltaOut | None, norm: IdNormalizer) -> dict[str, Any]:
 def run_case(case: dict[str, Any]) -> list[Any]:
     """Our output per record, shaped like the expected envelopes' relevant parts."""
     cfg = case["config"]
-    lt = tokenizer(cfg["model_dir"])
+    lt = sample_tokenizer(cfg["model_dir"])
     parsing = ChatParsing.create(
         adapter_for(lt),
         reasoning_parser=cfg["reasoning_parser"],

@@ -14,16 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.parsing_helpers import (
-    create_parsing,
-    decode_with,
-    encode_with,
-    records,
-    sample_tokenizer,
-    splits,
-    stream_summary,
-)
-from worker.core.model_dir import LoadedTokenizer
+from tests.parsing_helpers import SampleHarness, create_parsing, qwen3_encode, splits
 from worker.core.parsing import ChatParsing, ParseRequest, TokenizerAdapter, adapter_for
 
 TOOLS = [
@@ -56,20 +47,12 @@ CALLS = (
 TEXT = "Let me look.\n" + CALLS
 
 
-def loaded() -> LoadedTokenizer:
-    return sample_tokenizer("qwen3")
-
-
-def encode(text: str) -> list[int]:
-    return encode_with(loaded(), text)
-
-
-def decode(ids: list[int]) -> str:
-    return decode_with(loaded(), ids)
+HARNESS = SampleHarness("qwen3", prompt=tuple(qwen3_encode("<|im_start|>assistant\n")))
+encode, decode = HARNESS.encode, HARNESS.decode
 
 
 def parsing(model_type: str | None = None, reasoning: str | None = None) -> ChatParsing:
-    adapter: TokenizerAdapter = adapter_for(loaded())
+    adapter: TokenizerAdapter = adapter_for(HARNESS.tokenizer)
     if model_type is not None:
         adapter.model_type = model_type
     return create_parsing(adapter, reasoning, "kimi_k2")
@@ -88,9 +71,7 @@ def stream(
     last: str = "stop",
     chat: ChatParsing = PARSING,
 ) -> dict[str, Any]:
-    """Records carry the cumulative-decode diff of their ids, like the core's detokenizer."""
-    session = chat.new_stream(req or request(), encode("<|im_start|>assistant\n"))
-    got = stream_summary(session, records(loaded(), chunks), last)
+    got = HARNESS.stream(chat, req or request(), chunks, last)
     ids = dict(got.ids)  # the last id sent per call
     return {
         "content": got.content,
@@ -100,7 +81,7 @@ def stream(
 
 
 def oneshot(text: str, req: ParseRequest | None = None, chat: ChatParsing = PARSING) -> dict[str, Any]:
-    msg = chat.parse_full(text, encode(text), req or request(), None)
+    msg = HARNESS.oneshot(chat, req or request(), text)
     return {"content": msg.content, "calls": [(c.id, c.name, c.arguments) for c in msg.tool_calls]}
 
 

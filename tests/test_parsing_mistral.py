@@ -17,16 +17,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.parsing_helpers import (
-    create_parsing,
-    decode_with,
-    encode_with,
-    records,
-    sample_tokenizer,
-    splits,
-    stream_summary,
-)
-from worker.core.model_dir import LoadedTokenizer
+from tests.parsing_helpers import SampleHarness, create_parsing, splits
 from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
 from worker.core.parsing.tools.mistral import MistralToolParser, _JsonEvents, _JsonSyntaxError
 
@@ -41,21 +32,13 @@ CALLS = (
 TEXT = "Let me check.[TOOL_CALLS] " + CALLS
 
 
-def tokenizer() -> LoadedTokenizer:
-    return sample_tokenizer("mistral-7b-v0.3")
-
-
-def encode(text: str) -> list[int]:
-    return encode_with(tokenizer(), text)
-
-
-def decode(ids: list[int]) -> str:
-    return decode_with(tokenizer(), ids)
+HARNESS = SampleHarness("mistral-7b-v0.3")
+encode, decode = HARNESS.encode, HARNESS.decode
 
 
 @cache
 def parsing() -> ChatParsing:
-    return create_parsing(adapter_for(tokenizer()), None, "mistral")
+    return create_parsing(adapter_for(HARNESS.tokenizer), None, "mistral")
 
 
 def request(choice: Any = "auto") -> ParseRequest:
@@ -63,13 +46,12 @@ def request(choice: Any = "auto") -> ParseRequest:
 
 
 def stream(chunks: list[list[int]], req: ParseRequest | None = None, last: str = "stop") -> dict[str, Any]:
-    """Records carry the cumulative-decode diff of their ids, like the core's detokenizer."""
-    got = stream_summary(parsing().new_stream(req or request(), [1]), records(tokenizer(), chunks), last)
+    got = HARNESS.stream(parsing(), req or request(), chunks, last)
     return {"content": got.content, "calls": got.calls, "ids": [i for _, i in got.ids], "finish": got.finish}
 
 
 def oneshot(text: str, req: ParseRequest | None = None) -> dict[str, Any]:
-    msg = parsing().parse_full(text, encode(text), req or request(), None)
+    msg = HARNESS.oneshot(parsing(), req or request(), text)
     return {"content": msg.content, "calls": [(c.name, c.arguments) for c in msg.tool_calls]}
 
 
@@ -180,7 +162,7 @@ def test_json_events_follow_yajl_timing(text: str, events: list[str], fails_at: 
 class _StubTokenizer:
     """A v11+ vocabulary: [TOOL_CALLS] and [ARGS] are special tokens."""
 
-    model_type = "mistral"
+    model_type: str | None = "mistral"
     special_ids = frozenset({1, 2})
     _vocab: ClassVar[dict[str, int]] = {"<s>": 1, "</s>": 2, "[TOOL_CALLS]": 9, "[ARGS]": 32}
 

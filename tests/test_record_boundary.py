@@ -22,10 +22,17 @@ from schemas.envelope import DeadLetterRecord, OutputEnvelope
 from tests.golden_cases import MODELS_DIR, derenderer_for
 from tests.stream_builders import chat_stream
 from tests.test_kafka_runtime_units import RecordingSink
-from worker.core.envelope_processor import EnvelopeProcessor, ProcessResult, json_depth_exceeds
-from worker.runtime.config import TopicNames
+from worker.core.envelope_processor import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    EnvelopeProcessor,
+    ProcessResult,
+    json_depth_exceeds,
+)
+from worker.core.live_parsers import LIVE_PARSER_BYTES
+from worker.runtime import dead_letter_record
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask
+from worker.runtime.topics import TopicNames
 
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
 CONFIG: dict[str, Any] = {
@@ -68,16 +75,24 @@ def _nested(depth: int) -> Any:
     return value
 
 
+def _dead_letter(result: ProcessResult, limit: int, headers: Any = None) -> bytes:
+    """The dead-letter record the worker writes for ``result`` (``dead_letter_record``)."""
+    assert result.dead_letter is not None and result.payload is None
+    return dead_letter_record.encode(result.dead_letter, headers, None, max_bytes=limit)
+
+
 def _check_result(result: ProcessResult, limit: int) -> None:
     """One outcome, its payload serialized, within the limit, and valid against the schemas."""
     assert sum([result.duplicate, result.dead_letter is not None, result.output is not None]) == 1
     if result.duplicate:
         assert result.payload is None
         return
-    assert result.payload is not None and len(result.payload) <= limit
     if result.dead_letter is not None:
-        DeadLetterRecord.model_validate_json(result.payload)
+        letter = _dead_letter(result, limit)
+        assert len(letter) <= limit
+        DeadLetterRecord.model_validate_json(letter)
     else:
+        assert result.payload is not None and len(result.payload) <= limit
         OutputEnvelope.model_validate_json(result.payload)
         assert orjson.loads(result.payload) == result.output
 
@@ -221,18 +236,18 @@ def test_json_depth(text: bytes, deeper: bool) -> None:
 def test_nul_bytes_make_a_base64_dead_letter_of_about_their_size() -> None:
     value = b'{"request_id": "' + b"\x00" * (3 * 1024 * 1024) + b'"}'
     result = _run_between(value)
-    assert result.dead_letter is not None and result.payload is not None
-    letter = DeadLetterRecord.model_validate_json(result.payload)
+    payload = _dead_letter(result, DEFAULT_MAX_OUTPUT_BYTES)
+    letter = DeadLetterRecord.model_validate_json(payload)
     assert letter.original_encoding == "base64" and not letter.truncated
     assert base64.b64decode(letter.original) == value
-    assert len(result.payload) < 1.4 * len(value)  # not the 6x of "\u0000" escapes
+    assert len(payload) < 1.4 * len(value)  # not the 6x of "\u0000" escapes
 
 
 def test_a_dead_letter_too_large_for_the_limit_is_truncated_with_size_and_digest() -> None:
     value = b"not json " * 100_000
-    result = _run_between(value, max_output_bytes=64 * 1024)
-    assert result.payload is not None and len(result.payload) <= 64 * 1024
-    letter = DeadLetterRecord.model_validate_json(result.payload)
+    payload = _dead_letter(_run_between(value, max_output_bytes=64 * 1024), 64 * 1024)
+    assert len(payload) <= 64 * 1024
+    letter = DeadLetterRecord.model_validate_json(payload)
     assert letter.truncated and letter.original_encoding == "utf-8"
     assert value.startswith(letter.original.encode()) and len(letter.original) > 60_000
     assert (letter.original_size, letter.original_sha256) == (len(value), hashlib.sha256(value).hexdigest())
@@ -242,11 +257,13 @@ def test_a_long_key_and_many_headers_are_cut_to_fit() -> None:
     processor = _processor(max_output_bytes=200_000)
     key = b"k" * 100_000
     headers = [(f"h{i}", b"v" * 1000) for i in range(200)]
-    result = processor.process(b"{not json", key, headers=headers)
-    assert result.dead_letter is not None and result.payload is not None
-    assert result.dead_letter.kafka_key is not None
-    assert len(result.payload) + len(result.dead_letter.kafka_key) <= 200_000
-    letter = DeadLetterRecord.model_validate_json(result.payload)
+    result = processor.process(b"{not json", key)
+    payload = _dead_letter(result, 200_000, headers)
+    assert result.dead_letter is not None
+    dead_key = dead_letter_record.kafka_key(result.dead_letter)
+    assert dead_key is not None
+    assert len(payload) + len(dead_key) <= 200_000
+    letter = DeadLetterRecord.model_validate_json(payload)
     assert letter.truncated and letter.original == "{not json"
 
 
@@ -325,27 +342,28 @@ def test_a_request_context_past_the_state_limit_is_refused() -> None:
 
 
 def test_a_later_record_whose_request_is_too_large_fails_the_request() -> None:
-    from worker.runtime.state_store import encode_snapshot
+    from worker.runtime.state_changelog import encode_context
 
     processor = _processor(max_request_state_bytes=8000)
     records = [orjson.loads(r) for r in _good()]
     processor.process(orjson.dumps(records[0]))
     records[1]["body"]["chat_request"] = {"model": "test-model", "messages": [{"content": "x" * 10_000}]}
-    assert len(encode_snapshot(processor.requests["good"])) <= 8000
+    assert len(encode_context(processor.requests["good"])) <= 8000
     refused = processor.process(orjson.dumps(records[1]))
     assert _error_code(refused) == 413 and refused.closed
     assert _error_code(processor.process(orjson.dumps(records[2]))) == 409
 
 
 def test_state_bytes_bound_the_encoded_state_records() -> None:
-    from worker.runtime.state_store import encode_progress, encode_snapshot
+    from worker.runtime.state_changelog import encode_context, encode_progress
 
     processor = _processor()
     for record in chat_stream("r", [[9707], [0], [151645]], prompt_token_ids=PROMPT)[:2]:
         processor.process(orjson.dumps(record))
     ctx = processor.requests["r"]
-    assert len(encode_snapshot(ctx)) <= ctx.state_bytes()
-    assert len(encode_progress(ctx)) <= ctx.state_bytes() - ctx.context_bytes
+    offset = 2**63 - 1  # the longest input offset
+    assert len(encode_context(ctx, offset)) <= ctx.state_bytes()
+    assert len(encode_progress(ctx, offset)) <= ctx.state_bytes() - ctx.context_bytes
 
 
 def test_an_output_past_the_output_limit_is_a_413_and_fails_the_request() -> None:
@@ -433,7 +451,6 @@ def test_the_partition_sends_the_core_bytes() -> None:
         topics,
         Metrics(),
         position=0,
-        persisted=set(),
     )
     poison = b'{"request_id": "' + b"\x00" * 600_000 + b'"}'
     big_seq = _first()
@@ -544,5 +561,7 @@ def test_live_bytes_is_close_to_what_tracemalloc_measures(
         measured = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    estimate = sum(processor.requests[f"r{i}"].live_bytes() for i in range(10))
+    contexts = [processor.requests[f"r{i}"] for i in range(10)]
+    sessions = sum(state.live is not None for ctx in contexts for state in ctx.sequences.values())
+    estimate = sum(ctx.live_bytes() for ctx in contexts) + LIVE_PARSER_BYTES * sessions  # the pool's
     assert 0.7 * measured <= estimate <= 1.4 * measured, (estimate, measured)

@@ -16,7 +16,11 @@ from worker.runtime.dead_letter_policy import (
     DeadLetterPolicy,
     PartitionBreaker,
     TripCause,
-    add_dead_letter_arguments,
+)
+from worker.settings import (
+    DeadLetterSettings,
+    add_arguments,
+    load,
 )
 
 
@@ -152,8 +156,8 @@ def test_invalid_limits_are_configuration_errors(kwargs: dict[str, Any], message
 
 def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = argparse.ArgumentParser()
-    add_dead_letter_arguments(parser)
-    assert DeadLetterLimits.from_args(parser.parse_args([])) == DeadLetterLimits()
+    add_arguments(parser, DeadLetterSettings)
+    assert load(DeadLetterSettings, parser.parse_args([])).limits() == DeadLetterLimits()
     args = parser.parse_args(
         [
             "--dlq-max-ratio",
@@ -166,18 +170,18 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             "off",
         ]
     )
-    assert DeadLetterLimits.from_args(args) == DeadLetterLimits(0.25, 50, 10, None)
+    assert load(DeadLetterSettings, args).limits() == DeadLetterLimits(0.25, 50, 10, None)
 
     monkeypatch.setenv("DERENDER_DLQ_MAX_RATIO", "off")
     monkeypatch.setenv("DERENDER_DLQ_MAX_CONSECUTIVE", "7")
     parser = argparse.ArgumentParser()
-    add_dead_letter_arguments(parser)
-    limits = DeadLetterLimits.from_args(parser.parse_args([]))
+    add_arguments(parser, DeadLetterSettings)
+    limits = load(DeadLetterSettings, parser.parse_args([])).limits()
     assert (limits.max_ratio, limits.max_consecutive) == (None, 7)
 
     monkeypatch.setenv("DERENDER_DLQ_WINDOW", "many")
     with pytest.raises(ConfigurationError, match="DERENDER_DLQ_WINDOW"):
-        add_dead_letter_arguments(argparse.ArgumentParser())
+        load(DeadLetterSettings, parser.parse_args([]))
 
 
 def test_window_counts_stay_exact_over_a_long_random_run() -> None:

@@ -13,8 +13,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tests.kafka_broker import TopicFactory
 from worker.cli import main as cli_main
-from worker.core.envelope_processor import DeadLetter
+from worker.core.envelope_processor import DEFAULT_MAX_OUTPUT_BYTES, DeadLetter
 from worker.errors import ConfigurationError
+from worker.runtime import dead_letter_record
 from worker.runtime.dlq_replay import (
     ReplayOptions,
     decode_dead_letter,
@@ -35,7 +36,10 @@ LETTERS: list[tuple[bytes | None, bytes, str, list[tuple[str, str]]]] = [
 def _dead_letter_value(key: bytes | None, value: bytes, reason: str, headers: list[tuple[str, str]]) -> bytes:
     # Exactly what the worker writes (the core's dead-letter encoding).
     encoded = [(name, text.encode()) for name, text in headers]
-    return DeadLetter(reason, value, key).encode(encoded, {"topic": "in", "partition": 0, "offset": 1})
+    source = {"topic": "in", "partition": 0, "offset": 1}
+    return dead_letter_record.encode(
+        DeadLetter(reason, value, key), encoded, source, max_bytes=DEFAULT_MAX_OUTPUT_BYTES
+    )
 
 
 # --- pure -------------------------------------------------------------------------------------
@@ -72,7 +76,7 @@ def test_decode_rejects_what_is_not_a_dead_letter(value: bytes | None, why: str)
 
 def test_a_truncated_dead_letter_is_not_re_driven() -> None:
     value = b"x" * 10_000
-    raw = DeadLetter("r", value, b"k").encode(None, None, max_bytes=2_000)
+    raw = dead_letter_record.encode(DeadLetter("r", value, b"k"), None, None, max_bytes=2_000)
     assert json.loads(raw)["truncated"] is True
     with pytest.raises(ValueError, match="truncated"):
         decode_dead_letter(raw, b"k")

@@ -59,7 +59,6 @@ def _run(
         TOPICS,
         metrics,
         position=0,
-        persisted=set(),
         observer=observer,
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import shutil
 import ssl
 import subprocess
@@ -19,7 +20,11 @@ from worker.runtime.kafka_security import (
     SaslMechanism,
     Secret,
     SecurityProtocol,
-    add_security_arguments,
+)
+from worker.settings import (
+    SecuritySettings,
+    add_arguments,
+    load,
 )
 
 PASSWORD = "hunter2-s3cr3t"
@@ -44,12 +49,12 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    add_security_arguments(parser)
+    add_arguments(parser, SecuritySettings)
     return parser.parse_args(list(argv))
 
 
 def _security(*argv: str) -> KafkaSecurity:
-    return KafkaSecurity.from_args(_parse(*argv))
+    return load(SecuritySettings, _parse(*argv)).kafka_security()
 
 
 @pytest.fixture(scope="module")
@@ -190,10 +195,9 @@ def test_bad_pem_files_are_configuration_errors(pki: dict[str, Path]) -> None:
         mismatched.client_kwargs()
 
 
-def test_unknown_protocol_is_rejected_by_argparse(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        _parse("--security-protocol", "TLS")
-    assert "PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL" in capsys.readouterr().err
+def test_unknown_protocol_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match=re.escape("PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL")):
+        _security("--security-protocol", "TLS")
 
 
 def test_environment(monkeypatch: pytest.MonkeyPatch, pki: dict[str, Path]) -> None:
@@ -215,13 +219,13 @@ def test_environment(monkeypatch: pytest.MonkeyPatch, pki: dict[str, Path]) -> N
 
     monkeypatch.setenv("DERENDER_SECURITY_PROTOCOL", "KERBEROS")
     with pytest.raises(ConfigurationError, match="DERENDER_SECURITY_PROTOCOL"):
-        _parse()
+        _security()
 
 
 def test_password_never_shows(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("DERENDER_SASL_PASSWORD", PASSWORD)
     args = _parse("--security-protocol", "SASL_SSL", "--sasl-mechanism", "PLAIN", "--sasl-username", "u")
-    security = KafkaSecurity.from_args(args)
+    security = load(SecuritySettings, args).kafka_security()
     from_flag = _parse("--sasl-password", PASSWORD)
     caplog.set_level(logging.DEBUG)
     logging.getLogger("test").info("settings %s %r %s %s", args, security, security.describe(), from_flag)
@@ -234,5 +238,5 @@ def test_password_never_shows(monkeypatch: pytest.MonkeyPatch, caplog: pytest.Lo
         caplog.text,
     ):
         assert PASSWORD not in text
-    assert "Secret('********')" in repr(args)
+    assert "Secret('********')" in repr(from_flag)
     assert Secret(PASSWORD).reveal() == PASSWORD and Secret("a") == Secret("a")

@@ -10,7 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from worker.runtime.structured_logging import JsonFormatter, add_log_format_argument, configure_logging
+from worker.runtime.structured_logging import JsonFormatter, configure_logging
+from worker.settings import (
+    LogFormat,
+    LoggingSettings,
+    add_arguments,
+    load,
+)
 
 
 @pytest.fixture
@@ -108,10 +114,10 @@ def test_configure_logging_text_replaces_handlers(restore_root: None) -> None:
 def test_log_format_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DERENDER_LOG_FORMAT", raising=False)
     parser = argparse.ArgumentParser()
-    add_log_format_argument(parser)
-    assert parser.parse_args([]).log_format == "text"
-    assert parser.parse_args(["--log-format", "json"]).log_format == "json"
+    add_arguments(parser, LoggingSettings)
+    assert load(LoggingSettings, parser.parse_args([])).log_format is LogFormat.TEXT
+    assert load(LoggingSettings, parser.parse_args(["--log-format", "json"])).log_format is LogFormat.JSON
     monkeypatch.setenv("DERENDER_LOG_FORMAT", "JSON")
     parser = argparse.ArgumentParser()
-    add_log_format_argument(parser)
-    assert parser.parse_args([]).log_format == "json"
+    add_arguments(parser, LoggingSettings)
+    assert load(LoggingSettings, parser.parse_args([])).log_format is LogFormat.JSON

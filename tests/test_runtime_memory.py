@@ -15,16 +15,10 @@ from aiokafka import TopicPartition
 
 from tests.golden_cases import MODELS_DIR
 from tests.test_kafka_runtime_units import TOPICS, FakeRecord, RecordingSink
-from worker.core.envelope_processor import EnvelopeProcessor
-from worker.core.live_parsers import LiveParserPool
+from worker.core.envelope_processor import EnvelopeProcessor, Refusal
+from worker.core.live_parsers import LIVE_PARSER_BYTES, LiveParserPool
 from worker.core.sequence_state import SequenceState
-from worker.runtime.memory import (
-    LIVE_PARSER_BYTES,
-    LiveEstimator,
-    MemoryBudget,
-    closed_live_bytes,
-    new_stream_request,
-)
+from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask
 from worker.settings import ModelSettings
@@ -69,9 +63,8 @@ def _stream(rid: str, *, prompt: int, content: int, records: int, tokens: int, s
 
 
 def _estimate(processor: EnvelopeProcessor) -> int:
-    estimator = LiveEstimator()
-    requests = sum(estimator.estimate(rid, ctx) for rid, ctx in processor.requests.items())
-    return requests + LIVE_PARSER_BYTES * len(processor.parsers) + closed_live_bytes(processor)
+    requests = sum(ctx.live_bytes() for ctx in processor.requests.values())
+    return requests + LIVE_PARSER_BYTES * len(processor.parsers) + processor.closed_live_bytes()
 
 
 SHAPES = {
@@ -141,7 +134,7 @@ def test_closed_request_memory_is_counted() -> None:
     finally:
         tracemalloc.stop()
     assert processor.requests == {}
-    estimate = closed_live_bytes(processor)
+    estimate = processor.closed_live_bytes()
     assert 1 / FACTOR <= measured / estimate <= FACTOR, (measured, estimate)
 
 
@@ -233,7 +226,6 @@ def test_the_budget_never_passes_its_cap_under_a_flood() -> None:
                 TOPICS,
                 Metrics(),
                 position=0,
-                persisted=set(),
                 budget=budget,
             )
         )
@@ -255,7 +247,7 @@ def test_the_budget_never_passes_its_cap_under_a_flood() -> None:
     outputs = [orjson.loads(r.value) for sink in sinks for r in sink.sent if r.value]
     refused = [o for o in outputs if o.get("error", {}).get("code") == 503]
     assert refused and peak > cap * 0.8, (len(refused), peak)
-    live = sum(sum(t.sizes.values()) for t in tasks) + sum(closed_live_bytes(t.processor) for t in tasks)
+    live = sum(sum(t.sizes.values()) for t in tasks) + sum(t.processor.closed_live_bytes() for t in tasks)
     assert live == budget.state_bytes
 
 
@@ -287,8 +279,22 @@ def test_admission_at_a_cap_follows_the_processors_rules() -> None:
         "generate_chunk": {**done[0]["body"]["generate_chunk"], "request_id": "f"},
     }
     controls = {**fresh, "request_id": "bad\x07id"}
-    assert new_stream_request(orjson.dumps(done[0]), b"done", processor) is None  # a duplicate
-    assert new_stream_request(orjson.dumps(controls), b"bad\x07id", processor) is None  # a dead letter
-    assert new_stream_request(orjson.dumps(fresh), None, processor) is None  # key-less: a dead letter
-    envelope = new_stream_request(orjson.dumps(fresh), b"fresh", processor)
-    assert envelope is not None and envelope.request_id == "fresh"
+
+    class Full:
+        """A budget at its cap, counting what it was asked."""
+
+        asked = 0
+
+        def refusal(self, record_bytes: int) -> Refusal | None:
+            self.asked += 1
+            return Refusal("open_requests", "full")
+
+    full = Full()
+    processor.admission = full
+    assert processor.process(orjson.dumps(done[0]), b"done").duplicate
+    assert processor.process(orjson.dumps(controls), b"bad\x07id").dead_letter is not None
+    assert processor.process(orjson.dumps(fresh), None).dead_letter is not None  # key-less
+    assert full.asked == 0
+    refused = processor.process(orjson.dumps(fresh), b"fresh")
+    assert full.asked == 1 and refused.refused == "open_requests" and not processor.is_open("fresh")
+    assert refused.output is not None and refused.output["error"]["code"] == 503

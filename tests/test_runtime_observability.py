@@ -16,10 +16,8 @@ from worker.errors import ConfigurationError
 from worker.runtime import metrics_names as m
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.health_server import (
-    DEFAULT_METRICS_PORT,
     HealthServer,
     ReadinessState,
-    add_metrics_arguments,
 )
 from worker.runtime.metrics import Metrics
 from worker.runtime.prometheus_export import (
@@ -30,6 +28,18 @@ from worker.runtime.prometheus_export import (
     prometheus_name,
     split_labels,
     timing_base_name,
+)
+from worker.settings import (
+    DeadLetterSettings,
+    KafkaSettings,
+    LogFormat,
+    LoggingSettings,
+    ModelSettings,
+    ObservabilitySettings,
+    SecuritySettings,
+    add_arguments,
+    load,
+    load_kafka,
 )
 
 
@@ -227,27 +237,23 @@ def test_readiness_phase_from_a_callable() -> None:
 
 def test_flags_coexist_with_the_run_command(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every new flag group fits on `run` next to its existing flags (no argparse conflicts)."""
-    from worker.runtime.config import add_run_arguments
-    from worker.runtime.dead_letter_policy import add_dead_letter_arguments
-    from worker.runtime.kafka_security import KafkaSecurity, add_security_arguments
-    from worker.runtime.structured_logging import add_log_format_argument
-    from worker.settings import add_model_arguments
 
     for name in ("DERENDER_SECURITY_PROTOCOL", "DERENDER_SASL_MECHANISM", "DERENDER_LOG_FORMAT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("DERENDER_METRICS_PORT", "9464")  # deploy/kubernetes/configmap.yaml
     run = argparse.ArgumentParser()
-    add_run_arguments(run)
-    add_model_arguments(run)
-    run.add_argument("--log-level", default="INFO")
-    add_metrics_arguments(run)
-    add_security_arguments(run)
-    add_dead_letter_arguments(run)
-    add_log_format_argument(run)
+    add_arguments(run, KafkaSettings)
+    add_arguments(run, ModelSettings)
+    add_arguments(run, ObservabilitySettings)
+    add_arguments(run, SecuritySettings)
+    add_arguments(run, DeadLetterSettings)
+    add_arguments(run, LoggingSettings)
     args = run.parse_args(["--bootstrap-servers", "k:9092", "--dlq-topic", "dl", "--dlq-window", "50"])
-    assert (args.metrics_port, args.dlq_topic, args.dlq_window, args.log_format) == (9464, "dl", 50, "text")
-    assert DeadLetterLimits.from_args(args).window == 50
-    assert KafkaSecurity.from_args(args).client_kwargs() == {"security_protocol": "PLAINTEXT"}
+    observability = load(ObservabilitySettings, args)
+    assert (observability.metrics_port, load_kafka(KafkaSettings, args).dlq_topic) == (9464, "dl")
+    assert load(LoggingSettings, args).log_format is LogFormat.TEXT
+    assert load(DeadLetterSettings, args).limits().window == 50
+    assert load(SecuritySettings, args).kafka_security().client_kwargs() == {"security_protocol": "PLAINTEXT"}
 
 
 # --- the HTTP server --------------------------------------------------------------------------
@@ -315,13 +321,13 @@ def test_port_in_use_is_a_configuration_error(served: Any) -> None:
 def test_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DERENDER_METRICS_PORT", raising=False)
     parser = argparse.ArgumentParser()
-    add_metrics_arguments(parser)
-    args = parser.parse_args([])
-    assert (args.metrics_port, args.metrics_host) == (DEFAULT_METRICS_PORT, "0.0.0.0")
+    add_arguments(parser, ObservabilitySettings)
+    settings = load(ObservabilitySettings, parser.parse_args([]))
+    assert (settings.metrics_port, settings.metrics_host) == (None, "0.0.0.0")  # None: 9464 or a free one
     monkeypatch.setenv("DERENDER_METRICS_PORT", "9999")
     parser = argparse.ArgumentParser()
-    add_metrics_arguments(parser)
-    assert parser.parse_args([]).metrics_port == 9999
+    add_arguments(parser, ObservabilitySettings)
+    assert load(ObservabilitySettings, parser.parse_args([])).metrics_port == 9999
     monkeypatch.setenv("DERENDER_METRICS_PORT", "http")
     with pytest.raises(ConfigurationError, match="DERENDER_METRICS_PORT"):
-        add_metrics_arguments(argparse.ArgumentParser())
+        load(ObservabilitySettings, parser.parse_args([]))

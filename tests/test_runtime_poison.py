@@ -10,25 +10,25 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import TopicPartition
-from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
 from tests.test_kafka_runtime_units import TOPICS, FakeRecord, RecordingSink, _task
 from worker.cli import build_parser
 from worker.core.envelope_processor import ProcessResult
-from worker.errors import ConfigurationError, DeliveryFailedError
-from worker.runtime.config import KafkaSettings
+from worker.errors import ConfigurationError, DeliveryFailedError, KafkaClientError, RecordTooLargeError
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.delivery import MAX_RECORD_BYTES
+from worker.runtime.kafka_client.aiokafka_backend import parse_max_message_bytes
+from worker.runtime.kafka_client.base import TopicPartition
 from worker.runtime.observer import RecordObserver
 from worker.runtime.partition import PartitionTask
 from worker.runtime.poison import ResetTracker
-from worker.runtime.preflight import check_record_limits, parse_max_message_bytes
+from worker.runtime.preflight import check_record_limits
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.tracing import Headers
 from worker.runtime.worker import Worker
+from worker.settings import KafkaSettings, ModelSettings, load_kafka
 
 
 def test_a_record_is_skipped_after_its_retries_and_counts_are_per_record() -> None:
@@ -113,7 +113,7 @@ def test_a_poison_dead_letter_that_failed_is_cut_and_still_describes_the_whole_r
 
 def _settings(*argv: str) -> KafkaSettings:
     args = build_parser().parse_args(["run", "--tokenizer", "x", "--bootstrap-servers", "b:1", *argv])
-    return KafkaSettings.from_args(args)
+    return load_kafka(KafkaSettings, args)
 
 
 def test_settings_that_cannot_work_are_refused() -> None:
@@ -175,7 +175,7 @@ def test_resets_feed_the_breaker_and_both_survive_a_revocation() -> None:
     worker = Worker(
         _settings(),
         derenderer_for(QWEN3_CONFIG),
-        max_record_bytes=1024,
+        model=ModelSettings(tokenizer="x", max_record_bytes=1024),
         dead_letters=DeadLetterPolicy(limits),
         resets=ResetTracker(max_retries=5),
     )
@@ -203,6 +203,7 @@ def test_resets_feed_the_breaker_and_both_survive_a_revocation() -> None:
 
 def test_run_passes_the_parser_cap_and_retries_to_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """`run` once built the worker without --max-live-parsers: the cap never applied."""
+    import worker.runtime.commands as commands_module
     import worker.runtime.worker as worker_module
     from tests.golden_cases import MODELS_DIR
     from worker.cli import main
@@ -214,7 +215,11 @@ def test_run_passes_the_parser_cap_and_retries_to_the_worker(monkeypatch: pytest
             made.append(self)
             return 0
 
+    async def reachable(settings: object) -> None:
+        pass
+
     monkeypatch.setattr(worker_module, "Worker", Recorded)
+    monkeypatch.setattr(commands_module, "check_reachable", reachable)  # no broker here
     argv = ["run", "--tokenizer", str(MODELS_DIR / "qwen3"), "--bootstrap-servers", "k:1"]
     argv += ["--max-live-parsers", "7", "--max-record-retries", "4", "--metrics-port", "0"]
     assert main(argv) == 0
@@ -261,7 +266,7 @@ class _PollingConsumer(_StubConsumer):
         self.tp = tp
         self.batches = list(batches)
 
-    async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, Any]:
+    async def poll(self, timeout_ms: int, max_records: int) -> dict[Any, Any]:
         return {self.tp: self.batches.pop(0)} if self.batches else {}
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
@@ -276,7 +281,7 @@ def _worker(sink: RecordingSink, limits: DeadLetterLimits, retries: int = 3) -> 
     worker = Worker(
         _settings("--commit-interval-ms", "60000", "--mode", "at-least-once"),
         derenderer_for(QWEN3_CONFIG),
-        max_record_bytes=1 << 20,
+        model=ModelSettings(tokenizer="x", max_record_bytes=1 << 20),
         dead_letters=DeadLetterPolicy(limits),
         resets=ResetTracker(max_retries=retries),
     )
@@ -342,7 +347,7 @@ def test_a_kafka_client_error_is_not_blamed_on_the_record_being_handled() -> Non
     (seq,) = generate_sequences(1, seed=7, prefix="innocent")
     limits = DeadLetterLimits(max_ratio=None, max_consecutive=1)
     errors: list[BaseException] = [
-        KafkaTimeoutError(),
+        KafkaClientError("KafkaTimeoutError"),
         DeliveryFailedError("a send failed: an earlier batch's transaction was aborted"),
     ]
     for error in errors:
@@ -418,8 +423,7 @@ class _TopicRefusingSink(RecordingSink):
     ) -> None:
         pending, self.pending = self.pending, []
         if any(r.topic == TOPICS.output and r.key == self.refused for r in pending):
-            refusal = MessageSizeTooLargeError()
-            raise DeliveryFailedError(f"a send failed: {refusal!r}") from refusal  # as delivery words it
+            raise RecordTooLargeError("a send failed: MessageSizeTooLargeError()")  # as aiokafka words it
         self.sent += pending
         await super().commit(state_records, offsets)
 

@@ -114,7 +114,6 @@ def _task(sink: RecordingSink, observer: RecordObserver) -> PartitionTask:
         TOPICS,
         Metrics(),
         position=0,
-        persisted=set(),
         observer=observer,
     )
 
@@ -272,7 +271,7 @@ from worker.runtime.partition import PartitionTask
 from worker.runtime.tracing import build_spans
 sink = RecordingSink()
 task = PartitionTask(TopicPartition("in", 2), EnvelopeProcessor(derenderer_for(QWEN3_CONFIG)), sink, TOPICS,
-                     Metrics(), position=0, persisted=set(), observer=RecordObserver("g", build_spans(None)))
+                     Metrics(), position=0, observer=RecordObserver("g", build_spans(None)))
 [s] = generate_sequences(1, seed=1, prefix="x")
 async def main():
     for i, e in enumerate(s.envelopes):

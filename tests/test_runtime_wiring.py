@@ -8,7 +8,6 @@ configuration errors.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import socket
 import subprocess
@@ -18,7 +17,6 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import TopicPartition
 from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
 
 from tests.golden_cases import derenderer_for
@@ -27,17 +25,26 @@ from tests.test_kafka_runtime_units import FakeRecord, RecordingSink
 from worker.cli import build_parser, main
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import ConfigurationError
-from worker.runtime import delivery, state_store, topics
 from worker.runtime import metrics_names as m
-from worker.runtime import worker as worker_module
-from worker.runtime.config import KafkaSettings, TopicNames
+from worker.runtime import state_store, topics
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
-from worker.runtime.delivery import producer_options
-from worker.runtime.memory import OPENING_FACTOR, REQUEST_BASE_BYTES, MemoryBudget, request_live_bytes
+from worker.runtime.delivery import producer_config
+from worker.runtime.kafka_client import aiokafka_backend
+from worker.runtime.kafka_client.base import TopicPartition
+from worker.runtime.memory import OPENING_FACTOR, REQUEST_BASE_BYTES, MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import PartitionTask
 from worker.runtime.prometheus_export import labelled
+from worker.runtime.topics import TopicNames
 from worker.runtime.worker import Worker, configuration_error
+from worker.settings import (
+    KafkaSettings,
+    KafkaTopics,
+    ModelSettings,
+    ObservabilitySettings,
+    load,
+    load_kafka,
+)
 
 TOPICS = TopicNames("in", "out", "state", "dlq")
 SASL = [
@@ -68,7 +75,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _settings(*argv: str) -> KafkaSettings:
     args = build_parser().parse_args(["run", "--tokenizer", "x", "--bootstrap-servers", "k:9092", *argv])
-    return KafkaSettings.from_args(args)
+    return load_kafka(KafkaSettings, args)
 
 
 # --- security ---------------------------------------------------------------------------------
@@ -82,14 +89,14 @@ def test_settings_carry_security_and_caps() -> None:
     assert (kwargs["sasl_plain_username"], kwargs["sasl_plain_password"]) == ("svc", "pw-123")
     assert "pw-123" not in repr(settings)
     assert (settings.max_open_requests, settings.max_state_bytes) == (7, 0)
-    options = producer_options("k:9092", "c", kwargs)
+    options = aiokafka_backend.producer_options(producer_config(settings, "c"), kwargs)
     assert options["sasl_plain_password"] == "pw-123" and options["enable_idempotence"] is True
     assert _settings().security.client_kwargs() == {"security_protocol": "PLAINTEXT"}
     with pytest.raises(ConfigurationError, match="max-open-requests"):
         _settings("--max-open-requests", "-1")
     # `topics create` has the flags too.
     create = build_parser().parse_args(["topics", "create", "--bootstrap-servers", "k:1", *SASL])
-    assert KafkaSettings.from_args(create).security.sasl_username == "svc"
+    assert load_kafka(KafkaTopics, create).security.sasl_username == "svc"
 
 
 class _Recorder:
@@ -130,23 +137,24 @@ def test_security_kwargs_reach_every_client(monkeypatch: pytest.MonkeyPatch) -> 
     classes = {}
     for name in ("Consumer", "RestoreConsumer", "Admin", "Producer"):
         classes[name] = type(name, (_Recorder,), {"made": made})
-    monkeypatch.setattr(worker_module, "AIOKafkaConsumer", classes["Consumer"])
+    monkeypatch.setattr(aiokafka_backend, "AIOKafkaConsumer", classes["Consumer"])
     monkeypatch.setattr(state_store, "AIOKafkaConsumer", classes["RestoreConsumer"])
-    monkeypatch.setattr(topics, "AIOKafkaAdminClient", classes["Admin"])
-    monkeypatch.setattr(delivery, "AIOKafkaProducer", classes["Producer"])
-    settings = _settings(*SASL, "--input-topic", "i", "--output-topic", "o", "--state-topic", "s")
-    worker = Worker(settings, derenderer_for(QWEN3_CONFIG), max_record_bytes=1024)
+    monkeypatch.setattr(aiokafka_backend, "AIOKafkaAdminClient", classes["Admin"])
+    monkeypatch.setattr(aiokafka_backend, "AIOKafkaProducer", classes["Producer"])
+    aiokafka = ["--kafka-client", "aiokafka"]  # librdkafka's settings: test_kafka_client
+    settings = _settings(*SASL, *aiokafka, "--input-topic", "i", "--output-topic", "o", "--state-topic", "s")
+    model = ModelSettings(tokenizer="x", max_record_bytes=1024)
+    worker = Worker(settings, derenderer_for(QWEN3_CONFIG), model=model)
     asyncio.run(worker._start_clients())
     worker._new_sink(TopicPartition("i", 0))  # exactly-once: a transactional producer
-    at_least_once = _settings(*SASL, "--mode", "at-least-once")
-    Worker(at_least_once, derenderer_for(QWEN3_CONFIG), max_record_bytes=1024)._new_sink(
-        TopicPartition("i", 1)
-    )
+    at_least_once = _settings(*SASL, *aiokafka, "--mode", "at-least-once")
+    Worker(at_least_once, derenderer_for(QWEN3_CONFIG), model=model)._new_sink(TopicPartition("i", 1))
     asyncio.run(topics.create_topics("k:9092", TOPICS, 1, 1, settings.security.client_kwargs()))
     kinds = [kind for kind, _ in made]
     assert sorted(set(kinds)) == ["Admin", "Consumer", "Producer", "RestoreConsumer"]
-    # Admin clients: partition counts and max.message.bytes at start-up, then `topics create`.
-    assert kinds.count("Producer") == 2 and kinds.count("Admin") == 3
+    # Admin clients: partition counts and max.message.bytes at start-up, then `topics create`
+    # (creating, then waiting for leaders).
+    assert kinds.count("Producer") == 2 and kinds.count("Admin") == 4
     for kind, kwargs in made:
         assert kwargs["security_protocol"] == "SASL_PLAINTEXT", kind
         assert kwargs["sasl_mechanism"] == "SCRAM-SHA-512", kind
@@ -185,10 +193,10 @@ def test_sasl_ssl_without_credentials_exits_2() -> None:
 
 def test_fatal_group_errors_are_configuration_errors() -> None:
     settings = _settings("--session-timeout-ms", "3000")
-    error = configuration_error(InvalidSessionTimeoutError(), settings)
+    error = configuration_error(aiokafka_backend.translate(InvalidSessionTimeoutError()), settings)
     assert error is not None
     assert "--session-timeout-ms 3000" in str(error) and "group.min.session.timeout.ms" in str(error)
-    assert configuration_error(KafkaError(), settings) is None
+    assert configuration_error(aiokafka_backend.translate(KafkaError()), settings) is None
     assert configuration_error(RuntimeError(), settings) is None
 
 
@@ -203,7 +211,6 @@ def _task(budget: MemoryBudget | None = None, policy: DeadLetterPolicy | None = 
         TOPICS,
         Metrics(),
         position=0,
-        persisted=set(),
         dead_letters=policy,
         budget=budget,
     )
@@ -282,7 +289,7 @@ def test_state_bytes_cap_counts_live_bytes() -> None:
     asyncio.run(probe.handle(FakeRecord(0, a.envelopes[0])))
     live = probe.sizes["bytes-00000"]
     ctx = probe.processor.requests["bytes-00000"]
-    assert live == request_live_bytes(ctx, len(orjson.dumps(ctx.request_raw))) > len(first)
+    assert live == ctx.live_bytes() > len(first)
     # Room for `a` (as a new request of its record's size) but not for `b` next to it.
     cap = max(live + 1, REQUEST_BASE_BYTES + OPENING_FACTOR * len(first))
     budget = MemoryBudget(max_state_bytes=cap)
@@ -337,9 +344,9 @@ def test_an_unchosen_metrics_port_falls_back_to_a_free_one(monkeypatch: pytest.M
 
     monkeypatch.delenv("DERENDER_METRICS_PORT", raising=False)
     run = ["run", "--tokenizer", "x"]
-    assert build_parser().parse_args(run).metrics_port is None
+    assert load(ObservabilitySettings, build_parser().parse_args(run)).metrics_port is None
     monkeypatch.setenv("DERENDER_METRICS_PORT", "9464")  # what every file in deploy/ sets
-    assert build_parser().parse_args(run).metrics_port == 9464
+    assert load(ObservabilitySettings, build_parser().parse_args(run)).metrics_port == 9464
     registry = build_registry(ExportedMetrics(), process_metrics=False)
     with socket.socket() as taken:
         taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -348,12 +355,12 @@ def test_an_unchosen_metrics_port_falls_back_to_a_free_one(monkeypatch: pytest.M
             taken.listen()
         except OSError:
             pass  # something else holds it already: just as good
-        args = argparse.Namespace(metrics_port=None, metrics_host="0.0.0.0")
+        args = ObservabilitySettings(metrics_port=None, metrics_host="0.0.0.0")
         server = _start_health_server(args, registry, ReadinessState())
         try:
             assert server.port != DEFAULT_METRICS_PORT
         finally:
             server.stop()
-        chosen = argparse.Namespace(metrics_port=DEFAULT_METRICS_PORT, metrics_host="0.0.0.0")
+        chosen = ObservabilitySettings(metrics_port=DEFAULT_METRICS_PORT, metrics_host="0.0.0.0")
         with pytest.raises(ConfigurationError, match="cannot serve metrics"):
             _start_health_server(chosen, registry, ReadinessState())

@@ -31,7 +31,7 @@ from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.parsing.ids import RANDOM_TOOL_CALL_ID
 from worker.core.parsing.tools.mistral import MISTRAL_TOOL_CALL_ID
 from worker.errors import AuditUsageError, ConfigurationError
-from worker.settings import ModelSettings, add_model_arguments
+from worker.settings import ModelSettings, add_arguments, load
 
 JsonDict = dict[str, Any]
 Position = tuple[str, int, int]  # input topic, partition, offset
@@ -697,13 +697,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=None,
         help="write the re-derendered outputs here, as output envelopes (JSON Lines)",
     )
-    try:
-        from worker.runtime.audit_source import add_kafka_arguments
-    except ImportError:  # the Kafka runtime is optional: files only
-        pass
-    else:
-        add_kafka_arguments(audit)
-    add_model_arguments(audit)
+    # Imported here: audit_source imports this module. No ImportError guard: aiokafka is required.
+    from worker.runtime.audit_source import add_kafka_arguments
+
+    add_kafka_arguments(audit)
+    add_arguments(audit, ModelSettings)
     audit.set_defaults(handler=_audit)
 
 
@@ -711,7 +709,7 @@ def _audit(args: argparse.Namespace) -> int:
     err = sys.stderr
     try:
         check_args(args)
-        model = ModelSettings.from_args(args)
+        model = load(ModelSettings, args)
         loaded: list[Derenderer] = []
 
         def factory() -> EnvelopeProcessor:

@@ -9,29 +9,35 @@ Each sub-command lives with the code it drives and registers itself here:
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from worker.audit import register as register_audit
-from worker.demo import register as register_demo
 from worker.errors import ConfigurationError, DerenderWorkerError
-from worker.pipeline.commands import register as register_pipeline
-from worker.runtime.commands import register as register_runtime
-from worker.settings import ModelSettings, add_model_arguments
+from worker.settings import ModelSettings, add_arguments, load
 
 Handler = Callable[[argparse.Namespace], int]
 
+# The module that registers each command, imported only when that command runs (all of them for
+# --help or an unknown name): the pipeline's aiohttp and the runtime's aiokafka would otherwise
+# be imported by every command, and more than double ``replay``'s start-up.
+_REGISTRARS = {
+    "demo": "worker.demo",
+    "audit": "worker.audit",  # files here, topics through worker.runtime.audit_source
+    "run": "worker.runtime.commands",
+    "topics": "worker.runtime.commands",
+    "dlq": "worker.runtime.commands",
+    "produce": "worker.pipeline.commands",
+    "consume": "worker.pipeline.commands",
+    "ingest": "worker.pipeline.commands",
+    "gateway": "worker.pipeline.commands",
+}
+
 
 def _replay(args: argparse.Namespace) -> int:
-    from worker.replay import open_input, replay_lines
+    from worker.replay import replay_file
 
-    processor = ModelSettings.from_args(args).build_processor()
-    source = open_input(args.file)
-    try:
-        return replay_lines(source, processor, sys.stdout.buffer, sys.stderr, assemble=args.assemble)
-    finally:
-        if source is not sys.stdin.buffer:
-            source.close()
+    return replay_file(args.file, load(ModelSettings, args).build_processor(), assemble=args.assemble)
 
 
 def _register_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,26 +46,32 @@ def _register_replay(commands: argparse._SubParsersAction[argparse.ArgumentParse
     replay.add_argument(
         "--assemble", action="store_true", help="also print each assembled response to stderr at the end"
     )
-    add_model_arguments(replay)
+    add_arguments(replay, ModelSettings)
     replay.set_defaults(handler=_replay)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every command, or with ``command`` alone when it is a known one."""
     parser = argparse.ArgumentParser(
         prog="derender-worker",
         description="Turn vLLM generate token streams into OpenAI responses (vLLM 0.33.0 derender parity).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    if command == "replay":
+        _register_replay(commands)
+        return parser
+    if command in _REGISTRARS:
+        importlib.import_module(_REGISTRARS[command]).register(commands)
+        return parser
     _register_replay(commands)
-    register_demo(commands)
-    register_audit(commands)  # `audit`: files here, topics through worker.runtime.audit_source
-    register_runtime(commands)
-    register_pipeline(commands)
+    for module in dict.fromkeys(_REGISTRARS.values()):
+        importlib.import_module(module).register(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(arguments[0] if arguments else None).parse_args(arguments)
     handler: Handler = args.handler
     try:
         return handler(args)

@@ -37,14 +37,14 @@ import orjson
 from worker.assembly import Assembler, render_text
 from worker.demo_view import DeadLetterSeen, DemoState, DemoView, RequestProgress, make_view
 from worker.errors import ConfigurationError, DemoError
-from worker.settings import ModelSettings
+from worker.settings import KafkaConnection, ModelSettings, env_vars_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = REPO_ROOT / "samples"
 DEMO_STREAM = SAMPLES / "streams" / "demo-qwen3.jsonl"
 DEMO_MODEL_NAME = "qwen3-demo"
 LOCAL_KAFKA_SCRIPT = REPO_ROOT / "deploy" / "local" / "kafka"
-BOOTSTRAP_ENVS = ("DERENDER_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS")
+BOOTSTRAP_ENVS = env_vars_of("bootstrap_servers", KafkaConnection.model_fields["bootstrap_servers"])
 
 WORKERS = 2
 PARTITIONS = 6

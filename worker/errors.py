@@ -5,10 +5,15 @@ commands alike (``except DerenderWorkerError`` is what the CLI turns into a one-
 ``RequestError`` carries what vLLM would answer over HTTP (status code, error type, param) so a
 rejected record becomes an output envelope with vLLM's error body. ``InvalidRecordError`` is a record
 that is not an envelope at all: it goes to the dead-letter output.
+
+Not here, on purpose: the private signals a parser module raises and catches itself (``_Partial``,
+``_NotACall``, ``_JsonSyntaxError``, ``Unsupported``). One that escaped would be a bug, and rooting it
+here would turn its traceback into the CLI's one-line message.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 
@@ -99,8 +104,44 @@ class IllegalBreakerTransitionError(DerenderWorkerError):
     """A dead-letter breaker was asked for a transition it does not have (a bug)."""
 
 
-class DeliveryFailedError(DerenderWorkerError):
+class KafkaClientError(DerenderWorkerError):
+    """A Kafka client call failed (either backend's error, mapped here): the cluster's trouble or
+    the transaction's, never a record's. The library's own exception is the ``__cause__``."""
+
+
+class KafkaUnreachableError(KafkaClientError):
+    """No broker answered at the bootstrap address."""
+
+
+class DeliveryFailedError(KafkaClientError):
     """A record of the open transaction / commit was not acknowledged."""
+
+
+class RecordTooLargeError(DeliveryFailedError):
+    """A topic refused a record as larger than its ``max.message.bytes``."""
+
+
+class ProducerFencedError(KafkaClientError):
+    """Another producer with the same transactional id (or a newer group generation) took over."""
+
+
+class PartitionNotAssignedError(KafkaClientError):
+    """A call named a partition this consumer is not (or no longer) assigned."""
+
+
+class GroupRejectedError(KafkaClientError):
+    """The group coordinator refused the member for a reason only configuration can fix."""
+
+    class Reason(enum.Enum):
+        SESSION_TIMEOUT = "session timeout"
+        GROUP_ID = "group id"
+        PROTOCOL = "group protocol"
+        GROUP_AUTHORIZATION = "group authorization"
+        TOPIC_AUTHORIZATION = "topic authorization"
+
+    def __init__(self, reason: GroupRejectedError.Reason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class TokenError(DerenderWorkerError):

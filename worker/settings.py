@@ -1,136 +1,352 @@
-"""Model and server settings shared by every entry point (``replay``, ``run``, ``demo``).
+"""Every setting of every command, declared once: flag, environment variable, type, default, help.
 
-Flag names are vLLM's, so a deployment can reuse its serving flags; each flag
-can also come from an environment variable (``DERENDER_`` + upper-case name).
+A setting is one field of a *section* below (a frozen ``pydantic-settings`` model). From that one
+declaration come its flag (``--max-model-len``: the field name with dashes, unless ``Cli(flags=...)``
+says otherwise), its environment variable (``DERENDER_MAX_MODEL_LEN``, unless the field's
+``validation_alias`` lists others), its type and range checks, its default and its ``--help`` line.
+Precedence: a flag given on the command line, else the environment variable, else the default.
+
+A command adds the flags of the sections it uses (``add_arguments``) and builds them from its parsed
+arguments (``load``); argparse only collects strings, the sections parse and check them, so a flag
+and its environment variable are read and refused the same way (a configuration error: exit 2).
+``run`` builds one ``RunConfig`` from its sections (``worker.runtime.commands`` builds the worker
+from it).
+
+Adding a setting is a one-place change: add a field to the section it belongs to (with a help text
+and, where a value is impossible, a ``ge``/``gt`` bound); the commands that use the section get the
+flag and the environment variable, and ``tests/test_settings.py`` checks that it reaches the
+configuration. A new group of settings is a new ``Section`` subclass, added to ``RUN_SECTIONS`` when
+``run`` takes it.
 """
 
 from __future__ import annotations
 
 import argparse
+import enum
+import inspect
 import logging
 import os
+import socket
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, TypeVar
+
+from pydantic import AliasChoices, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from worker.core.derenderer import DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_N_SEQUENCES, Derenderer, ServerOptions
 from worker.core.envelope_processor import (
     DEFAULT_MAX_LIVE_PARSERS,
+    DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_MAX_REQUEST_STATE_BYTES,
     EnvelopeProcessor,
 )
+from worker.core.live_parsers import LiveParserPool
 from worker.core.model_dir import load_tokenizer
 from worker.core.parsing import ChatParsing, adapter_for
+from worker.core.parsing.registry import reasoning_parsers, tool_parsers
 from worker.errors import ConfigurationError
+from worker.runtime.dead_letter_policy import (
+    DEFAULT_MAX_CONSECUTIVE,
+    DEFAULT_MAX_RATIO,
+    DEFAULT_MIN_RECORDS,
+    DEFAULT_WINDOW,
+    DeadLetterLimits,
+)
+from worker.runtime.health_server import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
+from worker.runtime.kafka_client.base import (
+    AssignmentStrategy,
+    ClientKind,
+    GroupProtocol,
+    TransactionalIdMode,
+)
+from worker.runtime.kafka_oauth import OidcClientCredentials
+from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
+from worker.runtime.poison import DEFAULT_MAX_RECORD_RETRIES
+from worker.runtime.structured_logging import configure_logging
+from worker.runtime.topics import TopicNames
 
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "DERENDER_"
-
-
-def env_default(name: str, default: str | None = None) -> str | None:
-    """The environment's value for flag ``name`` (``--max-model-len`` → ``DERENDER_MAX_MODEL_LEN``)."""
-    return os.environ.get(ENV_PREFIX + name.lstrip("-").replace("-", "_").upper(), default)
-
-
-def _env_int(name: str) -> int | None:
-    value = env_default(name)
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError as exc:
-        raise ConfigurationError(f"{ENV_PREFIX}{name.upper()} must be an integer, got {value!r}") from exc
-
-
-def _env_bool(name: str) -> bool:
-    return (env_default(name) or "").lower() in ("1", "true", "yes", "on")
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("model (vLLM's flag names)")
-    group.add_argument(
-        "--tokenizer",
-        default=env_default("tokenizer"),
-        help="model directory: tokenizer.json (or .xz), tokenizer_config.json, config.json, "
-        "generation_config.json",
-    )
-    group.add_argument(
-        "--served-model-name",
-        nargs="+",
-        default=(env_default("served-model-name") or "").split() or None,
-        help="name(s) the model answers to; the first is reported (default: the tokenizer directory's name)",
-    )
-    group.add_argument(
-        "--max-model-len",
-        type=int,
-        default=_env_int("max-model-len"),
-        help="default: max_position_embeddings from config.json",
-    )
-    group.add_argument("--max-logprobs", type=int, default=_env_int("max-logprobs") or DEFAULT_MAX_LOGPROBS)
-    group.add_argument(
-        "--max-n-sequences",
-        type=int,
-        default=_env_int("max-n-sequences") or DEFAULT_MAX_N_SEQUENCES,
-        help="vLLM's VLLM_MAX_N_SEQUENCES",
-    )
-    group.add_argument("--reasoning-parser", default=env_default("reasoning-parser"))
-    group.add_argument(
-        "--tool-parser", "--tool-call-parser", dest="tool_parser", default=env_default("tool-parser")
-    )
-    group.add_argument(
-        "--enable-auto-tool-choice", action="store_true", default=_env_bool("enable-auto-tool-choice")
-    )
-    group.add_argument(
-        "--max-record-bytes",
-        type=int,
-        default=_env_int("max-record-bytes") or DEFAULT_MAX_RECORD_BYTES,
-        help="larger records are dead-lettered",
-    )
-    group.add_argument(
-        "--max-live-parsers",
-        type=int,
-        default=_env_int("max-live-parsers") or DEFAULT_MAX_LIVE_PARSERS,
-        help="live parser sessions kept (in `run`: one pool for the whole worker); the least recently "
-        "used is rebuilt from state on use",
-    )
+FALLBACK_BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+DEFAULT_GROUP_ID = "derender-worker"
+_OFF = ("off", "none", "disabled")
 
 
 @dataclass(frozen=True, slots=True)
-class ModelSettings:
-    tokenizer: str
-    served_model_names: tuple[str, ...] | None = None
-    max_model_len: int | None = None
-    max_logprobs: int = DEFAULT_MAX_LOGPROBS
-    max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
-    reasoning_parser: str | None = None
-    tool_parser: str | None = None
-    enable_auto_tool_choice: bool = False
-    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    max_live_parsers: int = DEFAULT_MAX_LIVE_PARSERS
+class Cli:
+    """How a field shows on the command line, where the field name alone does not say it."""
 
+    flags: tuple[str, ...] = ()  # default: ("--" + the field name with dashes,)
+    group: str | None = None  # default: the section's GROUP
+    default_text: str | None = None  # --help's "default: ..." when the value alone says too little
+    choices: Callable[[], Iterable[str]] | None = None  # named in --help (the field checks them)
+
+
+class Section(BaseSettings):
+    """A group of settings: each field reads its flag's value, else its environment variable."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        frozen=True,
+        extra="forbid",
+        validate_by_name=True,
+        env_ignore_empty=True,  # DERENDER_X= (empty) means "not set", as it always did
+        arbitrary_types_allowed=True,  # Secret, KafkaSecurity
+    )
+    GROUP: ClassVar[str] = "settings"
+
+
+S = TypeVar("S", bound=Section)
+K = TypeVar("K", bound="KafkaConnection")
+
+
+def _cli(field: FieldInfo) -> Cli:
+    return next((m for m in field.metadata if isinstance(m, Cli)), Cli())
+
+
+def flags_of(name: str, field: FieldInfo) -> tuple[str, ...]:
+    return _cli(field).flags or ("--" + name.replace("_", "-"),)
+
+
+def env_vars_of(name: str, field: FieldInfo) -> tuple[str, ...]:
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return tuple(str(choice) for choice in alias.choices)
+    return (ENV_PREFIX + name.upper(),)
+
+
+def cli_fields(section: type[Section]) -> dict[str, FieldInfo]:
+    """The fields of ``section``: each one is a flag."""
+    return dict(section.model_fields)
+
+
+def _default_text(field: FieldInfo) -> str:
+    cli = _cli(field)
+    if cli.default_text is not None:
+        return cli.default_text
+    if field.is_required():
+        return "required"
+    value = field.default
+    if value is None or value == ():
+        return "unset"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _help(name: str, field: FieldInfo) -> str:
+    cli = _cli(field)
+    text = field.description or ""
+    if cli.choices is not None:
+        text += f"; one of: {', '.join(sorted(cli.choices()))}"
+    enum_type = _enum_type(field)
+    if enum_type is not None:
+        text += f"; one of: {', '.join(str(m.value) for m in enum_type)}"
+    envs = " or ".join(env_vars_of(name, field))
+    # argparse formats help with %: escape the text, which may hold percentages.
+    return f"{text} (default: {_default_text(field)}; env {envs})".replace("%", "%%")
+
+
+def _enum_type(field: FieldInfo) -> type[enum.Enum] | None:
+    for candidate in (field.annotation, *getattr(field.annotation, "__args__", ())):
+        if isinstance(candidate, type) and issubclass(candidate, enum.Enum):
+            return candidate
+    return None
+
+
+def _is_bool(field: FieldInfo) -> bool:
+    return field.annotation is bool
+
+
+def _is_list(field: FieldInfo) -> bool:
+    return "tuple" in str(field.annotation)
+
+
+def _declaring(section: type[Section], name: str) -> type[Section]:
+    """The class that declares field ``name`` (its GROUP titles the flag in ``--help``)."""
+    for cls in section.__mro__:
+        if isinstance(cls, type) and issubclass(cls, Section) and name in inspect.get_annotations(cls):
+            return cls
+    return section
+
+
+def add_arguments(parser: argparse.ArgumentParser, *sections: type[Section]) -> None:
+    """The flags of ``sections``, each in its group; every flag's argparse default is ``None`` (not given)."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    seen: set[str] = set()
+    for section in sections:
+        for name, field in cli_fields(section).items():
+            if name in seen:
+                continue
+            seen.add(name)
+            title = _cli(field).group or _declaring(section, name).GROUP
+            group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
+            kwargs: dict[str, Any] = {"dest": name, "default": None, "help": _help(name, field)}
+            if not _is_bool(field):
+                kwargs["metavar"] = flags_of(name, field)[0].removeprefix("--").replace("-", "_").upper()
+            if _is_bool(field):
+                kwargs["action"] = argparse.BooleanOptionalAction if field.default else "store_const"
+                if not field.default:
+                    kwargs["const"] = True
+            elif _is_list(field):
+                kwargs["nargs"] = "+"
+            elif "Secret" in str(field.annotation):
+                kwargs["type"] = Secret  # never shown by the parsed namespace's repr
+            group.add_argument(*flags_of(name, field), **kwargs)
+
+
+def given(section: type[Section], args: argparse.Namespace) -> dict[str, Any]:
+    """The flags of ``section`` given on the command line (argparse leaves the others ``None``)."""
+    return {
+        name: getattr(args, name) for name in cli_fields(section) if getattr(args, name, None) is not None
+    }
+
+
+def load(section: type[S], args: argparse.Namespace | None = None, **values: Any) -> S:
+    """``section`` from the given flags (and ``values``), else the environment, else the defaults."""
+    flags = given(section, args) if args is not None else {}
+    try:
+        return section(**flags, **values)
+    except ValidationError as exc:
+        raise ConfigurationError(describe_errors(section, exc)) from None
+
+
+def describe_errors(section: type[Section], exc: ValidationError) -> str:
+    """One line per refused setting, naming its flag and environment variable (never a secret's value)."""
+    by_alias = {env: name for name, field in section.model_fields.items() for env in env_vars_of(name, field)}
+    lines = []
+    for error in exc.errors():
+        key = str(error["loc"][0]) if error["loc"] else ""
+        name = by_alias.get(key, key)
+        field = section.model_fields.get(name)
+        if field is None:
+            lines.append(error["msg"])
+            continue
+        where = f"{flags_of(name, field)[0]} (env {' or '.join(env_vars_of(name, field))})"
+        if error["type"] == "missing":
+            lines.append(f"{where} is required")
+            continue
+        shown = "********" if "Secret" in str(field.annotation) else repr(error.get("input"))
+        message = str(error["msg"]).removeprefix("Value error, ")
+        lines.append(f"{where}: {message}, got {shown}")
+    return "; ".join(lines)
+
+
+def _enum_member(enum_type: type[enum.Enum], raw: Any) -> Any:
+    """A member from its value, case- and ``-``/``_``-insensitively (``sasl_ssl``, ``scram_sha_512``)."""
+    if not isinstance(raw, str):
+        return raw
+    wanted = raw.strip().upper().replace("-", "_")
+    for member in enum_type:
+        if str(member.value).upper().replace("-", "_") == wanted:
+            return member
+    allowed = " | ".join(str(m.value) for m in enum_type)
+    raise ValueError(f"must be one of {allowed}")
+
+
+def _off_or(raw: Any) -> Any:
+    return None if isinstance(raw, str) and raw.strip().lower() in _OFF else raw
+
+
+def _one_of(names: Callable[[], Iterable[str]], raw: Any) -> Any:
+    if raw is None or raw == "":
+        return None
+    allowed = sorted(names())
+    if raw not in allowed:
+        raise ValueError(f"unknown name; one of: {', '.join(allowed)}")
+    return raw
+
+
+# --- the model: every command that derenders ----------------------------------------------------
+
+
+def _reasoning_parser_names() -> Iterable[str]:
+    return reasoning_parsers().keys()
+
+
+def _tool_parser_names() -> Iterable[str]:
+    return tool_parsers().keys()
+
+
+class ModelSettings(Section):
+    """The model and the core's limits (flag names are vLLM's): ``replay``, ``run``, ``audit``, ``demo``."""
+
+    GROUP: ClassVar[str] = "model (vLLM's flag names) and per-request limits"
+
+    tokenizer: str = Field(
+        description="model directory: tokenizer.json (or .xz), tokenizer_config.json, config.json, "
+        "generation_config.json",
+    )
+    served_model_names: Annotated[
+        tuple[str, ...] | None,
+        NoDecode,
+        Cli(flags=("--served-model-name",), default_text="the tokenizer directory's name"),
+    ] = Field(
+        None,
+        validation_alias=AliasChoices("DERENDER_SERVED_MODEL_NAME"),
+        description="name(s) the model answers to; the first is reported (env: space-separated)",
+    )
+    max_model_len: Annotated[int | None, Cli(default_text="max_position_embeddings from config.json")] = (
+        Field(None, gt=0, description="longest sequence, prompt included")
+    )
+    max_logprobs: int = Field(DEFAULT_MAX_LOGPROBS, ge=-1, description="most logprobs per token (-1: no cap)")
+    max_n_sequences: int = Field(DEFAULT_MAX_N_SEQUENCES, gt=0, description="vLLM's VLLM_MAX_N_SEQUENCES")
+    reasoning_parser: Annotated[str | None, Cli(choices=_reasoning_parser_names)] = Field(
+        None, description="splits reasoning from content"
+    )
+    tool_parser: Annotated[
+        str | None, Cli(flags=("--tool-parser", "--tool-call-parser"), choices=_tool_parser_names)
+    ] = Field(None, description="extracts tool calls (needs --enable-auto-tool-choice)")
+    enable_auto_tool_choice: bool = Field(False, description="let --tool-parser extract tool calls")
+    max_record_bytes: int = Field(
+        DEFAULT_MAX_RECORD_BYTES, gt=0, description="larger input records are dead-lettered"
+    )
+    max_live_parsers: int = Field(
+        DEFAULT_MAX_LIVE_PARSERS,
+        ge=0,
+        description="live parser sessions kept (in `run`: one pool for the whole worker); the least "
+        "recently used is rebuilt from state on use (0: none kept)",
+    )
+    max_request_state_bytes: int = Field(
+        DEFAULT_MAX_REQUEST_STATE_BYTES,
+        gt=0,
+        description="a request's state (context and choice states) past this is a 413 that fails it",
+    )
+    max_output_bytes: int = Field(
+        DEFAULT_MAX_OUTPUT_BYTES,
+        gt=0,
+        description="an output envelope past this becomes a 413 error record (keep it under the "
+        "producers' 16 MiB request size)",
+    )
+
+    @field_validator("served_model_names", mode="before")
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ModelSettings:
-        if not args.tokenizer:
-            raise ConfigurationError("--tokenizer (or DERENDER_TOKENIZER) is required")
-        if args.tool_parser and not args.enable_auto_tool_choice:
+    def _split_names(cls, raw: Any) -> Any:
+        return tuple(raw.split()) or None if isinstance(raw, str) else raw
+
+    @field_validator("reasoning_parser", mode="before")
+    @classmethod
+    def _known_reasoning_parser(cls, raw: Any) -> Any:
+        return _one_of(_reasoning_parser_names, raw)
+
+    @field_validator("tool_parser", mode="before")
+    @classmethod
+    def _known_tool_parser(cls, raw: Any) -> Any:
+        return _one_of(_tool_parser_names, raw)
+
+    def build_derenderer(self) -> Derenderer:
+        if self.tool_parser and not self.enable_auto_tool_choice:
             log.warning(
                 "--tool-parser %s does nothing without --enable-auto-tool-choice (as in vLLM): "
                 "tool calls stay text",
-                args.tool_parser,
+                self.tool_parser,
             )
-        return cls(
-            tokenizer=args.tokenizer,
-            served_model_names=tuple(args.served_model_name) if args.served_model_name else None,
-            max_model_len=args.max_model_len,
-            max_logprobs=args.max_logprobs,
-            max_n_sequences=args.max_n_sequences,
-            reasoning_parser=args.reasoning_parser or None,
-            tool_parser=args.tool_parser or None,
-            enable_auto_tool_choice=args.enable_auto_tool_choice,
-            max_record_bytes=args.max_record_bytes,
-            max_live_parsers=args.max_live_parsers,
-        )
-
-    def build_derenderer(self) -> Derenderer:
         tokenizer = load_tokenizer(self.tokenizer)
         max_len = self.max_model_len or tokenizer.max_position_embeddings
         if max_len is None or max_len <= 0:
@@ -157,8 +373,594 @@ class ModelSettings:
     def build_processor(self) -> EnvelopeProcessor:
         return self.processor_for(self.build_derenderer())
 
-    def processor_for(self, derenderer: Derenderer) -> EnvelopeProcessor:
-        """A new processor (its own request state) sharing ``derenderer``."""
+    def processor_for(
+        self,
+        derenderer: Derenderer,
+        *,
+        live_parsers: LiveParserPool | None = None,
+        require_key: bool = False,
+    ) -> EnvelopeProcessor:
+        """A new processor (its own request state) sharing ``derenderer`` (and ``live_parsers``)."""
         return EnvelopeProcessor(
-            derenderer, max_record_bytes=self.max_record_bytes, max_live_parsers=self.max_live_parsers
+            derenderer,
+            max_record_bytes=self.max_record_bytes,
+            max_live_parsers=self.max_live_parsers,
+            max_output_bytes=self.max_output_bytes,
+            max_request_state_bytes=self.max_request_state_bytes,
+            require_key=require_key,
+            live_parsers=live_parsers,
+        )
+
+
+# --- Kafka: connection, security, topics, processing -------------------------------------------
+
+
+def _client_id() -> str:
+    return f"derender-worker-{socket.gethostname()}-{os.getpid()}"
+
+
+def pod_name() -> str | None:
+    """The pod's name, as ``--group-instance-id``'s default: ``POD_NAME`` (the downward API) if set,
+    else ``HOSTNAME`` inside Kubernetes only (``KUBERNETES_SERVICE_HOST`` set), where it is the pod
+    name; elsewhere a host name is no stable identity of one worker (several may share a host)."""
+    name = os.environ.get("POD_NAME", "").strip()
+    if name:
+        return name
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return os.environ.get("HOSTNAME", "").strip() or None
+    return None
+
+
+class KafkaConnection(Section):
+    """Where the brokers are: every Kafka command."""
+
+    GROUP: ClassVar[str] = "kafka"
+
+    bootstrap_servers: str = Field(
+        validation_alias=AliasChoices(ENV_PREFIX + "BOOTSTRAP_SERVERS", FALLBACK_BOOTSTRAP_ENV),
+        min_length=1,
+        description="host:port[,host:port...]",
+    )
+    client_id: Annotated[str, Cli(default_text="derender-worker-<host name>-<pid>")] = Field(
+        default_factory=_client_id, min_length=1, description="the Kafka client id"
+    )
+
+    # Not a flag: ``load_kafka`` builds it from ``SecuritySettings``.
+    _security: KafkaSecurity = PrivateAttr(default_factory=KafkaSecurity)
+
+    @property
+    def security(self) -> KafkaSecurity:
+        return self._security
+
+    @field_validator("bootstrap_servers", mode="before")
+    @classmethod
+    def _strip(cls, raw: Any) -> Any:
+        return raw.strip() if isinstance(raw, str) else raw
+
+
+class SecuritySettings(Section):
+    """TLS and SASL for every Kafka client (see ``worker.runtime.kafka_security``)."""
+
+    GROUP: ClassVar[str] = "kafka security"
+
+    security_protocol: SecurityProtocol = Field(SecurityProtocol.PLAINTEXT, description="how to connect")
+    sasl_mechanism: SaslMechanism | None = Field(
+        None, description="required with SASL_PLAINTEXT / SASL_SSL (OAUTHBEARER: OIDC client credentials)"
+    )
+    sasl_username: str | None = Field(None, description="PLAIN / SCRAM user")
+    sasl_password: Secret | None = Field(
+        None, description="prefer the environment (from a Secret): a flag shows in the process list"
+    )
+    sasl_oauth_token_endpoint: str | None = Field(
+        None, description="OAUTHBEARER: the OIDC token endpoint (client credentials grant)"
+    )
+    sasl_oauth_client_id: str | None = Field(None, description="OAUTHBEARER: the client id")
+    sasl_oauth_client_secret: Secret | None = Field(
+        None, description="OAUTHBEARER: the client secret (prefer the environment, from a Secret)"
+    )
+    sasl_oauth_scope: str | None = Field(None, description="OAUTHBEARER: scope(s)")
+    aws_region: str | None = Field(
+        None,
+        validation_alias=AliasChoices(ENV_PREFIX + "AWS_REGION", "AWS_REGION"),
+        description="AWS_MSK_IAM: the cluster's region",
+    )
+    ssl_cafile: str | None = Field(None, description="PEM CA bundle (unset: the system's CAs)")
+    ssl_certfile: str | None = Field(None, description="PEM client certificate (mTLS)")
+    ssl_keyfile: str | None = Field(None, description="PEM client key (mTLS)")
+    ssl_key_password: Secret | None = Field(None, description="password of an encrypted --ssl-keyfile")
+    ssl_check_hostname: bool = Field(
+        True, description="verify that the broker's certificate names the host connected to"
+    )
+
+    @field_validator("security_protocol", mode="before")
+    @classmethod
+    def _protocol(cls, raw: Any) -> Any:
+        return _enum_member(SecurityProtocol, raw)
+
+    @field_validator("sasl_mechanism", mode="before")
+    @classmethod
+    def _mechanism(cls, raw: Any) -> Any:
+        return _enum_member(SaslMechanism, raw) if raw else None
+
+    @field_validator("sasl_password", "sasl_oauth_client_secret", "ssl_key_password", mode="before")
+    @classmethod
+    def _secret(cls, raw: Any) -> Any:
+        return (Secret(raw) if raw else None) if isinstance(raw, str) else raw
+
+    def kafka_security(self) -> KafkaSecurity:
+        oauth = None
+        if self.sasl_oauth_token_endpoint or self.sasl_oauth_client_id or self.sasl_oauth_client_secret:
+            oauth = OidcClientCredentials(
+                self.sasl_oauth_token_endpoint or "",
+                self.sasl_oauth_client_id or "",
+                self.sasl_oauth_client_secret or None,
+                self.sasl_oauth_scope or None,
+            )
+        security = KafkaSecurity(
+            protocol=self.security_protocol,
+            sasl_mechanism=self.sasl_mechanism,
+            sasl_username=self.sasl_username or None,
+            sasl_password=self.sasl_password or None,
+            ssl_cafile=self.ssl_cafile or None,
+            ssl_certfile=self.ssl_certfile or None,
+            ssl_keyfile=self.ssl_keyfile or None,
+            ssl_key_password=self.ssl_key_password or None,
+            ssl_check_hostname=self.ssl_check_hostname,
+            oauth=oauth,
+            aws_region=self.aws_region or None,
+        )
+        security.validate()
+        return security
+
+
+class InputTopic(Section):
+    GROUP: ClassVar[str] = "topics"
+
+    input_topic: str = Field("derender-requests", min_length=1, description="the worker's input envelopes")
+
+
+class OutputTopic(Section):
+    GROUP: ClassVar[str] = "topics"
+
+    output_topic: str = Field("derender-responses", min_length=1, description="the worker's output envelopes")
+
+
+class KafkaTopics(KafkaConnection, InputTopic, OutputTopic):
+    """The worker's four topics: ``run``, ``topics create``, ``dlq replay``, ``audit``."""
+
+    GROUP: ClassVar[str] = "topics"
+
+    state_topic: str = Field(
+        "derender-state",
+        min_length=1,
+        description="compacted; must have as many partitions as the input topic (partition p holds the "
+        "state of input partition p)",
+    )
+    dlq_topic: str = Field("derender-dead-letters", min_length=1, description="dead letters")
+
+    @property
+    def topics(self) -> TopicNames:
+        return TopicNames(self.input_topic, self.output_topic, self.state_topic, self.dlq_topic)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> KafkaTopics:
+        names = [self.input_topic, self.output_topic, self.state_topic, self.dlq_topic]
+        if len(set(names)) != len(names):
+            raise ConfigurationError(f"the four topics must be distinct, got {names}")
+        return self
+
+
+class DeliveryMode(enum.Enum):
+    EXACTLY_ONCE = "exactly-once"
+    AT_LEAST_ONCE = "at-least-once"
+
+
+_CAPS = "memory caps (per worker; a new request past a cap gets a 503 error output; 0: off)"
+
+
+class KafkaSettings(KafkaTopics):
+    """``run``'s consumer group, commits and memory caps."""
+
+    GROUP: ClassVar[str] = "processing"
+
+    group_id: str = Field(DEFAULT_GROUP_ID, min_length=1, description="the consumer group")
+    mode: DeliveryMode = Field(
+        DeliveryMode.EXACTLY_ONCE, description="exactly-once (transactions) or at-least-once"
+    )
+    commit_interval_ms: int = Field(
+        100, gt=0, description="how long outputs may wait before their transaction commits"
+    )
+    request_ttl_s: float = Field(
+        300.0, gt=0, description="an open request idle this long is closed with a 408 error output"
+    )
+    # Chosen by `./run bench state`: state records per input fall ~N-fold, a restore re-reads at
+    # most this much input.
+    state_checkpoint_interval_ms: int = Field(
+        10_000,
+        ge=0,
+        description="write an open request's progress to the state topic at most this often; a restore "
+        "re-reads the input after each request's last checkpoint (0: at every commit)",
+    )
+    session_timeout_ms: int = Field(
+        10_000,
+        gt=0,
+        description="consumer-group session timeout: how fast a crashed worker's partitions move",
+    )
+    rebalance_timeout_ms: int = Field(
+        30_000,
+        gt=0,
+        description="how long the group waits for members to rejoin; must hold a batch and a commit",
+    )
+    max_poll_records: int = Field(500, gt=0, description="records fetched per poll")
+    max_uncommitted_records: int = Field(
+        5_000, gt=0, description="commit early once this many records are processed but not committed"
+    )
+    shutdown_timeout_s: float = Field(30.0, gt=0, description="SIGTERM: exit 1 if stopping takes longer")
+    # The default is chosen by `./run bench kafka` (README, "Benchmarks").
+    kafka_client: ClientKind = Field(
+        ClientKind.CONFLUENT,
+        description="the Kafka client library of the data path: aiokafka (pure asyncio) or confluent "
+        "(librdkafka, KIP-447)",
+    )
+    transactional_id_mode: TransactionalIdMode = Field(
+        TransactionalIdMode.PER_PARTITION,
+        description="exactly-once: one transactional producer per input partition, or one per worker "
+        "(needs KIP-447: --kafka-client confluent and Kafka 2.5+)",
+    )
+    # Incremental by default: partitions that stay keep flowing during a scale event (README).
+    partition_assignment_strategy: AssignmentStrategy = Field(
+        AssignmentStrategy.COOPERATIVE_STICKY,
+        description="classic group protocol: cooperative-sticky (incremental: only moved partitions stop) "
+        "or range | roundrobin (eager: every partition stops at each rebalance); aiokafka has no "
+        "cooperative-sticky and falls back to roundrobin",
+    )
+    group_protocol: GroupProtocol = Field(
+        GroupProtocol.CLASSIC,
+        description="classic, or consumer (KIP-848, Kafka 4.0+, --kafka-client confluent): the broker "
+        "assigns incrementally and owns the session timeout",
+    )
+    group_instance_id: Annotated[str | None, Cli(default_text="$POD_NAME, or $HOSTNAME in Kubernetes")] = (
+        Field(
+            default_factory=pod_name,
+            min_length=1,
+            description="static membership: a worker back within --session-timeout-ms under the same id "
+            "gets its partitions back without a rebalance ('off')",
+        )
+    )
+    # Estimated live bytes (memory.py); deploy/ sets values sized for its 1 GiB pods (`./run bench flood`).
+    max_open_requests: Annotated[int, Cli(group=_CAPS)] = Field(
+        20_000, ge=0, description="streamed requests open at once"
+    )
+    max_state_bytes: Annotated[int, Cli(group=_CAPS)] = Field(
+        128 * 1024 * 1024,
+        ge=0,
+        description="live memory of the open requests and of closed-request memory, estimated in bytes",
+    )
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, raw: Any) -> Any:
+        return _enum_member(DeliveryMode, raw)
+
+    @field_validator("kafka_client", mode="before")
+    @classmethod
+    def _client(cls, raw: Any) -> Any:
+        return _enum_member(ClientKind, raw)
+
+    @field_validator("transactional_id_mode", mode="before")
+    @classmethod
+    def _id_mode(cls, raw: Any) -> Any:
+        return _enum_member(TransactionalIdMode, raw)
+
+    @field_validator("partition_assignment_strategy", mode="before")
+    @classmethod
+    def _strategy(cls, raw: Any) -> Any:
+        return _enum_member(AssignmentStrategy, raw)
+
+    @field_validator("group_protocol", mode="before")
+    @classmethod
+    def _group_protocol(cls, raw: Any) -> Any:
+        return _enum_member(GroupProtocol, raw)
+
+    @field_validator("group_instance_id", mode="before")
+    @classmethod
+    def _instance_id(cls, raw: Any) -> Any:
+        return _off_or(raw)
+
+    @model_validator(mode="after")
+    def _workable(self) -> KafkaSettings:
+        if self.per_worker_transactions and self.kafka_client is ClientKind.AIOKAFKA:
+            raise ConfigurationError(
+                "--transactional-id-mode per-worker needs KIP-447 (fencing by the group generation), "
+                "which aiokafka lacks: use --kafka-client confluent, or --transactional-id-mode per-partition"
+            )
+        if self.group_protocol is GroupProtocol.CONSUMER:
+            if self.kafka_client is ClientKind.AIOKAFKA:
+                raise ConfigurationError(
+                    "--group-protocol consumer (KIP-848) needs --kafka-client confluent: aiokafka speaks "
+                    "only the classic protocol"
+                )
+            if not self.partition_assignment_strategy.incremental:
+                raise ConfigurationError(
+                    "--group-protocol consumer assigns on the broker, always incrementally: drop "
+                    f"--partition-assignment-strategy {self.partition_assignment_strategy.value}"
+                )
+        from worker.runtime.preflight import check_settings  # it reads delivery's limits
+
+        check_settings(self)
+        return self
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.mode is DeliveryMode.EXACTLY_ONCE
+
+    @property
+    def per_worker_transactions(self) -> bool:
+        return self.exactly_once and self.transactional_id_mode is TransactionalIdMode.PER_WORKER
+
+    def transactional_id(self, partition: int) -> str:
+        """Stable per input partition, so the next owner's ``init_transactions`` fences the last one."""
+        return f"{self.group_id}-{self.input_topic}-{partition}"
+
+    def worker_transactional_id(self) -> str:
+        """Per worker (KIP-447 fences zombies); a restart with the same client id aborts what its
+        predecessor left open at once instead of after the transaction timeout."""
+        return f"{self.group_id}-{self.input_topic}-{self.client_id}"
+
+
+def load_kafka(section: type[K], args: argparse.Namespace) -> K:
+    """A Kafka section with the security settings built in (``security`` is no flag of its own)."""
+    settings = load(section, args)
+    settings._security = load(SecuritySettings, args).kafka_security()  # a private attribute
+    return settings
+
+
+# --- the rest of `run` ----------------------------------------------------------------------------
+
+
+class DeadLetterSettings(Section):
+    GROUP: ClassVar[str] = (
+        "dead-letter circuit breaker (a partition whose records are dead-lettered past these limits "
+        "is paused and the worker turns not-ready, until restart or re-assignment)"
+    )
+
+    dlq_max_ratio: float | None = Field(
+        DEFAULT_MAX_RATIO,
+        ge=0.0,
+        lt=1.0,
+        description="trip when more than this share of the last --dlq-window records is "
+        "dead-lettered ('off')",
+    )
+    dlq_window: int = Field(DEFAULT_WINDOW, gt=0, description="records the ratio looks back on")
+    dlq_min_records: int = Field(
+        DEFAULT_MIN_RECORDS, gt=0, description="the ratio counts only once the window holds this many records"
+    )
+    dlq_max_consecutive: int | None = Field(
+        DEFAULT_MAX_CONSECUTIVE, gt=0, description="trip after this many dead letters in a row ('off')"
+    )
+
+    @field_validator("dlq_max_ratio", "dlq_max_consecutive", mode="before")
+    @classmethod
+    def _off(cls, raw: Any) -> Any:
+        return _off_or(raw)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DeadLetterSettings:
+        self.limits()  # refuses a window smaller than --dlq-min-records
+        return self
+
+    def limits(self) -> DeadLetterLimits:
+        return DeadLetterLimits(
+            max_ratio=self.dlq_max_ratio,
+            window=self.dlq_window,
+            min_records=self.dlq_min_records,
+            max_consecutive=self.dlq_max_consecutive,
+        )
+
+
+class PoisonSettings(Section):
+    GROUP: ClassVar[str] = "poison records"
+
+    max_record_retries: int = Field(
+        DEFAULT_MAX_RECORD_RETRIES,
+        gt=0,
+        description="a record that resets its partition this many times in a row is "
+        "dead-lettered and skipped",
+    )
+
+
+class LogLevel(enum.Enum):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+class LogFormat(enum.Enum):
+    TEXT = "text"
+    JSON = "json"
+
+
+class LoggingSettings(Section):
+    GROUP: ClassVar[str] = "logging"
+
+    log_level: LogLevel = Field(LogLevel.INFO, description="the lowest level logged")
+    log_format: LogFormat = Field(LogFormat.TEXT, description="json: one JSON object per line")
+    aiokafka_debug: bool = Field(False, description="keep aiokafka's INFO lines (every retry of an outage)")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level(cls, raw: Any) -> Any:
+        return _enum_member(LogLevel, raw)
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _format(cls, raw: Any) -> Any:
+        return _enum_member(LogFormat, raw)
+
+    def configure(self) -> None:
+        configure_logging(
+            self.log_level.value, json=self.log_format is LogFormat.JSON, aiokafka_debug=self.aiokafka_debug
+        )
+
+
+class ObservabilitySettings(Section):
+    GROUP: ClassVar[str] = "metrics, health and tracing"
+
+    metrics_port: Annotated[
+        int | None, Cli(default_text=f"{DEFAULT_METRICS_PORT}, or a free port when it is taken")
+    ] = Field(None, ge=0, le=65535, description="port of /metrics, /healthz, /readyz (0: any free port)")
+    metrics_host: str = Field(
+        DEFAULT_METRICS_HOST, description="address to bind (0.0.0.0: every interface, loopback included)"
+    )
+    otel_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP collector base URL (http://collector:4318): one span per request, with the "
+        "GenAI and messaging attributes; needs the 'otel' extra. OTEL_EXPORTER_OTLP_ENDPOINT works too",
+    )
+
+
+class TopicsCreateSettings(Section):
+    GROUP: ClassVar[str] = "topics create"
+
+    partitions: int = Field(
+        12, gt=0, description="partitions of every topic; the state topic must match the input topic"
+    )
+    replication_factor: int = Field(1, gt=0, description="replicas of every topic")
+
+
+# --- the pipeline: `ingest` and `gateway` ------------------------------------------------------------
+
+
+class RequestsTopic(Section):
+    GROUP: ClassVar[str] = "topics"
+
+    requests_topic: str = Field(
+        "derender-openai-requests", min_length=1, description="request envelopes and cancels"
+    )
+
+
+class IngestOptions(RequestsTopic, InputTopic, OutputTopic):
+    """``ingest``: requests topic -> vLLM render + generate -> the worker's input topic."""
+
+    GROUP: ClassVar[str] = "ingest"
+
+    render_url: str = Field("http://127.0.0.1:8000", min_length=1, description="vLLM's render server")
+    generate_url: Annotated[str | None, Cli(default_text="--render-url")] = Field(
+        None, description="vLLM's generate server"
+    )
+    api_key: str | None = Field(None, description="vLLM's --api-key (prefer the environment)")
+    group_id: str = Field("derender-ingest", min_length=1, description="ingest's consumer group")
+    max_inflight: int = Field(
+        256, gt=0, description="requests generating at once; the requests topic pauses when full"
+    )
+    commit_interval_ms: int = Field(
+        20, gt=0, description="how long produced records may wait for their commit"
+    )
+    stream_idle_timeout_s: float = Field(
+        60.0, gt=0, description="a generation silent this long is aborted and fails with a 504 error record"
+    )
+    abort_grace_s: float = Field(
+        10.0, gt=0, description="after a cancel, how long generate may take to end the stream"
+    )
+    session_timeout_ms: int = Field(10_000, gt=0, description="consumer-group session timeout")
+    shutdown_timeout_s: float = Field(
+        30.0, gt=0, description="SIGTERM: how long in-flight requests may finish"
+    )
+
+    @model_validator(mode="after")
+    def _distinct(self) -> IngestOptions:
+        names = [self.requests_topic, self.input_topic, self.output_topic]
+        if len(set(names)) != len(names):
+            raise ConfigurationError(
+                f"--requests-topic, --input-topic and --output-topic must differ, got {names}"
+            )
+        return self
+
+
+class GatewayOptions(RequestsTopic, OutputTopic):
+    """``gateway``: the OpenAI-compatible HTTP front of the pipeline."""
+
+    GROUP: ClassVar[str] = "http"
+
+    host: str = Field("0.0.0.0", description="address to bind")
+    port: int = Field(8000, ge=0, le=65535, description="port to serve on")
+    api_key: str | None = Field(
+        None, description="clients must send 'Authorization: Bearer KEY' (prefer the environment)"
+    )
+    served_model_names: Annotated[tuple[str, ...], NoDecode, Cli(flags=("--served-model-name",))] = Field(
+        (),
+        validation_alias=AliasChoices("DERENDER_SERVED_MODEL_NAME"),
+        description="the model name(s) GET /v1/models lists (env: space-separated)",
+    )
+    request_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="a request with no new output for this long ends with error 504 (and is cancelled)",
+    )
+
+    @field_validator("served_model_names", mode="before")
+    @classmethod
+    def _split_names(cls, raw: Any) -> Any:
+        return tuple(raw.split()) if isinstance(raw, str) else raw
+
+
+# `run`'s sections, in --help order; RunConfig holds one of each.
+RUN_SECTIONS: tuple[type[Section], ...] = (
+    KafkaSettings,
+    SecuritySettings,
+    ModelSettings,
+    DeadLetterSettings,
+    PoisonSettings,
+    LoggingSettings,
+    ObservabilitySettings,
+)
+
+
+def setting_text(value: object) -> str:
+    """A setting's value as its flag or environment variable would spell it."""
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, tuple):
+        return " ".join(str(item) for item in value)
+    if isinstance(value, Secret):
+        return value.reveal()
+    return str(value)
+
+
+RUN_SETTINGS_BY_ENV: dict[str, tuple[type[Section], str]] = {
+    env: (section, name)
+    for section in RUN_SECTIONS
+    for name, field in cli_fields(section).items()
+    for env in env_vars_of(name, field)
+}
+
+
+def vars_of(config: RunConfig) -> tuple[Section, ...]:
+    """The sections of ``config``."""
+    return tuple(getattr(config, slot) for slot in RunConfig.__slots__)
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """Everything ``run`` is configured with, checked: built once, read by the composition root."""
+
+    kafka: KafkaSettings  # its ``security`` built from ``security`` below
+    security: SecuritySettings
+    model: ModelSettings
+    dead_letters: DeadLetterSettings
+    poison: PoisonSettings
+    logging: LoggingSettings
+    observability: ObservabilitySettings
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunConfig:
+        return cls(
+            kafka=load_kafka(KafkaSettings, args),
+            security=load(SecuritySettings, args),
+            model=load(ModelSettings, args),
+            dead_letters=load(DeadLetterSettings, args),
+            poison=load(PoisonSettings, args),
+            logging=load(LoggingSettings, args),
+            observability=load(ObservabilitySettings, args),
         )

@@ -1,29 +1,40 @@
-"""The derender step itself: one validated body (and the sequence's state) in, OpenAI objects out.
+"""The derender endpoints: one validated body (and the sequence's state) in, OpenAI objects out.
 
 This is the pure core behind both ``replay`` and the Kafka worker, with every
-behaviour of vLLM 0.33.0's ``ServingDerender`` + ``OnlineDerenderer``:
-the same checks in the same order with the same status codes, the same
-decoding, and responses with the same keys and nulls. Responses are built as
-plain dicts (the per-token hot path); ``schemas.openai`` holds the matching
-models and the tests check the two agree.
+behaviour of vLLM 0.33.0's ``ServingDerender`` + ``OnlineDerenderer``: the
+checks (``worker.core.checks``, in vLLM's order with its status codes), the
+same decoding, and the responses (``worker.core.responses``) with the same keys
+and nulls. A streamed chat choice takes one step whether or not a parser is
+configured (``Derenderer._chat_choice``); only how text becomes a delta differs.
 """
 
 from __future__ import annotations
 
+import functools
 import time
+import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from schemas.bounds import INT64_MAX, INT64_MIN
 from schemas.derender import (
     DerenderChatRequest,
     DerenderChatStreamRequest,
     DerenderCompletionRequest,
     DerenderCompletionStreamRequest,
 )
-from schemas.generate import GenerateTokensResponse, GenerateTokensStreamChoice, UsageInfo
+from schemas.generate import GenerateTokensStreamChoice
 from schemas.openai import ChatCompletionRequest, CompletionRequest, NamedToolChoice
+from worker.core.checks import (
+    DEFAULT_MAX_LOGPROBS,
+    DEFAULT_MAX_N_SEQUENCES,
+    PARSER_NEEDS_CHAT_REQUEST,
+    ServerOptions,
+    check_bounds,
+    check_chat_stream,
+    check_completion_stream,
+    check_model,
+    check_prompt_ids,
+)
 from worker.core.decoding import DecodeWindow, TextDecoder
 from worker.core.logprobs import (
     chat_top_limit,
@@ -33,80 +44,30 @@ from worker.core.logprobs import (
     to_completion_logprobs,
 )
 from worker.core.model_dir import LoadedTokenizer
-from worker.core.parsing import ChatParsing, DeltaOut, ParseRequest
+from worker.core.parsing import ChatParsing, ParseRequest
+from worker.core.responses import (
+    chat_chunk,
+    chat_stream_choice,
+    completion_chunk,
+    ids_if,
+    message,
+    parsed_delta,
+    plain_delta,
+    prompt_logprobs,
+    resolve_finish_reason,
+    usage,
+)
 from worker.core.sequence_state import LiveParser, SequenceState
 from worker.core.stopping import StopPolicy, drop_stop_token, find_stop_string
-from worker.errors import ModelNotFoundError, ParserSetupError, RequestError
+from worker.errors import ParserSetupError, RequestError
+
+__all__ = ["DEFAULT_MAX_LOGPROBS", "DEFAULT_MAX_N_SEQUENCES", "Derenderer", "ServerOptions"]
 
 JsonDict = dict[str, Any]
-
-DEFAULT_MAX_LOGPROBS = 20
-DEFAULT_MAX_N_SEQUENCES = 16384
-
-STREAM_STOP_STRINGS_ERROR = (
-    "stop strings are not supported by streaming derender because text already sent cannot be cut. "
-    "Use non-streaming derender or output_mode=text on /inference/v1/generate which holds stop strings back."
-)
-PARSER_NEEDS_CHAT_REQUEST = (
-    "chat_request is required when a tool or reasoning parser is configured because plain "
-    "detokenization would leak raw parser markup into content."
-)
-PARSER_NEEDS_PROMPT_IDS = (
-    "prompt_token_ids is required when a tool or reasoning parser is configured. Without it "
-    "parse_delta cannot tell whether the prompt left reasoning open (e.g. a chat template that "
-    "pre-opens <think>) and would misclassify reasoning content as plain content."
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ServerOptions:
-    """What vLLM takes from its command line and environment for derender."""
-
-    served_model_names: tuple[str, ...]
-    max_model_len: int
-    max_logprobs: int = DEFAULT_MAX_LOGPROBS
-    max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
-
-    @property
-    def model_name(self) -> str:
-        return self.served_model_names[0]
-
-
-def _ids_if(wanted: bool, ids: Sequence[int] | None) -> list[int] | None:
-    """A copy of ``ids`` when the request asked for token ids, else null."""
-    return list(ids) if wanted and ids is not None else None
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> JsonDict:
-    total = prompt_tokens + completion_tokens
-    if not INT64_MIN <= total <= INT64_MAX:  # each count fits; their sum must be writable too
-        raise RequestError(f"token counts add up to {total}, past the 64-bit range", param="usage")
-    return {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": total,
-        "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
-        "completion_tokens_details": None,
-    }
-
-
-def _chunk_usage(usage: UsageInfo | None, prompt_tokens: int | None) -> JsonDict | None:
-    if usage is None:
-        return None
-    prompt = prompt_tokens if prompt_tokens is not None else (usage.prompt_tokens or 0)
-    return _usage(prompt, usage.completion_tokens or 0)
-
-
-def _stop_policy(request: ChatCompletionRequest | CompletionRequest | None) -> StopPolicy | None:
-    if request is None:
-        return None
-    return StopPolicy(
-        ignore_eos=request.ignore_eos,
-        stop_token_ids=frozenset(request.stop_token_ids or ()),
-        include_stop_str_in_output=request.include_stop_str_in_output,
-        stop_strings=tuple(request.stop_strings()),
-        min_tokens=request.min_tokens,
-    )
+# A streamed chat choice's new text (stop token left out) and ids -> its delta and finish_reason.
+ToDelta = Callable[
+    [list[int] | Sequence[int], Sequence[int], GenerateTokensStreamChoice], tuple[JsonDict, str | None]
+]
 
 
 def _skip_special(request: ChatCompletionRequest | CompletionRequest | None, preserve_special: bool) -> bool:
@@ -115,55 +76,6 @@ def _skip_special(request: ChatCompletionRequest | CompletionRequest | None, pre
     if preserve_special:
         return False
     return request is None or request.skip_special_tokens is not False
-
-
-def _resolve_finish_reason(
-    finish_reason: str | None, request: ChatCompletionRequest | None, tool_calls: bool
-) -> str:
-    reason = finish_reason or "stop"
-    named = request is not None and isinstance(request.tool_choice, NamedToolChoice)
-    if tool_calls and reason == "stop" and not named:
-        return "tool_calls"
-    return reason
-
-
-def _message(
-    content: str | None, reasoning: str | None = None, tool_calls: list[JsonDict] | None = None
-) -> JsonDict:
-    message: JsonDict = {
-        "role": "assistant",
-        "content": content,
-        "refusal": None,
-        "annotations": None,
-        "audio": None,
-        "function_call": None,
-    }
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    message["reasoning"] = reasoning
-    return message
-
-
-def _prompt_logprobs(value: list[dict[str, Any] | None] | None) -> list[dict[str, Any] | None] | None:
-    """vLLM re-validates each entry as a ``Logprob``, so missing fields come back as null."""
-    if value is None:
-        return None
-    out: list[dict[str, Any] | None] = []
-    for position in value:
-        if position is None:
-            out.append(None)
-            continue
-        out.append(
-            {
-                str(token): {
-                    "logprob": entry.get("logprob") if isinstance(entry, dict) else entry,
-                    "rank": entry.get("rank") if isinstance(entry, dict) else None,
-                    "decoded_token": entry.get("decoded_token") if isinstance(entry, dict) else None,
-                }
-                for token, entry in position.items()
-            }
-        )
-    return out
 
 
 class Derenderer:
@@ -182,93 +94,40 @@ class Derenderer:
         self.options = options
         self.parsing = parsing
         self._clock = clock
-
-    # --- shared checks -----------------------------------------------------------------------
+        self._policies: dict[
+            int, tuple[weakref.ref[ChatCompletionRequest | CompletionRequest], StopPolicy]
+        ] = {}
 
     def check_model(self, model: str | None) -> str:
         """The model name to report; 404 for a name this server does not serve."""
-        if model and model not in self.options.served_model_names:
-            raise ModelNotFoundError(model, ", ".join(self.options.served_model_names))
-        return model or self.options.model_name
+        return check_model(self.options, model)
 
-    def _check_prompt_ids(self, prompt_token_ids: Sequence[int] | None) -> None:
-        limit = self.options.max_model_len
-        if prompt_token_ids is not None and len(prompt_token_ids) > limit:
-            raise RequestError(
-                f"prompt_token_ids length ({len(prompt_token_ids)}) exceeds max_model_len ({limit})."
-            )
+    # --- shared steps ------------------------------------------------------------------------
 
-    def _check_bounds(self, responses: Sequence[GenerateTokensResponse]) -> None:
-        max_n = self.options.max_n_sequences
-        limit = self.options.max_model_len
-        max_logprobs = self.options.max_logprobs
-        if len(responses) > max_n:
-            raise RequestError(
-                f"generate_responses count ({len(responses)}) exceeds server maximum ({max_n}). "
-                "Set VLLM_MAX_N_SEQUENCES to increase this limit."
-            )
-        for gen in responses:
-            if len(gen.choices) > max_n:
-                raise RequestError(
-                    f"choices count ({len(gen.choices)}) in response '{gen.request_id}' "
-                    f"exceeds server maximum ({max_n})."
-                )
-            for choice in gen.choices:
-                if choice.token_ids and len(choice.token_ids) > limit:
-                    raise RequestError(
-                        f"token_ids length ({len(choice.token_ids)}) in choice {choice.index} "
-                        f"exceeds max_model_len ({limit})."
-                    )
-                content = choice.logprobs.content if choice.logprobs else None
-                if content:
-                    if len(content) > limit:
-                        raise RequestError(
-                            f"logprobs.content length ({len(content)}) in choice {choice.index} "
-                            f"exceeds max_model_len ({limit})."
-                        )
-                    for entry in content:
-                        if max_logprobs >= 0 and len(entry.top_logprobs) > max_logprobs:
-                            raise RequestError(
-                                f"top_logprobs count ({len(entry.top_logprobs)}) in choice {choice.index} "
-                                f"exceeds max_logprobs ({max_logprobs})."
-                            )
-            if gen.prompt_logprobs and len(gen.prompt_logprobs) > limit:
-                raise RequestError(
-                    f"prompt_logprobs length ({len(gen.prompt_logprobs)}) in response '{gen.request_id}' "
-                    f"exceeds max_model_len ({limit})."
-                )
+    def _stop_policy(self, request: ChatCompletionRequest | CompletionRequest | None) -> StopPolicy | None:
+        """The request's stop policy, built once per request object (every record asks for it)."""
+        if request is None:
+            return None
+        key = id(request)
+        known = self._policies.get(key)
+        if known is not None and known[0]() is request:
+            return known[1]
+        policy = StopPolicy(
+            ignore_eos=request.ignore_eos,
+            stop_token_ids=frozenset(request.stop_token_ids or ()),
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            stop_strings=tuple(request.stop_strings()),
+            min_tokens=request.min_tokens,
+        )
+        # Held weakly: a closed request's messages and tools must not stay alive for the cache's
+        # sake (the memory caps count only open requests); the entry goes with the request.
+        self._policies[key] = (weakref.ref(request, functools.partial(self._forget_policy, key)), policy)
+        return policy
 
-    def _check_stream_choices(self, choices: Sequence[GenerateTokensStreamChoice], prompt_len: int) -> None:
-        """Bounds vLLM 0.33.0 leaves off streamed chunks, so one record's work stays O(its tokens).
-
-        A completion chunk's delta is bounded by ``max_model_len`` as chat's is, logprob
-        positions by the chunk's own tokens, candidates by ``max_logprobs``.
-        """
-        limit = self.options.max_model_len
-        max_logprobs = self.options.max_logprobs
-        delta_len = sum(len(c.token_ids) for c in choices if c.token_ids)
-        if prompt_len + delta_len > limit:
-            raise RequestError(
-                f"prompt_token_ids length ({prompt_len}) plus delta ({delta_len}) "
-                f"exceeds max_model_len ({limit})."
-            )
-        for choice in choices:
-            content = choice.logprobs.content if choice.logprobs is not None else None
-            if not content:
-                continue
-            tokens = len(choice.token_ids or ())
-            if len(content) > tokens:
-                raise RequestError(
-                    f"logprobs.content length ({len(content)}) in choice {choice.index} exceeds "
-                    f"its token_ids length ({tokens})."
-                )
-            if max_logprobs >= 0:
-                for entry in content:
-                    if len(entry.top_logprobs) > max_logprobs:
-                        raise RequestError(
-                            f"top_logprobs count ({len(entry.top_logprobs)}) in choice {choice.index} "
-                            f"exceeds max_logprobs ({max_logprobs})."
-                        )
+    def _forget_policy(self, key: int, dead: weakref.ref[ChatCompletionRequest | CompletionRequest]) -> None:
+        known = self._policies.get(key)
+        if known is not None and known[0] is dead:
+            del self._policies[key]
 
     def _drop_stop(
         self,
@@ -301,19 +160,6 @@ class Derenderer:
             return state
         seed_ids = prompt_token_ids if prompt_token_ids is not None else chunk_prompt_token_ids
         return SequenceState(window=self.decoder.seed_window(seed_ids, skip_special))
-
-    def _decode_choice(
-        self,
-        window: DecodeWindow,
-        choice: GenerateTokensStreamChoice,
-        policy: StopPolicy | None,
-        skip_special: bool,
-    ) -> tuple[str, int | str | None]:
-        """One streamed choice's new text (stop token left out) and its ``stop_reason``."""
-        text_ids, stop_reason = self._drop_stop(
-            choice.token_ids or [], choice.finish_reason, choice.stop_reason, policy
-        )
-        return self.decoder.extend(window, text_ids, skip_special), stop_reason
 
     def _decode_output(
         self,
@@ -349,10 +195,10 @@ class Derenderer:
     # --- chat, one-shot ----------------------------------------------------------------------
 
     def chat(self, body: DerenderChatRequest) -> JsonDict:
-        model = self.check_model(body.model)
+        model = check_model(self.options, body.model)
         gen = body.generate_response
-        self._check_bounds([gen])
-        self._check_prompt_ids(body.prompt_token_ids)
+        check_bounds(self.options, [gen])
+        check_prompt_ids(self.options, body.prompt_token_ids)
         request = body.chat_request
         if self.parsing is not None and request is None:
             raise RequestError(PARSER_NEEDS_CHAT_REQUEST)
@@ -360,7 +206,7 @@ class Derenderer:
         skip_special = _skip_special(request, preserve_special=parsing is not None)
         seed_ids = body.prompt_token_ids if body.prompt_token_ids is not None else gen.prompt_token_ids
         seed = self.decoder.seed_window(seed_ids, skip_special)
-        policy = _stop_policy(request)
+        policy = self._stop_policy(request)
         hide_metadata = parsing is not None and request is not None and not request.include_reasoning
         return_token_ids = bool(request is not None and request.return_token_ids and not hide_metadata)
         top_limit = chat_top_limit(request)
@@ -394,18 +240,18 @@ class Derenderer:
                     }
                     for call in parsed.tool_calls
                 ]
-                message = _message(parsed.content, parsed.reasoning, tool_calls)
+                reply = message(parsed.content, parsed.reasoning, tool_calls)
             else:
                 tool_calls = []
-                message = _message(text)
+                reply = message(text)
             choices.append(
                 {
                     "index": choice.index,
-                    "message": message,
+                    "message": reply,
                     "logprobs": logprobs,
-                    "finish_reason": _resolve_finish_reason(choice.finish_reason, request, bool(tool_calls)),
+                    "finish_reason": resolve_finish_reason(choice.finish_reason, request, bool(tool_calls)),
                     "stop_reason": stop_reason,
-                    "token_ids": _ids_if(return_token_ids, choice.token_ids),
+                    "token_ids": ids_if(return_token_ids, choice.token_ids),
                     "routed_experts": None,
                     "weight_versions": None,
                 }
@@ -421,9 +267,9 @@ class Derenderer:
             "choices": choices,
             "service_tier": None,
             "system_fingerprint": None,
-            "usage": _usage(prompt_tokens, completion_tokens),
-            "prompt_logprobs": _prompt_logprobs(gen.prompt_logprobs),
-            "prompt_token_ids": _ids_if(
+            "usage": usage(prompt_tokens, completion_tokens),
+            "prompt_logprobs": prompt_logprobs(gen.prompt_logprobs),
+            "prompt_token_ids": ids_if(
                 request is not None and bool(request.return_token_ids), gen.prompt_token_ids
             ),
             "prompt_text": None,
@@ -435,17 +281,17 @@ class Derenderer:
     # --- completion, one-shot ----------------------------------------------------------------
 
     def completion(self, body: DerenderCompletionRequest) -> JsonDict:
-        model = self.check_model(body.model)
+        model = check_model(self.options, body.model)
         responses = body.generate_responses
         if not responses:
             raise RequestError("generate_responses must not be empty")
-        self._check_bounds(responses)
+        check_bounds(self.options, responses)
         if body.prompt_token_ids is not None:
             for ids in body.prompt_token_ids:
-                self._check_prompt_ids(ids)
+                check_prompt_ids(self.options, ids)
         request = body.completion_request
         skip_special = _skip_special(request, preserve_special=False)
-        policy = _stop_policy(request)
+        policy = self._stop_policy(request)
         top_limit = completion_top_limit(request)
         return_token_ids = bool(request is not None and request.return_token_ids)
         prompt_counts = body.prompt_tokens if body.prompt_tokens is not None else [0] * len(responses)
@@ -479,9 +325,9 @@ class Derenderer:
                         "logprobs": logprobs,
                         "finish_reason": choice.finish_reason,
                         "stop_reason": stop_reason,
-                        "token_ids": _ids_if(return_token_ids, choice.token_ids),
+                        "token_ids": ids_if(return_token_ids, choice.token_ids),
                         "prompt_logprobs": None,
-                        "prompt_token_ids": _ids_if(return_token_ids, gen.prompt_token_ids),
+                        "prompt_token_ids": ids_if(return_token_ids, gen.prompt_token_ids),
                         "routed_experts": None,
                         "weight_versions": None,
                     }
@@ -501,7 +347,7 @@ class Derenderer:
             "choices": choices,
             "service_tier": None,
             "system_fingerprint": None,
-            "usage": _usage(total_prompt, total_completion),
+            "usage": usage(total_prompt, total_completion),
             "kv_transfer_params": kv_params,
             "ec_transfer_params": None,
             "metrics": first.metrics if len(responses) == 1 else None,
@@ -511,29 +357,7 @@ class Derenderer:
 
     def check_chat_stream(self, body: DerenderChatStreamRequest, prior_output_len: int) -> str:
         """vLLM's pre-checks for a streaming chat body, in its order; returns the model name."""
-        model = self.check_model(body.model)
-        request = body.chat_request
-        if request is not None and request.stop:
-            raise RequestError(STREAM_STOP_STRINGS_ERROR)
-        if self.parsing is not None and request is None:
-            raise RequestError(PARSER_NEEDS_CHAT_REQUEST)
-        if self.parsing is not None and body.prompt_token_ids is None:
-            raise RequestError(PARSER_NEEDS_PROMPT_IDS)
-        choices = body.generate_chunk.choices
-        if len(choices) > 1:
-            raise RequestError(
-                f"derender_chat_stream expects at most one choice per chunk (got {len(choices)})."
-            )
-        prompt_len = len(body.prompt_token_ids) if body.prompt_token_ids is not None else 0
-        delta_len = sum(len(c.token_ids) for c in choices if c.token_ids)
-        limit = self.options.max_model_len
-        if prompt_len + prior_output_len + delta_len > limit:
-            raise RequestError(
-                f"prompt_token_ids length ({prompt_len}) plus output_token_ids length ({prior_output_len}) "
-                f"plus delta ({delta_len}) exceeds max_model_len ({limit})."
-            )
-        self._check_stream_choices(choices, prompt_len)
-        return model
+        return check_chat_stream(self.options, body, prior_output_len, parsing=self.parsing is not None)
 
     def chat_stream(
         self, body: DerenderChatStreamRequest, state: SequenceState | None
@@ -549,68 +373,70 @@ class Derenderer:
             parsed_state = state if state is not None else SequenceState()
             try:
                 return self._chat_stream_parsed(body, parsed_state, model)
-            except Exception as exc:  # e.g. replaying a malformed caller-carried state: vLLM answers 400
+            except Exception as exc:
                 # The session may be half-stepped; the next record rebuilds it from the state.
                 parsed_state.live = None
                 if isinstance(exc, RequestError):
                     raise
-                raise RequestError("invalid stream_state: derender failed") from exc
-        gen = body.generate_chunk
+                if isinstance(exc, ParserSetupError) or body.stream_state is not None:
+                    # vLLM rebuilds the parser from the caller's state on every call and answers
+                    # any failure there with a 400 (also a parser this request cannot use).
+                    raise RequestError("invalid stream_state: derender failed") from exc
+                # No state came from the caller: the failure is ours, a 500 at the record boundary.
+                raise
         skip_special = _skip_special(request, preserve_special=False)
-        state = self._seeded(state, body.prompt_token_ids, gen.prompt_token_ids, skip_special)
-        policy = _stop_policy(request)
-        return_token_ids = bool(request is not None and request.return_token_ids)
-        top_limit = chat_top_limit(request)
-        choices: list[JsonDict] = []
-        for choice in gen.choices:
-            delta_ids = choice.token_ids or []
-            text, stop_reason = self._decode_choice(state.window, choice, policy, skip_special)
-            logprobs = None
-            if choice.logprobs is not None:
-                logprobs = resolve_chat_logprobs(
-                    self.decoder,
-                    choice.logprobs,
-                    context=state.logprob_context_token_ids,
-                    top_limit=top_limit,
-                )
-            include_role = not state.role_sent
-            state.role_sent = True
-            state.logprob_context_token_ids = context_tail(state.logprob_context_token_ids, delta_ids)
-            choices.append(
-                {
-                    "index": choice.index,
-                    "delta": {
-                        "role": "assistant" if include_role else None,
-                        "content": text or None,
-                        "reasoning": None,
-                    },
-                    "logprobs": logprobs,
-                    "finish_reason": choice.finish_reason,
-                    "stop_reason": stop_reason,
-                    "token_ids": _ids_if(return_token_ids, choice.token_ids),
-                    "weight_versions": None,
-                }
-            )
-        return self._chat_chunk(body, model, choices), state
+        state = self._seeded(state, body.prompt_token_ids, body.generate_chunk.prompt_token_ids, skip_special)
+        window = state.window
+        extend = self.decoder.extend
 
-    def _chat_chunk(self, body: DerenderChatStreamRequest, model: str, choices: list[JsonDict]) -> JsonDict:
-        gen = body.generate_chunk
-        request = body.chat_request
-        return {
-            "id": gen.request_id,
-            "object": "chat.completion.chunk",
-            "created": int(self._clock()),
-            "model": model,
-            "choices": choices,
-            "usage": _chunk_usage(gen.usage, body.prompt_tokens),
-            "system_fingerprint": None,
-            "prompt_token_ids": _ids_if(
-                request is not None and bool(request.return_token_ids), gen.prompt_token_ids
-            ),
-            "prompt_text": None,
-            "metrics": gen.metrics,
-            "kv_transfer_params": None,
-        }
+        def to_delta(
+            text_ids: list[int] | Sequence[int], delta_ids: Sequence[int], choice: GenerateTokensStreamChoice
+        ) -> tuple[JsonDict, str | None]:
+            return plain_delta(extend(window, text_ids, skip_special)), choice.finish_reason
+
+        return_token_ids = bool(request is not None and request.return_token_ids)
+        choices = [
+            self._chat_choice(
+                choice, state, request, to_delta, show_metadata=True, token_ids=return_token_ids
+            )
+            for choice in body.generate_chunk.choices
+        ]
+        return chat_chunk(body, model, int(self._clock()), choices), state
+
+    def _chat_choice(
+        self,
+        choice: GenerateTokensStreamChoice,
+        state: SequenceState,
+        request: ChatCompletionRequest | None,
+        to_delta: ToDelta,
+        *,
+        show_metadata: bool,
+        token_ids: bool,
+    ) -> JsonDict:
+        """One streamed chat choice: stop token, delta, logprobs, role, as both chat paths take it.
+
+        ``show_metadata`` false (a parser hiding reasoning's metadata) leaves logprobs out.
+        """
+        delta_ids = choice.token_ids or []
+        text_ids, stop_reason = self._drop_stop(
+            delta_ids, choice.finish_reason, choice.stop_reason, self._stop_policy(request)
+        )
+        delta, finish_reason = to_delta(text_ids, delta_ids, choice)
+        logprobs = None
+        if choice.logprobs is not None and show_metadata:
+            logprobs = resolve_chat_logprobs(
+                self.decoder,
+                choice.logprobs,
+                context=state.logprob_context_token_ids,
+                top_limit=chat_top_limit(request),
+            )
+        state.logprob_context_token_ids = context_tail(state.logprob_context_token_ids, delta_ids)
+        if not state.role_sent:
+            delta["role"] = "assistant"
+            state.role_sent = True
+        return chat_stream_choice(
+            choice.index, delta, logprobs, finish_reason, stop_reason, ids_if(token_ids, choice.token_ids)
+        )
 
     def _new_live_parser(self, body: DerenderChatStreamRequest, state: SequenceState) -> LiveParser:
         """A parser session for this sequence, brought up to date by replaying its carried history."""
@@ -631,43 +457,25 @@ class Derenderer:
     ) -> tuple[JsonDict, SequenceState]:
         request = body.chat_request
         assert request is not None
-        gen = body.generate_chunk
         live = state.live
         if live is None:
             live = self._new_live_parser(body, state)
             state.live = live
         session = live.session
-        hide_metadata = session.hide_metadata
-        return_token_ids = bool(request.return_token_ids and not hide_metadata)
-        top_limit = chat_top_limit(request)
-        choices: list[JsonDict] = []
-        if gen.choices:
-            choice = gen.choices[0]
-            delta_ids = choice.token_ids or []
-            text_ids, stop_reason = self._drop_stop(
-                delta_ids, choice.finish_reason, choice.stop_reason, _stop_policy(request)
-            )
-            delta: JsonDict | None = None
-            finish_reason: str | None = None
+        extend = self.decoder.extend
+
+        def to_delta(
+            text_ids: list[int] | Sequence[int], delta_ids: Sequence[int], choice: GenerateTokensStreamChoice
+        ) -> tuple[JsonDict, str | None]:
+            parsed, finish_reason = None, None
             if delta_ids or choice.finish_reason is not None:
-                text = self.decoder.extend(live.window, text_ids, False) if delta_ids else ""
+                text = extend(live.window, text_ids, False) if delta_ids else ""
                 parsed, finish_reason = session.step(text, list(delta_ids), choice.finish_reason)
-                if parsed is not None:
-                    delta = _delta_dict(parsed)
             if delta_ids:
                 state.output_token_ids.extend(delta_ids)
                 state.output_chunk_lens.append(len(delta_ids))
-            logprobs = None
-            if choice.logprobs is not None and not hide_metadata:
-                logprobs = resolve_chat_logprobs(
-                    self.decoder,
-                    choice.logprobs,
-                    context=state.logprob_context_token_ids,
-                    top_limit=top_limit,
-                )
-            state.logprob_context_token_ids = context_tail(state.logprob_context_token_ids, delta_ids)
-            if delta is None:
-                delta = {"role": None, "content": None, "reasoning": None}
+            delta = parsed_delta(parsed)
+            # A call's id is the one first sent for its index, also when the session was rebuilt.
             for call in delta.get("tool_calls", ()):
                 if call["id"] is None:
                     continue
@@ -675,36 +483,23 @@ class Derenderer:
                     call["id"] = state.last_tool_call_ids[call["index"]]
                 else:
                     state.last_tool_call_ids.append(call["id"])
-            if not state.role_sent:
-                delta["role"] = "assistant"
-                state.role_sent = True
-            choices.append(
-                {
-                    "index": choice.index,
-                    "delta": delta,
-                    "logprobs": logprobs,
-                    "finish_reason": finish_reason,
-                    "stop_reason": stop_reason,
-                    "token_ids": _ids_if(return_token_ids, choice.token_ids),
-                    "weight_versions": None,
-                }
+            return delta, finish_reason
+
+        show_metadata = not session.hide_metadata
+        return_token_ids = bool(request.return_token_ids and show_metadata)
+        choices = [
+            self._chat_choice(
+                choice, state, request, to_delta, show_metadata=show_metadata, token_ids=return_token_ids
             )
+            for choice in body.generate_chunk.choices
+        ]
         state.tools_streamed = session.tools_streamed
-        return self._chat_chunk(body, model, choices), state
+        return chat_chunk(body, model, int(self._clock()), choices), state
 
     # --- completion, streaming ---------------------------------------------------------------
 
     def check_completion_stream(self, body: DerenderCompletionStreamRequest) -> str:
-        model = self.check_model(body.model)
-        request = body.completion_request
-        if request is not None and request.stop:
-            raise RequestError(STREAM_STOP_STRINGS_ERROR)
-        self._check_prompt_ids(body.prompt_token_ids)
-        if len(body.generate_chunk.choices) > 1:
-            raise RequestError("derender_completion_stream expects at most one choice per chunk")
-        prompt_len = len(body.prompt_token_ids) if body.prompt_token_ids is not None else 0
-        self._check_stream_choices(body.generate_chunk.choices, prompt_len)
-        return model
+        return check_completion_stream(self.options, body)
 
     def completion_stream(
         self, body: DerenderCompletionStreamRequest, state: SequenceState | None
@@ -714,13 +509,16 @@ class Derenderer:
         gen = body.generate_chunk
         skip_special = _skip_special(request, preserve_special=False)
         state = self._seeded(state, body.prompt_token_ids, gen.prompt_token_ids, skip_special)
-        policy = _stop_policy(request)
+        policy = self._stop_policy(request)
         top_limit = completion_top_limit(request)
         return_token_ids = bool(request is not None and request.return_token_ids)
         choices: list[JsonDict] = []
         for choice in gen.choices:
             delta_ids = choice.token_ids or []
-            text, stop_reason = self._decode_choice(state.window, choice, policy, skip_special)
+            text_ids, stop_reason = self._drop_stop(
+                delta_ids, choice.finish_reason, choice.stop_reason, policy
+            )
+            text = self.decoder.extend(state.window, text_ids, skip_special)
             logprobs = None
             next_offset = state.logprob_text_offset + len(text)
             if choice.logprobs is not None:
@@ -742,43 +540,12 @@ class Derenderer:
                     "logprobs": logprobs,
                     "finish_reason": choice.finish_reason,
                     "stop_reason": stop_reason,
-                    "prompt_token_ids": _ids_if(return_token_ids, gen.prompt_token_ids),
-                    "token_ids": _ids_if(return_token_ids, choice.token_ids),
+                    "prompt_token_ids": ids_if(return_token_ids, gen.prompt_token_ids),
+                    "token_ids": ids_if(return_token_ids, choice.token_ids),
                     "weight_versions": None,
                 }
             )
-        chunk = {
-            "id": gen.request_id,
-            "object": "text_completion",
-            "created": int(self._clock()),
-            "model": model,
-            "choices": choices,
-            "usage": _chunk_usage(gen.usage, body.prompt_tokens),
-            "system_fingerprint": None,
-            "metrics": gen.metrics,
-            "kv_transfer_params": None,
-        }
-        return chunk, state
-
-
-def _delta_dict(parsed: DeltaOut) -> JsonDict:
-    """A parser's delta as vLLM serializes ``DeltaMessage`` (no ``tool_calls`` key when empty)."""
-    delta: JsonDict = {"role": None, "content": parsed.content, "reasoning": parsed.reasoning}
-    if parsed.tool_calls:
-        delta["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": call.type,
-                "index": call.index,
-                "function": (
-                    None
-                    if call.function is None
-                    else {"name": call.function.name, "arguments": call.function.arguments}
-                ),
-            }
-            for call in parsed.tool_calls
-        ]
-    return delta
+        return completion_chunk(body, model, int(self._clock()), choices), state
 
 
 def _parse_request(request: ChatCompletionRequest) -> ParseRequest:

@@ -14,9 +14,7 @@ both hold state the same way:
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import hashlib
 import re
 import time
 from array import array
@@ -24,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -63,25 +61,22 @@ DEFAULT_MAX_OUTPUT_BYTES = 15 * 1024 * 1024
 # context record (context + progress) always fits in one Kafka record.
 DEFAULT_MAX_REQUEST_STATE_BYTES = 12 * 1024 * 1024
 MAX_MESSAGE_CHARS = 4096  # error messages and dead-letter reasons are cut here
-MAX_DEAD_LETTER_KEY_BYTES = 4096
-MAX_DEAD_LETTER_HEADERS_BYTES = 16 * 1024
-# Measured live size of one parser session (tracemalloc, Qwen3 with the qwen3 reasoning and hermes
-# tool parsers, after a few hundred tokens); ``RequestContext.live_bytes`` counts it as a constant.
-LIVE_PARSER_BYTES = 32 * 1024
 _INHERITED_FIELDS = ("model", "prompt_tokens", "prompt_token_ids")
 _REQUEST_FIELD = {"chat": "chat_request", "completion": "completion_request"}
 _CLOSED_MEMORY = 65536
+# One remembered closed request (for duplicate detection): its id, seq and the dict slot.
+CLOSED_ENTRY_BYTES = 200
 _MISSING = object()
-STATE_FORMAT = 1
-# A progress record's fixed part: {"v":1,"kind":"progress","last_seq":N,"sequences":{},...}.
-_PROGRESS_OVERHEAD = 160
+# A progress record's fixed part: {"v":2,"kind":"progress","offset":N,"last_seq":N,...}.
+_PROGRESS_OVERHEAD = 200
 # A context record's fixed part besides its inherited fields and request.
 _CONTEXT_OVERHEAD = 96
 # live_bytes: a context object with its dicts; an int in a list (8-byte slot + 28-byte int); the
-# request held parsed and raw, per byte of its JSON. Measured with tracemalloc (tests check them).
+# request held parsed and raw: a fixed part, plus its JSON size (its strings, shared by both forms,
+# dominate a large request). Measured with tracemalloc (tests check them).
 _CONTEXT_BASE_BYTES = 1200
 _INT_IN_LIST_BYTES = 36
-_REQUEST_BYTES_PER_BYTE = 6
+_REQUEST_FIXED_BYTES = 1100
 
 
 @dataclass(slots=True)
@@ -127,18 +122,20 @@ class RequestContext:
         """A cheap estimate of the Python memory this request holds, O(choices + decode windows).
 
         Counts the prompt ids as ints in a list (36 bytes each), the request as parsed and raw
-        (``_REQUEST_BYTES_PER_BYTE`` per byte of its JSON), each choice's state and a live parser
-        session as ``LIVE_PARSER_BYTES``. Within about 20% of tracemalloc's figure in the tests.
+        (``_REQUEST_FIXED_BYTES`` plus its JSON size) and each choice's state. Live parser
+        sessions are not in it: the pool holds and counts them (``LiveParserPool.live_bytes``), since
+        it evicts them without the request being touched. Within about 20% of tracemalloc's figure,
+        with the pool's, in the tests.
         """
-        size = _CONTEXT_BASE_BYTES + _REQUEST_BYTES_PER_BYTE * self.request_bytes
+        size = _CONTEXT_BASE_BYTES
+        if self.request is not None:
+            size += _REQUEST_FIXED_BYTES + self.request_bytes
         prompt = self.inherited.get("prompt_token_ids")
         if isinstance(prompt, list):
             size += _INT_IN_LIST_BYTES * len(prompt)
         size += 64 * len(self.finished)
         for state in self.sequences.values():
             size += state.live_bytes()
-            if state.live is not None:
-                size += LIVE_PARSER_BYTES
         return size
 
     @property
@@ -151,67 +148,40 @@ class RequestContext:
         options = self.request.stream_options if self.request is not None else None
         return bool(options is not None and options.include_usage)
 
-    def to_snapshot(self) -> JsonDict:
-        """A full, self-contained snapshot (``kind: context``); ``from_snapshot`` restores it.
-
-        The state topic holds two kinds of records per request (see ``worker.runtime.state_store``):
-        this one, written when the request is first persisted (and again only if its context
-        changes), and a ``progress_snapshot`` at each later commit.
-        """
-        return {
-            "v": STATE_FORMAT,
-            "kind": "context",
-            "endpoint": self.endpoint,
-            "inherited": self.inherited,
-            "request": self.request_raw,
-            "progress": self.progress_snapshot(),
-        }
-
-    def progress_snapshot(self) -> JsonDict:
-        """What changes from record to record (``kind: progress``): no request context."""
-        return {
-            "v": STATE_FORMAT,
-            "kind": "progress",
-            "last_seq": self.last_seq,
-            "sequences": {str(i): s.to_wire() for i, s in self.sequences.items()},
-            "finished": sorted(self.finished),
-            "last_choice_index": self.last_choice_index,
-        }
-
     @classmethod
-    def from_snapshot(cls, data: JsonDict) -> RequestContext:
-        """Restores a context record (carrying the progress of its time) or a pair
-        ``{"v": 1, "context": ..., "progress": ...}`` whose progress record supersedes it.
-        """
-        version = data.get("v")
-        if version != STATE_FORMAT:
-            raise ValueError(f"unknown state snapshot format {version!r}")
-        if data.get("kind") == "context":
-            context, progress = data, data["progress"]
-        elif "context" in data:
-            context, progress = data["context"], data["progress"]
-        else:
-            raise ValueError("a progress record without its request's context record")
-        endpoint: Endpoint = context["endpoint"]
-        raw = context.get("request")
+    def resume(
+        cls,
+        endpoint: Endpoint,
+        inherited: JsonDict,
+        request_raw: JsonDict | None,
+        *,
+        last_seq: int,
+        sequences: dict[int, JsonDict],
+        finished: set[int],
+        last_choice_index: int,
+    ) -> RequestContext:
+        """A request's context rebuilt from its parts (as a state record stored them): the request
+        and each choice's ``stream_state`` are validated and measured as when they came in.
+        Raises ``ValueError`` (``ValidationError`` included) for parts that do not validate."""
+        if endpoint not in _REQUEST_FIELD:
+            raise ValueError(f"unknown endpoint {endpoint!r}")
         model_cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
-        inherited = dict(context.get("inherited") or {})
-        wires = {int(i): s for i, s in (progress.get("sequences") or {}).items()}
         ctx = cls(
             endpoint=endpoint,
-            last_seq=int(progress["last_seq"]),
-            inherited=inherited,
-            request=model_cls.model_validate(raw) if raw is not None else None,
-            request_raw=raw,
+            last_seq=last_seq,
+            inherited=dict(inherited),
+            request=model_cls.model_validate(request_raw) if request_raw is not None else None,
+            request_raw=request_raw,
             sequences={
-                i: SequenceState.from_wire(DerenderStreamState.model_validate(s)) for i, s in wires.items()
+                i: SequenceState.from_wire(DerenderStreamState.model_validate(w))
+                for i, w in sequences.items()
             },
-            finished=set(progress.get("finished") or ()),
-            last_choice_index=int(progress.get("last_choice_index", 0)),
+            finished=set(finished),
+            last_choice_index=last_choice_index,
         )
-        ctx.context_bytes, ctx.request_bytes = measure_context(inherited, raw)
-        ctx.measured_request = raw
-        for index, wire in wires.items():
+        ctx.context_bytes, ctx.request_bytes = measure_context(ctx.inherited, request_raw)
+        ctx.measured_request = request_raw
+        for index, wire in sequences.items():
             ctx.note_wire(index, len(orjson.dumps(wire)))
         return ctx
 
@@ -225,113 +195,30 @@ def measure_context(inherited: JsonDict, request: Any) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
+    """A record that is not an envelope (or could not be processed): why, and what it was. The
+    runtime writes it as a ``DeadLetterRecord`` with the record's Kafka headers and source."""
+
     reason: str
     value: bytes
     key: bytes | None
 
-    @property
-    def kafka_key(self) -> bytes | None:
-        """The dead-letter record's own key: the original key, cut when it is absurdly long."""
-        if self.key is None or len(self.key) <= MAX_DEAD_LETTER_KEY_BYTES:
-            return self.key
-        return self.key[:MAX_DEAD_LETTER_KEY_BYTES]
 
-    def encode(
-        self,
-        headers: Sequence[tuple[str, bytes | str]] | None = None,
-        source: JsonDict | None = None,
-        *,
-        max_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-    ) -> bytes:
-        """The ``DeadLetterRecord``, at most ``max_bytes`` with its key.
-
-        The original value is stored in whichever of UTF-8 text and base64 is shorter as JSON (NUL
-        bytes would take 6 bytes each as text). When it does not fit, only its first bytes are
-        stored and ``truncated`` says so; ``original_size`` and ``original_sha256`` always describe
-        the whole value.
-        """
-        value = self.value
-        key = self.kafka_key
-        header_pairs, headers_cut = _dead_letter_headers(headers)
-        record: JsonDict = {
-            "reason": _clip(self.reason),
-            "original": "",
-            "original_encoding": "base64",  # the longer name, while measuring the rest
-            "original_size": len(value),
-            "original_sha256": hashlib.sha256(value).hexdigest(),
-            "truncated": headers_cut or (self.key is not None and len(self.key) > MAX_DEAD_LETTER_KEY_BYTES),
-            "key": None if self.key is None else _clip(self.key.decode("utf-8", errors="replace")),
-            "headers": header_pairs,
-            "source": source,
-        }
-        budget = max_bytes - len(orjson.dumps(record)) - (len(key) if key is not None else 0)
-        original, encoding, size = _shorter_encoding(value)
-        if size > budget:
-            original, encoding = _prefix_that_fits(value, encoding, max(budget, 0), size)
-            record["truncated"] = True
-        record["original"] = original
-        record["original_encoding"] = encoding
-        return orjson.dumps(record)
-
-
-def _clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
 
 
-def _dead_letter_headers(
-    headers: Sequence[tuple[str, bytes | str]] | None,
-) -> tuple[list[tuple[str, str] | tuple[str, str, Literal["base64"]]], bool]:
-    """Kafka headers as ``(name, text)`` pairs, or ``(name, base64, "base64")`` for a value that is
-    not UTF-8 (so ``dlq replay`` re-sends the exact bytes), within ``MAX_DEAD_LETTER_HEADERS_BYTES``;
-    and whether any were cut."""
-    out: list[tuple[str, str] | tuple[str, str, Literal["base64"]]] = []
-    total = 0
-    for name, value in headers or ():
-        raw = value.encode("utf-8", errors="surrogatepass") if isinstance(value, str) else value
-        label = str(name).encode("utf-8", errors="replace").decode("utf-8")
-        try:
-            pair: tuple[str, str] | tuple[str, str, Literal["base64"]] = (label, raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            pair = (label, base64.b64encode(raw).decode("ascii"), "base64")
-        total += len(label) + len(pair[1])
-        if total > MAX_DEAD_LETTER_HEADERS_BYTES:
-            return out, True
-        out.append(pair)
-    return out, False
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a record that would open a new request is not admitted (a 503 error output)."""
+
+    cap: str  # which cap, a metric label
+    message: str
 
 
-def _shorter_encoding(value: bytes) -> tuple[str, Literal["utf-8", "base64"], int]:
-    """The original as text or base64, whichever is shorter as a JSON string, and that length."""
-    b64_size = 4 * ((len(value) + 2) // 3) + 2
-    try:
-        text = value.decode("utf-8")
-    except UnicodeDecodeError:
-        return base64.b64encode(value).decode("ascii"), "base64", b64_size
-    text_size = len(orjson.dumps(text))
-    if text_size <= b64_size:
-        return text, "utf-8", text_size
-    return base64.b64encode(value).decode("ascii"), "base64", b64_size
+class Admission(Protocol):
+    """Decides whether a record of ``record_bytes`` may open a new streamed request (memory caps)."""
 
-
-def _prefix_that_fits(
-    value: bytes, encoding: Literal["utf-8", "base64"], budget: int, full_size: int
-) -> tuple[str, Literal["utf-8", "base64"]]:
-    """A prefix of ``value`` whose JSON string (``full_size`` bytes for all of it) fits in
-    ``budget`` bytes, nearly the longest."""
-    if budget <= 2:
-        return "", encoding  # not even an empty string fits: the record stays over (never here)
-    if encoding == "utf-8":
-        n = (budget - 2) * len(value) // max(full_size - 2, 1)
-        for _ in range(8):  # escapes are spread unevenly: shrink by what the last try overshot
-            # The value is valid UTF-8: "ignore" only drops a character cut in half at the end.
-            text = value[:n].decode("utf-8", errors="ignore")
-            size = len(orjson.dumps(text))
-            if size <= budget:
-                return text, "utf-8"
-            n = min(n - 1, n * (budget - 2) // (size - 2))
-        return "", "utf-8"
-    n = (budget - 2) // 4 * 3
-    return base64.b64encode(value[:n]).decode("ascii"), "base64"
+    def refusal(self, record_bytes: int) -> Refusal | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,12 +233,14 @@ class ProcessResult:
     closed: bool = False
     """The request ended (or failed) with this record: its state is gone."""
     payload: bytes | None = None
-    """The bytes to send: the output envelope, or the ``DeadLetterRecord``; None for a duplicate.
-    Never larger than the processor's ``max_output_bytes``."""
+    """The output envelope's bytes, never larger than the processor's ``max_output_bytes``; None
+    for a duplicate or a dead letter (which the runtime writes, ``dead_letter_record``)."""
     internal_error: Exception | None = None
     """The dead letter is a processing bug, this unexpected exception, not a bad record."""
     sequence_gap: bool = False
     """The output is the ``SequenceGapError`` record of a request whose records went missing."""
+    refused: str | None = None
+    """The record would have opened a request and ``Admission`` refused it: the cap's name."""
 
 
 _LISTED_ERRORS = 20
@@ -361,12 +250,12 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     errors = exc.errors(include_url=False, include_input=False, include_context=False)
     lines = [f"{len(errors)} validation error{'s' if len(errors) != 1 else ''}:"]
     for err in errors[:_LISTED_ERRORS]:
-        loc = _clip(".".join(str(part) for part in ("body", *err["loc"])), 256)
+        loc = clip(".".join(str(part) for part in ("body", *err["loc"])), 256)
         lines.append(f"  {{'type': {err['type']!r}, 'loc': {loc!r}, 'msg': {err['msg']!r}}}")
     if len(errors) > _LISTED_ERRORS:
         lines.append(f"  ... and {len(errors) - _LISTED_ERRORS} more")
     first = errors[0]["loc"] if errors else ()
-    param = _clip(".".join(str(part) for part in ("body", *first)), 256) if errors else None
+    param = clip(".".join(str(part) for part in ("body", *first)), 256) if errors else None
     return "\n".join(lines), param
 
 
@@ -376,7 +265,7 @@ def _error_envelope(request_id: str, seq: int, endpoint: str, error: RequestErro
         "seq": seq,
         "endpoint": endpoint,
         "error": {
-            "message": _clip(error.message),
+            "message": clip(error.message),
             "type": error.error_type,
             "param": error.param,
             "code": error.code,
@@ -425,6 +314,7 @@ class EnvelopeProcessor:
         require_key: bool = False,
         clock: Callable[[], float] = time.monotonic,
         live_parsers: LiveParserPool | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.derenderer = derenderer
         self.max_record_bytes = max_record_bytes
@@ -437,30 +327,23 @@ class EnvelopeProcessor:
         # Sequences holding a live parser; a worker shares one pool between its processors.
         self.parsers = live_parsers if live_parsers is not None else LiveParserPool(max_live_parsers)
         self._clock = clock
+        self.admission = admission
 
     # --- entry point -------------------------------------------------------------------------
 
     def process(
-        self,
-        value: bytes,
-        key: bytes | None = None,
-        *,
-        source: JsonDict | None = None,
-        headers: Sequence[tuple[str, bytes | str]] | None = None,
+        self, value: bytes, key: bytes | None = None, *, source: JsonDict | None = None
     ) -> ProcessResult:
         """One record in, its one outcome out. ``source`` (the record's topic, partition and
-        offset) goes into the output envelope; ``headers`` (Kafka's) into a dead letter."""
+        offset) goes into the output envelope."""
         try:
             with cycle_collection_paused():
-                result = self._process(value, key, source)
+                return self._process(value, key, source)
         except Exception as exc:  # noqa: BLE001 - the record boundary: every bug becomes a dead letter
             # A bug in the core must not stop the partition (a poison pill): the record is
             # dead-lettered with the error and processing goes on.
             letter = DeadLetter(f"processing failed: {exc!r}", value, key)
-            return self._dead_letter_result(letter, headers, source, internal_error=exc)
-        if result.dead_letter is not None:
-            return self._dead_letter_result(result.dead_letter, headers, source)
-        return result
+            return ProcessResult(dead_letter=letter, internal_error=exc)
 
     def _process(self, value: bytes, key: bytes | None, source: JsonDict | None) -> ProcessResult:
         try:
@@ -473,7 +356,7 @@ class EnvelopeProcessor:
         try:
             if not stream:
                 return self._one_shot(rid, seq, endpoint, body, too_deep, source)
-            return self._stream(rid, seq, endpoint, body, too_deep, source)
+            return self._stream(rid, seq, endpoint, body, too_deep, source, len(value))
         except RequestError as exc:
             # A gap fails the whole request: report that its state is gone.
             closed = was_open and rid not in self.requests
@@ -511,14 +394,14 @@ class EnvelopeProcessor:
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_input=False, include_context=False)
             details = "; ".join(
-                f"{_clip('.'.join(str(p) for p in e['loc']), 256) or '<root>'}: {e['msg']}"
+                f"{clip('.'.join(str(p) for p in e['loc']), 256) or '<root>'}: {e['msg']}"
                 for e in errors[:_LISTED_ERRORS]
             )
             more = f"; ... and {len(errors) - _LISTED_ERRORS} more" if len(errors) > _LISTED_ERRORS else ""
             raise InvalidRecordError(f"not a valid envelope: {details}{more}") from exc
         if key is not None and key != envelope.request_id.encode("utf-8"):
             raise InvalidRecordError(
-                f"record key {_clip(key.decode('utf-8', errors='replace'), 256)!r} differs from "
+                f"record key {clip(key.decode('utf-8', errors='replace'), 256)!r} differs from "
                 f"request_id {envelope.request_id!r}"
             )
         if self.require_key and _CONTROL_CHARACTERS.search(envelope.request_id):
@@ -568,29 +451,6 @@ class EnvelopeProcessor:
         failed = _error_envelope(request_id, output["seq"], output["endpoint"], error)
         return self.output_result(request_id, failed, closed=True, source=source)
 
-    def dead_letter_result(
-        self,
-        letter: DeadLetter,
-        headers: Sequence[tuple[str, bytes | str]] | None = None,
-        source: JsonDict | None = None,
-        *,
-        max_bytes: int | None = None,
-    ) -> ProcessResult:
-        """A dead letter, serialized within ``max_bytes`` (default ``max_output_bytes``)."""
-        return self._dead_letter_result(letter, headers, source, max_bytes=max_bytes)
-
-    def _dead_letter_result(
-        self,
-        letter: DeadLetter,
-        headers: Sequence[tuple[str, bytes | str]] | None,
-        source: JsonDict | None,
-        *,
-        max_bytes: int | None = None,
-        internal_error: Exception | None = None,
-    ) -> ProcessResult:
-        payload = letter.encode(headers, source, max_bytes=max_bytes or self.max_output_bytes)
-        return ProcessResult(dead_letter=letter, payload=payload, internal_error=internal_error)
-
     # --- one-shot ----------------------------------------------------------------------------
 
     def _one_shot(
@@ -613,7 +473,14 @@ class EnvelopeProcessor:
     # --- streams -----------------------------------------------------------------------------
 
     def _stream(
-        self, rid: str, seq: int, endpoint: Endpoint, body: JsonDict, too_deep: bool, source: JsonDict | None
+        self,
+        rid: str,
+        seq: int,
+        endpoint: Endpoint,
+        body: JsonDict,
+        too_deep: bool,
+        source: JsonDict | None,
+        record_bytes: int,
     ) -> ProcessResult:
         if self._is_duplicate(rid, seq):
             return ProcessResult(request_id=rid, duplicate=True)
@@ -626,6 +493,12 @@ class EnvelopeProcessor:
                 f"seq {seq} of request {rid!r} skips ahead of the last processed seq {ctx.last_seq}; "
                 "the request is failed because records are missing"
             )
+        # Admission first: every record of a request refused at a cap gets the same 503.
+        refusal = self.admission.refusal(record_bytes) if ctx is None and self.admission is not None else None
+        if refusal is not None:
+            error = RequestError(refusal.message, code=503, error_type="ServiceUnavailableError")
+            refused = self.output_result(rid, _error_envelope(rid, seq, endpoint, error), source=source)
+            return dataclasses.replace(refused, refused=refusal.cap)
         if ctx is None and seq > 0 and body.get("stream_state") is None:
             self._remember_closed(rid, seq)
             raise SequenceGapError(
@@ -817,6 +690,10 @@ class EnvelopeProcessor:
         """Keep parsers alive within the pool's cap; an evicted one is rebuilt by replay."""
         self.parsers.touch(self, rid, index, state)
 
+    def closed_live_bytes(self) -> int:
+        """The memory of closed requests kept for duplicate detection (bounded: ``_CLOSED_MEMORY``)."""
+        return CLOSED_ENTRY_BYTES * len(self._closed)
+
     @property
     def live_parsers(self) -> int:
         """Sessions held by this processor's requests."""
@@ -830,22 +707,6 @@ class EnvelopeProcessor:
     def is_open(self, request_id: str) -> bool:
         """Whether ``request_id`` has state here (its next record continues it)."""
         return request_id in self.requests
-
-    def would_open(self, value: bytes, key: bytes | None) -> InputEnvelope | None:
-        """The envelope when ``value`` would open a new streamed request here, else ``None``: a record
-        of an open request, a one-shot, a duplicate, or anything ``process`` rejects (a dead letter
-        holds no state). The runtime's memory caps admit new requests by this, with the same rules."""
-        if key is not None and self.is_open(key.decode("utf-8", errors="replace")):
-            return None  # records are keyed by request_id: the common case needs no parse
-        try:
-            envelope, _ = self._parse(value, key)
-        except InvalidRecordError:
-            return None
-        if envelope.body.get("stream") is not True or self.is_open(envelope.request_id):
-            return None
-        if self._is_duplicate(envelope.request_id, envelope.seq):
-            return None
-        return envelope
 
     def expire_idle(self, ttl_seconds: float) -> list[ProcessResult]:
         """Close requests idle longer than ``ttl_seconds``, each with an error output record."""

@@ -21,6 +21,9 @@ from collections.abc import Hashable
 from typing import Any
 
 Key = tuple[Hashable, str, int]  # (owner processor, request_id, choice index)
+# Measured live size of one parser session (tracemalloc, Qwen3 with the qwen3 reasoning and hermes
+# tool parsers, after a few hundred tokens).
+LIVE_PARSER_BYTES = 32 * 1024
 
 
 class LiveParserPool:
@@ -32,6 +35,10 @@ class LiveParserPool:
 
     def __len__(self) -> int:
         return len(self._lru)
+
+    def live_bytes(self) -> int:
+        """The estimated memory of the sessions held (``LIVE_PARSER_BYTES`` each)."""
+        return LIVE_PARSER_BYTES * len(self._lru)
 
     def count(self, owner: Hashable) -> int:
         """Sessions held by ``owner``'s requests (a processor's share, for metrics and tests)."""

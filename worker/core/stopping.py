@@ -20,9 +20,6 @@ class StopPolicy:
     min_tokens: int = 0
 
 
-NO_REQUEST = StopPolicy()
-
-
 def drop_stop_token(
     token_ids: Sequence[int],
     finish_reason: str | None,

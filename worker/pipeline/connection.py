@@ -16,12 +16,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from worker.errors import ConfigurationError
-from worker.runtime.config import FALLBACK_BOOTSTRAP_ENV
-from worker.runtime.config import add_connection_arguments as add_kafka_connection_arguments
 from worker.runtime.delivery import MAX_RECORD_BYTES
-from worker.runtime.kafka_security import KafkaSecurity, add_security_arguments
+from worker.runtime.kafka_security import KafkaSecurity
 from worker.runtime.topics import LARGE_RECORDS
-from worker.settings import ENV_PREFIX
+from worker.settings import KafkaConnection, SecuritySettings, add_arguments, load_kafka
 
 _TOPIC_ALREADY_EXISTS = 36
 # As the worker's producers: records carry whole prompts.
@@ -30,8 +28,7 @@ MAX_REQUEST_BYTES = MAX_RECORD_BYTES
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     """The worker's connection flags plus the security options."""
-    add_kafka_connection_arguments(parser)
-    add_security_arguments(parser)
+    add_arguments(parser, KafkaConnection, SecuritySettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +39,10 @@ class Connection:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, role: str) -> Connection:
-        bootstrap = (args.bootstrap_servers or "").strip()
-        if not bootstrap:
-            env = f"{ENV_PREFIX}BOOTSTRAP_SERVERS / {FALLBACK_BOOTSTRAP_ENV}"
-            raise ConfigurationError(f"--bootstrap-servers (or {env}) is required")
-        client_id = args.client_id or f"derender-{role}-{socket.gethostname()}-{os.getpid()}"
-        return cls(bootstrap, client_id, KafkaSecurity.from_args(args))
+        kafka = load_kafka(KafkaConnection, args)
+        chosen = "client_id" in kafka.model_fields_set  # by flag or environment
+        client_id = kafka.client_id if chosen else f"derender-{role}-{socket.gethostname()}-{os.getpid()}"
+        return cls(kafka.bootstrap_servers, client_id, kafka.security)
 
     def kwargs(self) -> dict[str, Any]:
         return {

@@ -219,8 +219,6 @@ class FakeVllm:
     port: int = 0
     # What the tests look at:
     aborted: list[str] = field(default_factory=list)
-    generate_calls: int = 0
-    render_calls: int = 0
     streams_open: int = 0
     max_streams_open: int = 0
     sent_at: dict[str, list[float]] = field(default_factory=dict)  # engine id -> monotonic time per chunk
@@ -342,7 +340,6 @@ class FakeVllm:
         return request.headers.get("X-Request-Id") or uuid.uuid4().hex
 
     async def _render_chat(self, request: web.Request) -> web.StreamResponse:
-        self.render_calls += 1
         body = await self._json(request)
         if isinstance(body, web.Response):
             return body
@@ -354,7 +351,6 @@ class FakeVllm:
         return web.Response(body=orjson.dumps(rendered), content_type="application/json")
 
     async def _render_completion(self, request: web.Request) -> web.StreamResponse:
-        self.render_calls += 1
         body = await self._json(request)
         if isinstance(body, web.Response):
             return body
@@ -385,7 +381,6 @@ class FakeVllm:
         return web.Response(status=200)
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
-        self.generate_calls += 1
         body = await self._json(request)
         if isinstance(body, web.Response):
             return body

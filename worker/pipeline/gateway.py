@@ -29,18 +29,13 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from schemas.pipeline import CancelRecord, RequestEnvelope
-from worker.errors import ConfigurationError
 from worker.pipeline.connection import Connection, add_connection_arguments, require_topics, topic_partitions
-from worker.pipeline.ingest import add_pipeline_topic_arguments
-from worker.runtime.structured_logging import add_log_format_argument, configure_logging
 from worker.runtime.tracing import NO_HEADERS, Headers, propagated
-from worker.settings import env_default
+from worker.settings import GatewayOptions, LoggingSettings, add_arguments, load
 
 log = logging.getLogger(__name__)
 
 JsonDict = dict[str, Any]
-DEFAULT_PORT = 8000
-DEFAULT_REQUEST_TIMEOUT_S = 600.0
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
@@ -49,11 +44,11 @@ class GatewaySettings:
     connection: Connection
     requests_topic: str
     output_topic: str
-    host: str = "0.0.0.0"
-    port: int = DEFAULT_PORT
-    api_key: str | None = None
-    served_model_names: tuple[str, ...] = ()
-    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    host: str
+    port: int
+    api_key: str | None
+    served_model_names: tuple[str, ...]
+    request_timeout_s: float
 
 
 def error_body(code: int, message: str, type_: str = "BadRequestError") -> JsonDict:
@@ -354,48 +349,24 @@ def _add_usage(total: JsonDict | None, chunk: JsonDict) -> JsonDict:
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     gateway = commands.add_parser("gateway", help="OpenAI-compatible HTTP server in front of the pipeline")
-    add_pipeline_topic_arguments(gateway, input_topic=False)
+    add_arguments(gateway, GatewayOptions)
     add_connection_arguments(gateway)
-    http = gateway.add_argument_group("http")
-    http.add_argument("--host", default=env_default("host", "0.0.0.0"))
-    http.add_argument("--port", type=int, default=int(env_default("port", str(DEFAULT_PORT)) or DEFAULT_PORT))
-    http.add_argument(
-        "--api-key",
-        default=env_default("api-key") or None,
-        help="clients must send 'Authorization: Bearer KEY' (prefer DERENDER_API_KEY)",
-    )
-    http.add_argument(
-        "--served-model-name",
-        nargs="+",
-        default=(env_default("served-model-name") or "").split() or [],
-        help="the model name(s) GET /v1/models lists",
-    )
-    http.add_argument(
-        "--request-timeout-s",
-        type=float,
-        default=float(
-            env_default("request-timeout-s", str(DEFAULT_REQUEST_TIMEOUT_S)) or DEFAULT_REQUEST_TIMEOUT_S
-        ),
-        help="a request with no new output for this long ends with error 504 (and is cancelled)",
-    )
-    gateway.add_argument("--log-level", default=env_default("log-level", "INFO"))
-    add_log_format_argument(gateway)
+    add_arguments(gateway, LoggingSettings)
     gateway.set_defaults(handler=_gateway)
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level, json=args.log_format == "json")
-    if args.request_timeout_s <= 0:
-        raise ConfigurationError(f"--request-timeout-s must be positive, got {args.request_timeout_s}")
+    load(LoggingSettings, args).configure()
+    options = load(GatewayOptions, args)
     settings = GatewaySettings(
         connection=Connection.from_args(args, "gateway"),
-        requests_topic=args.requests_topic,
-        output_topic=args.output_topic,
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key,
-        served_model_names=tuple(args.served_model_name),
-        request_timeout_s=args.request_timeout_s,
+        requests_topic=options.requests_topic,
+        output_topic=options.output_topic,
+        host=options.host,
+        port=options.port,
+        api_key=options.api_key,
+        served_model_names=options.served_model_names,
+        request_timeout_s=options.request_timeout_s,
     )
 
     async def main() -> int:

@@ -37,21 +37,16 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from pydantic import ValidationError
 
 from schemas.pipeline import CancelRecord, IngestMarker, RequestEnvelope
-from worker.errors import ConfigurationError, UpstreamError
+from worker.errors import UpstreamError
 from worker.pipeline.connection import Connection, add_connection_arguments, require_topics
 from worker.pipeline.vllm_client import VllmClient
-from worker.runtime.config import DEFAULT_INPUT_TOPIC, DEFAULT_OUTPUT_TOPIC
 from worker.runtime.genai_metrics import request_start_header
-from worker.runtime.structured_logging import add_log_format_argument, configure_logging
 from worker.runtime.tracing import Headers, propagated
-from worker.settings import env_default
+from worker.settings import IngestOptions, LoggingSettings, add_arguments, load
 
 log = logging.getLogger(__name__)
 
 JsonDict = dict[str, Any]
-DEFAULT_REQUESTS_TOPIC = "derender-openai-requests"
-DEFAULT_INGEST_GROUP = "derender-ingest"
-DEFAULT_MAX_INFLIGHT = 256
 CANCELLED_CODE = 499  # nginx's "client closed request": nobody waits for this answer any more
 # Bounded memory of cancels for requests not seen yet (a cancel may overtake nothing, but is cheap).
 MAX_EARLY_CANCELS = 10_000
@@ -59,20 +54,22 @@ MAX_EARLY_CANCELS = 10_000
 
 @dataclass(frozen=True)
 class IngestSettings:
+    """What ``Ingest`` runs with; declared (flags, environment, defaults) in ``settings.IngestOptions``."""
+
     connection: Connection
-    requests_topic: str = DEFAULT_REQUESTS_TOPIC
-    input_topic: str = DEFAULT_INPUT_TOPIC
-    output_topic: str = DEFAULT_OUTPUT_TOPIC
-    group_id: str = DEFAULT_INGEST_GROUP
-    render_url: str = "http://127.0.0.1:8000"
-    generate_url: str = "http://127.0.0.1:8000"
-    api_key: str | None = None
-    max_inflight: int = DEFAULT_MAX_INFLIGHT
-    commit_interval_ms: int = 20
-    stream_idle_timeout_s: float = 60.0
-    abort_grace_s: float = 10.0
-    session_timeout_ms: int = 10_000
-    shutdown_timeout_s: float = 30.0
+    requests_topic: str
+    input_topic: str
+    output_topic: str
+    group_id: str
+    render_url: str
+    generate_url: str
+    api_key: str | None
+    max_inflight: int
+    commit_interval_ms: int
+    stream_idle_timeout_s: float
+    abort_grace_s: float
+    session_timeout_ms: int
+    shutdown_timeout_s: float
 
     def transactional_id(self, partition: int) -> str:
         return f"{self.group_id}-{self.requests_topic}-{partition}"
@@ -621,65 +618,23 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 # --- the command ------------------------------------------------------------------------------------
 
 
-def _positive(value: float, flag: str) -> None:
-    if value <= 0:
-        raise ConfigurationError(f"{flag} must be positive, got {value}")
-
-
 def settings_from_args(args: argparse.Namespace) -> IngestSettings:
-    names = [args.requests_topic, args.input_topic, args.output_topic]
-    if len(set(names)) != 3 or not all(names):
-        raise ConfigurationError(
-            f"--requests-topic, --input-topic and --output-topic must differ, got {names}"
-        )
-    settings = IngestSettings(
+    options = load(IngestOptions, args)
+    return IngestSettings(
         connection=Connection.from_args(args, "ingest"),
-        requests_topic=args.requests_topic,
-        input_topic=args.input_topic,
-        output_topic=args.output_topic,
-        group_id=args.group_id,
-        render_url=args.render_url,
-        generate_url=args.generate_url or args.render_url,
-        api_key=args.api_key or None,
-        max_inflight=args.max_inflight,
-        commit_interval_ms=args.commit_interval_ms,
-        stream_idle_timeout_s=args.stream_idle_timeout_s,
-        abort_grace_s=args.abort_grace_s,
-        session_timeout_ms=args.session_timeout_ms,
-        shutdown_timeout_s=args.shutdown_timeout_s,
-    )
-    _positive(settings.max_inflight, "--max-inflight")
-    _positive(settings.commit_interval_ms, "--commit-interval-ms")
-    _positive(settings.stream_idle_timeout_s, "--stream-idle-timeout-s")
-    return settings
-
-
-def _env_number(name: str, default: float) -> float:
-    raw = env_default(name)
-    try:
-        return float(raw) if raw else default
-    except ValueError as exc:
-        raise ConfigurationError(
-            f"DERENDER_{name.replace('-', '_').upper()} must be a number, got {raw!r}"
-        ) from exc
-
-
-def add_pipeline_topic_arguments(parser: argparse.ArgumentParser, *, input_topic: bool) -> None:
-    group = parser.add_argument_group("topics")
-    group.add_argument(
-        "--requests-topic",
-        default=env_default("requests-topic", DEFAULT_REQUESTS_TOPIC) or DEFAULT_REQUESTS_TOPIC,
-    )
-    if input_topic:
-        group.add_argument(
-            "--input-topic",
-            default=env_default("input-topic", DEFAULT_INPUT_TOPIC) or DEFAULT_INPUT_TOPIC,
-            help="the worker's input topic",
-        )
-    group.add_argument(
-        "--output-topic",
-        default=env_default("output-topic", DEFAULT_OUTPUT_TOPIC) or DEFAULT_OUTPUT_TOPIC,
-        help="the worker's output topic",
+        requests_topic=options.requests_topic,
+        input_topic=options.input_topic,
+        output_topic=options.output_topic,
+        group_id=options.group_id,
+        render_url=options.render_url,
+        generate_url=options.generate_url or options.render_url,
+        api_key=options.api_key or None,
+        max_inflight=options.max_inflight,
+        commit_interval_ms=options.commit_interval_ms,
+        stream_idle_timeout_s=options.stream_idle_timeout_s,
+        abort_grace_s=options.abort_grace_s,
+        session_timeout_ms=options.session_timeout_ms,
+        shutdown_timeout_s=options.shutdown_timeout_s,
     )
 
 
@@ -687,44 +642,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     ingest = commands.add_parser(
         "ingest", help="requests topic -> vLLM render + generate -> input envelopes for the worker"
     )
-    add_pipeline_topic_arguments(ingest, input_topic=True)
+    add_arguments(ingest, IngestOptions)
     add_connection_arguments(ingest)
-    vllm = ingest.add_argument_group("vLLM")
-    vllm.add_argument("--render-url", default=env_default("render-url", "http://127.0.0.1:8000"))
-    vllm.add_argument("--generate-url", default=env_default("generate-url"), help="default: --render-url")
-    vllm.add_argument(
-        "--api-key", default=env_default("api-key") or None, help="vLLM's --api-key (prefer DERENDER_API_KEY)"
-    )
-    run = ingest.add_argument_group("processing")
-    run.add_argument("--group-id", default=env_default("group-id", DEFAULT_INGEST_GROUP))
-    run.add_argument(
-        "--max-inflight",
-        type=int,
-        default=int(_env_number("max-inflight", DEFAULT_MAX_INFLIGHT)),
-        help="requests generating at once; the requests topic pauses when full (default 256)",
-    )
-    run.add_argument("--commit-interval-ms", type=int, default=int(_env_number("commit-interval-ms", 20)))
-    run.add_argument(
-        "--stream-idle-timeout-s",
-        type=float,
-        default=_env_number("stream-idle-timeout-s", 60.0),
-        help="a generation silent this long is aborted and fails with a 504 error record",
-    )
-    run.add_argument(
-        "--abort-grace-s",
-        type=float,
-        default=_env_number("abort-grace-s", 10.0),
-        help="after a cancel, how long generate may take to end the stream before ingest stops reading",
-    )
-    run.add_argument("--session-timeout-ms", type=int, default=int(_env_number("session-timeout-ms", 10_000)))
-    run.add_argument("--shutdown-timeout-s", type=float, default=_env_number("shutdown-timeout-s", 30.0))
-    run.add_argument("--log-level", default=env_default("log-level", "INFO"))
-    add_log_format_argument(ingest)
+    add_arguments(ingest, LoggingSettings)
     ingest.set_defaults(handler=_ingest)
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level, json=args.log_format == "json")
+    load(LoggingSettings, args).configure()
     settings = settings_from_args(args)
 
     async def main() -> int:

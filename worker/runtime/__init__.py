@@ -11,27 +11,23 @@ Topics (``topics create`` makes all four, idempotently):
 
 * input  -- envelopes keyed by ``request_id`` (so one request stays in one partition)
 * output -- output envelopes keyed by ``request_id``, ``source`` = input position
-* state  -- compacted, keyed by ``request_id``; **same partition count as the input**:
+* state  -- compacted checkpoints of open requests; **same partition count as the input**:
             state partition ``p`` holds the open requests of input partition ``p``
 * dead letters -- ``DeadLetterRecord`` JSON for records that are not envelopes
 
-Exactly-once, per commit interval and input partition, one transaction holds the
-outputs, dead letters, state snapshots and the input offset. Zombies are fenced by a
-stable ``transactional_id`` per input partition (aiokafka has no KIP-447). Readers of the
-output topic must use ``isolation_level=read_committed``. At-least-once drops the
-transactions: a crash or a failed commit re-delivers outputs (duplicates, never loss);
-outputs are visible at once (lower latency) and a lagging zombie can write too.
+Exactly-once, checkpoints and restores: README, "The Kafka worker", and ``state_changelog``.
 
 Modules, in the order a record meets them:
 
-* ``config``        -- flags / environment variables, ``KafkaSettings``
 * ``topics``        -- creating and checking the four topics
 * ``lifecycle``     -- the worker's state machine (transition table)
-* ``rebalance``     -- the consumer-group listener: commit on revoke, open on assign
-* ``state_store``   -- snapshot encoding and restoring a partition from the state topic
+* ``kafka_client``  -- the client layer: protocols (``base``), aiokafka and librdkafka backends
+* ``state_changelog`` -- the one owner of the state topic: keys, codec, checkpoints, restore
+* ``state_store``   -- reading a state partition to its end (and an input range to replay)
 * ``records``       -- ``ProcessResult`` -> outgoing Kafka records (output, dead letter)
-* ``delivery``      -- exactly-once (one transactional producer per partition) and
-                       at-least-once sinks
+* ``dead_letter_record`` -- a dead letter with its Kafka key, headers and source, within a limit
+* ``delivery``      -- exactly-once (a transactional producer per partition, or one per
+                       worker) and at-least-once sinks
 * ``partition``     -- one owned input partition: processor + sink + uncommitted work
 * ``dead_letter_policy`` -- the per-partition breaker that pauses a partition drowning in
                        dead letters

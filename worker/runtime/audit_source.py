@@ -22,17 +22,16 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
-
 from worker.audit import Auditor, InputRange, Progress, count_lines, feed_output_file, file_lines, finish
 from worker.core.envelope_processor import EnvelopeProcessor
-from worker.errors import AuditUsageError, ConfigurationError
-from worker.runtime.config import KafkaSettings, add_topic_arguments
-from worker.runtime.delivery import producer_options
+from worker.errors import AuditUsageError, ConfigurationError, KafkaClientError
+from worker.runtime.delivery import producer_config
 from worker.runtime.dlq_replay import parse_since
-from worker.runtime.kafka_security import add_security_arguments
+from worker.runtime.kafka_client.aiokafka_backend import AiokafkaClient, AiokafkaReader
+from worker.runtime.kafka_client.base import PartitionReader, TopicPartition
+from worker.runtime.records import OutgoingRecord
 from worker.runtime.topics import partition_counts
+from worker.settings import KafkaConnection, KafkaTopics, SecuritySettings, add_arguments, load, load_kafka
 
 OUTPUT_LOOKBACK_MS = 5 * 60 * 1000
 EMIT_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000  # the broker's default transaction.max.timeout.ms
@@ -54,8 +53,7 @@ def _time(flag: str) -> Callable[[str], int]:
 
 def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
     """``audit``'s Kafka flags: the connection, topic and security flags of ``run``, and the range."""
-    add_topic_arguments(parser)
-    add_security_arguments(parser)
+    add_arguments(parser, KafkaTopics, SecuritySettings)
     group = parser.add_argument_group("input range (Kafka)")
     start = group.add_mutually_exclusive_group()
     start.add_argument(
@@ -92,14 +90,14 @@ def audit_with_kafka(
     logging.getLogger("aiokafka").addHandler(logging.NullHandler())
     try:
         return asyncio.run(_audit(args, new_processor, err))
-    except KafkaError as exc:
-        raise AuditUsageError(f"Kafka at {args.bootstrap_servers}: {exc}") from exc
+    except KafkaClientError as exc:
+        raise AuditUsageError(f"Kafka at {load(KafkaConnection, args).bootstrap_servers}: {exc}") from exc
 
 
 async def _audit(
     args: argparse.Namespace, new_processor: Callable[[], EnvelopeProcessor], err: TextIO
 ) -> int:
-    settings = KafkaSettings.from_args(args)
+    settings = load_kafka(KafkaTopics, args)
     if any(offset is not None and offset < 0 for offset in (args.from_offset, args.to_offset)):
         raise AuditUsageError("--from-offset and --to-offset must not be negative")
     security = settings.security.client_kwargs()
@@ -155,7 +153,7 @@ async def _audit(
 
 
 async def _require_topics(
-    settings: KafkaSettings, security: dict[str, Any], names: list[str]
+    settings: KafkaTopics, security: dict[str, Any], names: list[str]
 ) -> dict[str, int]:
     counts = await partition_counts(settings.bootstrap_servers, names, security)
     missing = [name for name in names if not counts.get(name)]
@@ -164,29 +162,21 @@ async def _require_topics(
     return counts
 
 
-def _consumer(settings: KafkaSettings, security: dict[str, Any]) -> Any:
-    return AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers,
-        client_id=f"{settings.client_id}-audit",
-        group_id=None,  # reads by explicit offsets and commits nothing
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        auto_offset_reset="earliest",
-        **security,
-    )
+def _consumer(settings: KafkaTopics, security: dict[str, Any]) -> PartitionReader:
+    return AiokafkaReader(settings.bootstrap_servers, f"{settings.client_id}-audit", security)
 
 
 async def _offsets_at(
-    consumer: Any, tps: list[TopicPartition], when_ms: int, fallback: dict[TopicPartition, int]
+    consumer: PartitionReader, tps: list[TopicPartition], when_ms: int, fallback: dict[TopicPartition, int]
 ) -> dict[TopicPartition, int]:
     """The first offset at or after ``when_ms`` per partition; ``fallback`` where there is none."""
-    found = await consumer.offsets_for_times({tp: max(0, when_ms) for tp in tps})
-    return {tp: found[tp].offset if found.get(tp) is not None else fallback[tp] for tp in tps}
+    found = await consumer.offsets_for_time(tps, when_ms)
+    return {tp: offset if (offset := found.get(tp)) is not None else fallback[tp] for tp in tps}
 
 
 async def read_input_range(
     args: argparse.Namespace,
-    settings: KafkaSettings,
+    settings: KafkaTopics,
     security: dict[str, Any],
     auditor: Auditor,
     emit: Callable[[str, bytes], Any],
@@ -239,7 +229,7 @@ async def read_input_range(
 
 
 async def read_recorded(
-    settings: KafkaSettings,
+    settings: KafkaTopics,
     security: dict[str, Any],
     auditor: Auditor,
     progress: Progress,
@@ -271,7 +261,7 @@ async def read_recorded(
 
 
 async def _read(
-    consumer: Any,
+    consumer: PartitionReader,
     pending: set[TopicPartition],
     stops: dict[TopicPartition, int],
     handle: Callable[[Any], Any],
@@ -279,7 +269,7 @@ async def _read(
     """Every record below ``stops`` of the ``pending`` partitions, through ``handle``."""
     idle_deadline = time.monotonic() + IDLE_TIMEOUT_S
     while pending:
-        batches = await consumer.getmany(*pending, timeout_ms=_POLL_MS)
+        batches = await consumer.fetch(list(pending), _POLL_MS)
         for tp, records in batches.items():
             for record in records:
                 if record.offset >= stops[tp]:
@@ -301,33 +291,30 @@ async def _read(
 class Emitter:
     """The backfill: one transactional producer, one transaction for the whole range."""
 
-    def __init__(self, settings: KafkaSettings, security: dict[str, Any], topic: str) -> None:
+    def __init__(self, settings: KafkaTopics, security: dict[str, Any], topic: str) -> None:
         self.topic = topic
         self.sent = 0
-        self._producer = AIOKafkaProducer(
-            **producer_options(settings.bootstrap_servers, f"{settings.client_id}-audit-emit", security),
-            transactional_id=f"derender-audit-{topic}",
-            transaction_timeout_ms=EMIT_TRANSACTION_TIMEOUT_MS,
-        )
+        config = producer_config(settings, f"{settings.client_id}-audit-emit", EMIT_TRANSACTION_TIMEOUT_MS)
+        self._producer = AiokafkaClient(security).transactional_producer(config, f"derender-audit-{topic}")
         self._open = False
 
     async def start(self) -> None:
         await self._producer.start()
-        await self._producer.begin_transaction()
+        await self._producer.begin()
         self._open = True
 
     async def send(self, request_id: str, value: bytes) -> None:
-        await self._producer.send(self.topic, value=value, key=request_id.encode("utf-8"))
+        await self._producer.send(OutgoingRecord(self.topic, request_id.encode("utf-8"), value))
         self.sent += 1
 
     async def commit(self) -> None:
-        await self._producer.commit_transaction()  # raises if a send of the transaction failed
+        await self._producer.commit({}, None)  # raises if a send of the transaction failed
         self._open = False
 
     async def stop(self) -> None:
         try:
             if self._open:  # the audit failed: nothing of this range becomes visible
-                with contextlib.suppress(KafkaError):  # the first error is the one to report
-                    await self._producer.abort_transaction()
+                with contextlib.suppress(KafkaClientError):  # the first error is the one to report
+                    await self._producer.abort()
         finally:
             await self._producer.stop()

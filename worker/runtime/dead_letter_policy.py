@@ -33,14 +33,12 @@ Pure: no I/O, no clock, no Kafka. The worker feeds it one observation per proces
 
 from __future__ import annotations
 
-import argparse
 import enum
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from worker.errors import ConfigurationError, IllegalBreakerTransitionError
-from worker.settings import ENV_PREFIX, env_default
 
 DEFAULT_MAX_RATIO = 0.5
 DEFAULT_WINDOW = 100
@@ -87,77 +85,6 @@ class DeadLetterLimits:
             raise ConfigurationError(
                 f"--dlq-max-consecutive must be positive (or 'off'), got {self.max_consecutive}"
             )
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> DeadLetterLimits:
-        return cls(
-            max_ratio=args.dlq_max_ratio,
-            window=args.dlq_window,
-            min_records=args.dlq_min_records,
-            max_consecutive=args.dlq_max_consecutive,
-        )
-
-
-def _optional(kind: type[int] | type[float], flag: str) -> Any:
-    """An argparse ``type`` accepting a number or ``off`` (-> ``None``)."""
-
-    def parse(raw: str) -> int | float | None:
-        if raw.strip().lower() in ("off", "none", "disabled"):
-            return None
-        try:
-            return kind(raw)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{flag} must be a number or 'off', got {raw!r}") from exc
-
-    parse.__name__ = kind.__name__  # argparse names the type in its error messages
-    return parse
-
-
-def _integer(raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {raw!r}") from exc
-
-
-def _env_value(name: str, default: float | None, parse: Any) -> Any:
-    raw = env_default(name)
-    if raw is None:
-        return default
-    try:
-        return parse(raw)
-    except argparse.ArgumentTypeError as exc:
-        raise ConfigurationError(f"{ENV_PREFIX}{name.replace('-', '_').upper()}: {exc}") from exc
-
-
-def add_dead_letter_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--dlq-max-ratio``, ``--dlq-window``, ``--dlq-min-records``, ``--dlq-max-consecutive``."""
-    group = parser.add_argument_group(
-        "dead-letter circuit breaker",
-        "a partition whose records are dead-lettered past these limits is paused and the worker "
-        "turns not-ready, until restart or re-assignment",
-    )
-    ratio = _optional(float, "--dlq-max-ratio")
-    consecutive = _optional(int, "--dlq-max-consecutive")
-    group.add_argument(
-        "--dlq-max-ratio",
-        type=ratio,
-        default=_env_value("dlq-max-ratio", DEFAULT_MAX_RATIO, ratio),
-        help="trip when more than this share of the last --dlq-window records is dead-lettered ('off')",
-    )
-    group.add_argument("--dlq-window", type=int, default=_env_value("dlq-window", DEFAULT_WINDOW, _integer))
-    group.add_argument(
-        "--dlq-min-records",
-        type=int,
-        default=_env_value("dlq-min-records", DEFAULT_MIN_RECORDS, _integer),
-        help="the ratio counts only once the window holds this many records",
-    )
-    group.add_argument(
-        "--dlq-max-consecutive",
-        type=consecutive,
-        default=_env_value("dlq-max-consecutive", DEFAULT_MAX_CONSECUTIVE, consecutive),
-        help="trip after this many dead letters in a row ('off')",
-    )
 
 
 @dataclass(frozen=True, slots=True)

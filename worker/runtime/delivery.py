@@ -1,12 +1,19 @@
 """Sinks: how one input partition's outputs, state updates and offsets reach Kafka.
 
-Exactly-once (``TransactionalSink``)
+Exactly-once, ``--transactional-id-mode per-partition`` (``TransactionalSink``)
     One transactional producer per input partition, ``transactional_id =
     f"{group_id}-{input_topic}-{partition}"``. Outputs, dead letters, state snapshots and
-    the input offsets go into one transaction per commit. aiokafka cannot fence zombies
-    through the consumer-group generation (no KIP-447, aiokafka#844), so fencing comes
-    from the stable id: the next owner's ``init_transactions`` (run by ``start``) aborts
-    the previous owner's open transaction and makes its later writes fail.
+    the input offsets go into one transaction per commit. Fencing comes from the stable id:
+    the next owner's ``init_transactions`` (run by ``start``) aborts the previous owner's open
+    transaction and makes its later writes fail. Works without KIP-447 (aiokafka, Redpanda).
+
+Exactly-once, ``--transactional-id-mode per-worker`` (``SharedTransaction`` + ``SharedSink``)
+    One transactional producer for every partition of the worker, one transaction per commit
+    interval holding every partition's work. A zombie is fenced by the group generation the
+    offsets carry (KIP-447, ``GroupConsumer.group_metadata``), so the id need not follow the
+    partition: ``f"{group_id}-{client_id}"``. Fewer producers, transactions and connections; the
+    price is that an aborted transaction takes every partition's uncommitted work with it, so
+    the worker resets all of them (``Worker._reset_partition``).
 
 At-least-once (``AtLeastOnceSink``)
     An idempotent producer per input partition; a commit flushes the outputs, *then* writes and
@@ -15,24 +22,32 @@ At-least-once (``AtLeastOnceSink``)
     never the other way round (state ahead of outputs would turn replays into skips: loss).
 
 Any exception out of a sink means the partition must be reset (abort, fresh sink,
-restore, seek): after an error aiokafka's transaction manager may refuse further use.
+restore, seek): after an error a client's transaction state may refuse further use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
-from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.errors import ProducerFenced
-
-from worker.errors import DeliveryFailedError
+from worker.errors import ProducerFencedError
 from worker.runtime import metrics_names as m
+from worker.runtime.kafka_client.base import (
+    CommitTimings,
+    Offsets,
+    Producer,
+    ProducerConfig,
+    TopicPartition,
+    TransactionalIdMode,
+    TransactionalProducer,
+)
 from worker.runtime.metrics import Metrics
 from worker.runtime.records import OutgoingRecord
+
+if TYPE_CHECKING:
+    from worker.settings import KafkaConnection
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +59,37 @@ PRODUCER_RETRY_BACKOFF_MS = 10
 # made by `topics create` allow this much (max.message.bytes).
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 TRANSACTION_TIMEOUT_MS = 60_000
+# Per worker, a crashed worker's transactional id is not taken over by the partitions' next owner:
+# its open transaction holds back read_committed readers of every partition it wrote until the
+# broker times it out (Kafka Streams' exactly-once v2 uses 10 s for the same reason).
+PER_WORKER_TRANSACTION_TIMEOUT_MS = 15_000
 CLOSE_TIMEOUT_S = 10.0
 
-CommitOffsets = Callable[[dict[TopicPartition, int]], Awaitable[None]]
+CommitOffsets = Callable[[Offsets], Awaitable[None]]
+GroupMetadata = Callable[[], object]
+
+
+def producer_config(
+    settings: KafkaConnection, client_id: str, transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS
+) -> ProducerConfig:
+    """Every producer's settings: the worker's, ``audit``'s and ``dlq replay``'s."""
+    return ProducerConfig(
+        bootstrap_servers=settings.bootstrap_servers,
+        client_id=client_id,
+        max_record_bytes=MAX_RECORD_BYTES,
+        batch_bytes=PRODUCER_BATCH_BYTES,
+        linger_ms=PRODUCER_LINGER_MS,
+        request_timeout_ms=PRODUCER_REQUEST_TIMEOUT_MS,
+        retry_backoff_ms=PRODUCER_RETRY_BACKOFF_MS,
+        transaction_timeout_ms=transaction_timeout_ms,
+        security=settings.security,
+    )
+
+
+def transaction_timeout_ms(mode: TransactionalIdMode) -> int:
+    if mode is TransactionalIdMode.PER_WORKER:
+        return PER_WORKER_TRANSACTION_TIMEOUT_MS
+    return TRANSACTION_TIMEOUT_MS
 
 
 class Sink(Protocol):
@@ -63,162 +106,150 @@ class Sink(Protocol):
     async def close(self) -> None: ...
 
 
-def producer_options(
-    bootstrap_servers: str, client_id: str, security: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """``AIOKafkaProducer`` keyword arguments; ``security`` is ``KafkaSecurity.client_kwargs()``."""
-    return {
-        **(security or {}),
-        "bootstrap_servers": bootstrap_servers,
-        "client_id": client_id,
-        "acks": "all",
-        "enable_idempotence": True,
-        "max_batch_size": PRODUCER_BATCH_BYTES,
-        "linger_ms": PRODUCER_LINGER_MS,
-        "request_timeout_ms": PRODUCER_REQUEST_TIMEOUT_MS,
-        "max_request_size": MAX_RECORD_BYTES,
-        # The first request of the next transaction often meets CONCURRENT_TRANSACTIONS while the
-        # broker writes the last one's markers; the 100 ms default backoff would add 100 ms per commit.
-        "retry_backoff_ms": PRODUCER_RETRY_BACKOFF_MS,
-    }
-
-
-def _raise_first_failure(futures: list[asyncio.Future[Any]]) -> None:
-    first: BaseException | None = None
-    for fut in futures:  # every future is looked at, so asyncio never reports one as unretrieved
-        exc: BaseException | None = (
-            DeliveryFailedError("a send was cancelled") if fut.cancelled() else fut.exception()
-        )
-        if exc is not None and first is None:
-            first = exc
-    if first is not None:
-        raise DeliveryFailedError(f"a send failed: {first!r}") from first
-
-
-def _discard(futures: list[asyncio.Future[Any]]) -> None:
-    """Forget sends of an aborted transaction without asyncio's "exception never retrieved"."""
-    for fut in futures:
-        if fut.done():
-            if not fut.cancelled():
-                fut.exception()
-        else:
-            fut.add_done_callback(lambda f: None if f.cancelled() else f.exception())
-
-
-async def _send(producer: Any, record: OutgoingRecord) -> asyncio.Future[Any]:
-    fut: asyncio.Future[Any] = await producer.send(
-        record.topic,
-        value=record.value,
-        key=record.key,
-        partition=record.partition,
-        headers=list(record.headers) if record.headers else None,  # trace context
-    )
-    return fut
-
-
-class TransactionalSink:
-    """Exactly-once: one transactional producer for one input partition."""
+class Transaction:
+    """One transactional producer's open transaction: begun on the first send, ended by commit or abort."""
 
     def __init__(
-        self,
-        bootstrap_servers: str,
-        client_id: str,
-        transactional_id: str,
-        group_id: str,
-        metrics: Metrics | None = None,
-        security: Mapping[str, Any] | None = None,
+        self, producer: TransactionalProducer, group: GroupMetadata, metrics: Metrics | None = None
     ) -> None:
-        self.transactional_id = transactional_id
+        self.producer = producer
+        self.transactional_id = producer.transactional_id
+        self._group = group
         self._metrics = metrics or Metrics()
-        self._group_id = group_id
-        self._producer = AIOKafkaProducer(
-            **producer_options(bootstrap_servers, f"{client_id}-{transactional_id}", security),
-            transactional_id=transactional_id,
-            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
-        )
-        self._in_transaction = False
+        self._open = False
         self._fenced = False
-        self._futures: list[asyncio.Future[Any]] = []
+
+    @property
+    def open(self) -> bool:
+        return self._open
+
+    @property
+    def fenced(self) -> bool:
+        """The producer was fenced: it refuses every call from now on."""
+        return self._fenced
 
     async def start(self) -> None:
         """Connect and ``init_transactions``: fences every earlier producer with this id."""
-        await self._producer.start()
+        await self.producer.start()
 
-    async def _ensure_transaction(self) -> None:
-        if not self._in_transaction:
-            await self._producer.begin_transaction()
-            self._in_transaction = True
+    async def renew(self, producer: TransactionalProducer) -> None:
+        """Replace a fenced producer with a fresh one of the same id and start it."""
+        await self.close()
+        self.producer = producer
+        self._open = self._fenced = False
+        await self.producer.start()
 
     async def send(self, record: OutgoingRecord) -> None:
-        await self._ensure_transaction()
-        # Awaiting send() blocks while the producer's buffer for the partition is full:
-        # that is the backpressure between processing and the broker.
-        self._futures.append(await _send(self._producer, record))
+        try:
+            if not self._open:
+                await self.producer.begin()
+                self._open = True
+            # Awaiting send() blocks while the client's buffer is full: that is the backpressure
+            # between processing and the broker.
+            await self.producer.send(record)
+        except ProducerFencedError:
+            self._fenced = True
+            raise
+
+    async def commit(self, state_records: Sequence[OutgoingRecord], offsets: Offsets) -> None:
+        try:
+            for record in state_records:
+                await self.send(record)
+            if not self._open:
+                if not offsets:
+                    return
+                await self.producer.begin()
+                self._open = True
+            # The group metadata is read at commit: it carries the generation the offsets belong to.
+            timings = await self.producer.commit(offsets, self._group())
+        except ProducerFencedError:
+            self._fenced = True
+            raise
+        self._open = False
+        self._observe(timings)
+
+    def _observe(self, timings: CommitTimings) -> None:
+        if timings.flushed_ms is not None:
+            self._metrics.timing(m.COMMIT_FLUSH_MS, timings.flushed_ms)
+        if timings.offsets_ms is not None:
+            self._metrics.timing(m.COMMIT_OFFSETS_MS, timings.offsets_ms)
+        if timings.end_txn_ms is not None:
+            self._metrics.timing(m.COMMIT_END_TXN_MS, timings.end_txn_ms)
+
+    async def abort(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        self._metrics.increment(m.TRANSACTIONS_ABORTED)
+        if self._fenced:
+            return  # a fenced producer refuses every call; the new owner aborted it
+        try:
+            await self.producer.abort()
+        except Exception as exc:  # noqa: BLE001 - fenced or broken: the next init_transactions (or the timeout) aborts it
+            log.warning("abort of %s failed (it is aborted later): %r", self.transactional_id, exc)
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self.producer.stop(), CLOSE_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - closing goes on; the failure is logged
+            log.warning("producer %s did not close cleanly: %r", self.transactional_id, exc)
+
+
+class TransactionalSink:
+    """Exactly-once, per partition: the partition's own transactional producer."""
+
+    def __init__(
+        self, producer: TransactionalProducer, group: GroupMetadata, metrics: Metrics | None = None
+    ) -> None:
+        self.transaction = Transaction(producer, group, metrics)
+        self.transactional_id = producer.transactional_id
+
+    async def start(self) -> None:
+        await self.transaction.start()
+
+    async def send(self, record: OutgoingRecord) -> None:
+        await self.transaction.send(record)
 
     async def commit(
         self, state_records: Sequence[OutgoingRecord], offsets: dict[TopicPartition, int]
     ) -> None:
-        try:
-            await self._commit(state_records, offsets)
-        except Exception as exc:
-            if isinstance(exc, ProducerFenced) or isinstance(exc.__cause__, ProducerFenced):
-                self._fenced = True
-            raise
-
-    async def _commit(
-        self, state_records: Sequence[OutgoingRecord], offsets: dict[TopicPartition, int]
-    ) -> None:
-        await self._ensure_transaction()
-        for record in state_records:
-            self._futures.append(await _send(self._producer, record))
-        # commit_transaction flushes too, but does not tell which send failed; a failed send
-        # must abort the transaction rather than commit a gap.
-        t0 = time.perf_counter() * 1000
-        # The offsets travel to the coordinators while the records are still being
-        # acknowledged; an aborted transaction discards both.
-        flushed, offsets_added = await asyncio.gather(
-            self._timed(self._producer.flush()),
-            self._timed(
-                self._producer.send_offsets_to_transaction(offsets, self._group_id) if offsets else None
-            ),
-        )
-        futures, self._futures = self._futures, []
-        _raise_first_failure(futures)
-        t1 = time.perf_counter()
-        await self._producer.commit_transaction()
-        self._in_transaction = False
-        self._metrics.timing(m.COMMIT_FLUSH_MS, flushed - t0)
-        self._metrics.timing(m.COMMIT_OFFSETS_MS, offsets_added - t0)
-        self._metrics.timing(m.COMMIT_END_TXN_MS, (time.perf_counter() - t1) * 1000)
-
-    @staticmethod
-    async def _timed(step: Awaitable[Any] | None) -> float:
-        """Await ``step``; the time it finished, in ms on the perf_counter clock."""
-        if step is not None:
-            await step
-        return time.perf_counter() * 1000
+        await self.transaction.commit(state_records, offsets)
 
     async def abort(self) -> None:
-        _discard(self._futures)
-        self._futures = []
-        if not self._in_transaction:
-            return
-        self._in_transaction = False
-        self._metrics.increment(m.TRANSACTIONS_ABORTED)
-        if self._fenced:
-            return  # aiokafka refuses every call after ProducerFenced; the new owner aborted it
-        try:
-            await asyncio.wait_for(self._producer.abort_transaction(), CLOSE_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001 - fenced or broken: the next owner's init aborts it
-            log.warning(
-                "abort of %s failed (the next init_transactions aborts it): %r", self.transactional_id, exc
-            )
+        await self.transaction.abort()
 
     async def close(self) -> None:
-        try:
-            await asyncio.wait_for(self._producer.stop(), CLOSE_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001 - closing goes on; the failure is logged
-            log.warning("producer %s did not close cleanly: %r", self.transactional_id, exc)
+        await self.transaction.close()
+
+
+class SharedSink:
+    """Exactly-once, per worker: one partition's view of the worker's shared transaction.
+
+    Sends go into the shared transaction; commits are the worker's (``Worker._commit_all``
+    commits every partition in one transaction), so ``commit`` here is a bug. ``abort`` aborts
+    the shared transaction (the worker then resets every partition that had work in it);
+    ``start`` and ``close`` leave the shared producer to the worker.
+    """
+
+    def __init__(self, transaction: Transaction) -> None:
+        self.transaction = transaction
+
+    async def start(self) -> None:
+        pass
+
+    async def send(self, record: OutgoingRecord) -> None:
+        await self.transaction.send(record)
+
+    async def commit(
+        self, state_records: Sequence[OutgoingRecord], offsets: dict[TopicPartition, int]
+    ) -> None:
+        raise AssertionError("a per-worker transaction commits every partition at once (Worker._commit_all)")
+
+    async def abort(self) -> None:
+        await self.transaction.abort()
+
+    async def close(self) -> None:
+        pass
 
 
 class AtLeastOnceSink:
@@ -228,45 +259,31 @@ class AtLeastOnceSink:
     keeps one produce request in flight per connection, so one producer caps throughput.
     """
 
-    def __init__(
-        self,
-        bootstrap_servers: str,
-        client_id: str,
-        commit_offsets: CommitOffsets,
-        security: Mapping[str, Any] | None = None,
-    ) -> None:
-        self._producer = AIOKafkaProducer(**producer_options(bootstrap_servers, client_id, security))
+    def __init__(self, producer: Producer, commit_offsets: CommitOffsets) -> None:
+        self._producer = producer
         self._commit_offsets = commit_offsets
-        self._futures: list[asyncio.Future[Any]] = []
 
     async def start(self) -> None:
         await self._producer.start()
 
     async def send(self, record: OutgoingRecord) -> None:
-        self._futures.append(await _send(self._producer, record))
+        await self._producer.send(record)
 
     async def commit(
         self, state_records: Sequence[OutgoingRecord], offsets: dict[TopicPartition, int]
     ) -> None:
-        futures, self._futures = self._futures, []
-        if futures:
-            await asyncio.wait(futures)
-        _raise_first_failure(futures)
+        await self._producer.flush()
         # State only after its outputs are acknowledged (see the module docstring).
-        state_futures = [await _send(self._producer, record) for record in state_records]
-        if state_futures:
-            await asyncio.wait(state_futures)
-        _raise_first_failure(state_futures)
+        for record in state_records:
+            await self._producer.send(record)
+        await self._producer.flush()
         if offsets:
             await self._commit_offsets(offsets)
 
     async def abort(self) -> None:
-        # Nothing to take back: what was sent stays sent (the mode's duplicates on replay).
-        _discard(self._futures)
-        self._futures = []
+        pass  # nothing to take back: what was sent stays sent (the mode's duplicates on replay)
 
     async def close(self) -> None:
-        self._futures = []
         try:
             await asyncio.wait_for(self._producer.stop(), CLOSE_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - closing goes on; the failure is logged

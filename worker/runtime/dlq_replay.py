@@ -39,14 +39,23 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import ValidationError
 
 from schemas.envelope import DeadLetterRecord
-from worker.errors import ConfigurationError, ReplayError
-from worker.runtime.config import KafkaSettings, add_topic_arguments
-from worker.runtime.kafka_security import KafkaSecurity, add_security_arguments
+from worker.errors import ConfigurationError, DeliveryFailedError, ReplayError
+from worker.runtime.delivery import (
+    PRODUCER_BATCH_BYTES,
+    PRODUCER_LINGER_MS,
+    PRODUCER_REQUEST_TIMEOUT_MS,
+    PRODUCER_RETRY_BACKOFF_MS,
+    TRANSACTION_TIMEOUT_MS,
+)
+from worker.runtime.kafka_client.aiokafka_backend import AiokafkaProducer, AiokafkaReader
+from worker.runtime.kafka_client.base import ConsumedRecord, PartitionReader, ProducerConfig, TopicPartition
+from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.records import OutgoingRecord
+from worker.runtime.topics import partition_counts
+from worker.settings import KafkaTopics, SecuritySettings, add_arguments, load_kafka
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024  # as large as the worker's own producers send
 _POLL_MS = 500
@@ -128,7 +137,7 @@ class ReplayOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ReplayOptions:
-        settings = KafkaSettings.from_args(args)
+        settings = load_kafka(KafkaTopics, args)
         if args.from_offset is not None and args.from_offset < 0:
             raise ConfigurationError("--from-offset must not be negative")
         if args.limit is not None and args.limit <= 0:
@@ -138,7 +147,7 @@ class ReplayOptions:
             client_id=f"{settings.client_id}-dlq-replay",
             dlq_topic=settings.topics.dlq,
             to_topic=args.to_topic or settings.topics.input,
-            security=KafkaSecurity.from_args(args),
+            security=settings.security,
             from_offset=args.from_offset,
             since_ms=args.since,
             reason_contains=args.reason_contains,
@@ -168,30 +177,23 @@ class ReplayReport:
 
 async def _partition_count(options: ReplayOptions, security: dict[str, Any]) -> int:
     # The admin client's metadata, not the consumer's: a consumer only knows the topics it was given.
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=options.bootstrap_servers, client_id=options.client_id, **security
-    )
-    await admin.start()
-    try:
-        for topic in await admin.describe_topics([options.dlq_topic]):
-            if topic.get("error_code") == 0 and topic.get("partitions"):
-                return len(topic["partitions"])
-    finally:
-        await admin.close()
+    counts = await partition_counts(options.bootstrap_servers, [options.dlq_topic], security)
+    if counts.get(options.dlq_topic):
+        return counts[options.dlq_topic]
     raise ConfigurationError(f"dead-letter topic {options.dlq_topic!r} does not exist")
 
 
 async def _start_offsets(
-    consumer: Any, tps: list[TopicPartition], options: ReplayOptions
+    consumer: PartitionReader, tps: list[TopicPartition], options: ReplayOptions
 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
-    beginnings: dict[TopicPartition, int] = await consumer.beginning_offsets(tps)
-    ends: dict[TopicPartition, int] = await consumer.end_offsets(tps)
+    beginnings = await consumer.beginning_offsets(tps)
+    ends = await consumer.end_offsets(tps)
     starts = dict(beginnings)
     if options.from_offset is not None:
         starts = {tp: min(max(options.from_offset, beginnings[tp]), ends[tp]) for tp in tps}
     elif options.since_ms is not None:
-        found = await consumer.offsets_for_times({tp: options.since_ms for tp in tps})
-        starts = {tp: found[tp].offset if found.get(tp) is not None else ends[tp] for tp in tps}
+        found = await consumer.offsets_for_time(tps, options.since_ms)
+        starts = {tp: offset if (offset := found.get(tp)) is not None else ends[tp] for tp in tps}
     return starts, ends
 
 
@@ -200,16 +202,9 @@ async def replay_dead_letters(options: ReplayOptions, out: TextIO | None = None)
     out = out if out is not None else sys.stdout
     report = ReplayReport(dry_run=options.dry_run)
     security = options.security.client_kwargs()
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=options.bootstrap_servers,
-        client_id=options.client_id,
-        group_id=None,  # reads by explicit offsets and commits nothing: the DLQ is left as it is
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        auto_offset_reset="earliest",
-        **security,
-    )
-    producer: Any = None
+    # Reads by explicit offsets and commits nothing: the DLQ is left as it is.
+    consumer = AiokafkaReader(options.bootstrap_servers, options.client_id, security)
+    producer: AiokafkaProducer | None = None
     await consumer.start()
     try:
         partitions = await _partition_count(options, security)
@@ -219,20 +214,23 @@ async def replay_dead_letters(options: ReplayOptions, out: TextIO | None = None)
         for tp in tps:
             consumer.seek(tp, starts[tp])
         if not options.dry_run:
-            producer = AIOKafkaProducer(
+            config = ProducerConfig(
                 bootstrap_servers=options.bootstrap_servers,
                 client_id=options.client_id,
-                acks="all",
-                enable_idempotence=True,  # a retried send is not written twice
-                max_request_size=MAX_REQUEST_BYTES,
-                **security,
+                max_record_bytes=MAX_REQUEST_BYTES,
+                batch_bytes=PRODUCER_BATCH_BYTES,
+                linger_ms=PRODUCER_LINGER_MS,
+                request_timeout_ms=PRODUCER_REQUEST_TIMEOUT_MS,
+                retry_backoff_ms=PRODUCER_RETRY_BACKOFF_MS,
+                transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+                security=options.security,
             )
+            # Idempotent: a retried send is not written twice.
+            producer = AiokafkaProducer(config, security)
             await producer.start()
         await _copy(
             consumer, producer, {tp for tp in tps if starts[tp] < ends[tp]}, ends, options, report, out
         )
-        if producer is not None:
-            await producer.flush()
     finally:
         if producer is not None:
             await producer.stop()
@@ -241,18 +239,17 @@ async def replay_dead_letters(options: ReplayOptions, out: TextIO | None = None)
 
 
 async def _copy(
-    consumer: Any,
-    producer: Any,
+    consumer: PartitionReader,
+    producer: AiokafkaProducer | None,
     pending: set[TopicPartition],
     ends: dict[TopicPartition, int],
     options: ReplayOptions,
     report: ReplayReport,
     out: TextIO,
 ) -> None:
-    futures: list[asyncio.Future[Any]] = []
     idle_deadline = time.monotonic() + options.idle_timeout_s
     while pending and (options.limit is None or report.replayed < options.limit):
-        batches = await consumer.getmany(*pending, timeout_ms=_POLL_MS)
+        batches = await consumer.fetch(list(pending), _POLL_MS)
         for tp, records in batches.items():
             for record in records:
                 if record.offset >= ends[tp] or (
@@ -260,7 +257,7 @@ async def _copy(
                 ):
                     break
                 report.read += 1
-                futures.extend(await _replay_one(record, producer, options, report, out))
+                await _replay_one(record, producer, options, report, out)
         progressed = False
         for tp in list(pending):
             # position() moves past transaction markers too, so it reaches the end offset.
@@ -274,26 +271,30 @@ async def _copy(
                 f"no progress reading {options.dlq_topic} for {options.idle_timeout_s:.0f} s; "
                 f"{report.summary()} so far"
             )
-    if futures:
-        await asyncio.wait(futures)
-        failed = [f.exception() for f in futures if f.exception() is not None]
-        if failed:
-            raise ReplayError(f"{len(failed)} sends failed, first: {failed[0]!r}; {report.summary()}")
+    if producer is not None:
+        try:
+            await producer.flush()
+        except DeliveryFailedError as exc:
+            raise ReplayError(f"sends failed, first: {exc}; {report.summary()}") from exc
 
 
 async def _replay_one(
-    record: Any, producer: Any, options: ReplayOptions, report: ReplayReport, out: TextIO
-) -> list[asyncio.Future[Any]]:
+    record: ConsumedRecord,
+    producer: AiokafkaProducer | None,
+    options: ReplayOptions,
+    report: ReplayReport,
+    out: TextIO,
+) -> None:
     where = {"partition": record.partition, "offset": record.offset}
     try:
         item = decode_dead_letter(record.value, record.key)
     except ValueError as exc:
         report.undecodable += 1
         print(orjson.dumps({"skipped": "undecodable", **where, "error": str(exc)}).decode(), file=out)
-        return []
+        return
     if options.reason_contains is not None and options.reason_contains not in item.reason:
         report.filtered += 1
-        return []
+        return
     report.replayed += 1
     if producer is None:  # --dry-run
         line = {
@@ -305,11 +306,8 @@ async def _replay_one(
             "reason": item.reason,
         }
         print(orjson.dumps(line).decode(), file=out)
-        return []
-    future: asyncio.Future[Any] = await producer.send(
-        options.to_topic, value=item.value, key=item.key, headers=item.headers or None
-    )
-    return [future]
+        return
+    await producer.send(OutgoingRecord(options.to_topic, item.key, item.value, headers=tuple(item.headers)))
 
 
 # --- the command --------------------------------------------------------------------------------
@@ -325,8 +323,7 @@ def register_dlq(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_topic_arguments(replay)
-    add_security_arguments(replay)
+    add_arguments(replay, KafkaTopics, SecuritySettings)
     group = replay.add_argument_group("replay")
     start = group.add_mutually_exclusive_group()
     start.add_argument("--from-offset", type=int, default=None, help="start every partition at this offset")

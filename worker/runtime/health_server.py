@@ -18,7 +18,6 @@ guards it.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -33,7 +32,6 @@ from prometheus_client.registry import CollectorRegistry
 
 from worker.errors import ConfigurationError
 from worker.runtime.dead_letter_policy import Trip
-from worker.settings import env_default
 
 log = logging.getLogger(__name__)
 
@@ -45,26 +43,6 @@ _POLL_INTERVAL_S = 0.1  # how fast stop() is noticed by serve_forever
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
-
-
-def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("metrics and health")
-    raw_port = env_default("metrics-port", str(DEFAULT_METRICS_PORT)) or str(DEFAULT_METRICS_PORT)
-    try:
-        port = int(raw_port)
-    except ValueError as exc:
-        raise ConfigurationError(f"DERENDER_METRICS_PORT must be a port number, got {raw_port!r}") from exc
-    group.add_argument(
-        "--metrics-port",
-        type=int,
-        default=port,
-        help=f"port of /metrics, /healthz, /readyz (default {DEFAULT_METRICS_PORT}; 0: any free port)",
-    )
-    group.add_argument(
-        "--metrics-host",
-        default=env_default("metrics-host", DEFAULT_METRICS_HOST) or DEFAULT_METRICS_HOST,
-        help="address to bind (default 0.0.0.0: every interface, loopback included)",
-    )
 
 
 # --- readiness --------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from aiokafka.abc import AbstractTokenProvider
 
@@ -51,16 +51,6 @@ class OidcClientCredentials:
     client_id: str
     client_secret: _Secret | None
     scope: str | None = None
-
-    @classmethod
-    def from_args(cls, args: Any) -> OidcClientCredentials | None:
-        endpoint = getattr(args, "sasl_oauth_token_endpoint", None)
-        client_id = getattr(args, "sasl_oauth_client_id", None)
-        secret = getattr(args, "sasl_oauth_client_secret", None)
-        scope = getattr(args, "sasl_oauth_scope", None)
-        if not (endpoint or client_id or secret or scope):
-            return None
-        return cls(endpoint or "", client_id or "", secret or None, scope or None)
 
     def validate(self) -> None:
         if not self.token_endpoint:
@@ -103,6 +93,10 @@ class _CachingProvider(AbstractTokenProvider):  # type: ignore[misc]
                 self._token = token
                 self._refresh_at = expires_at - max(MIN_REFRESH_S, lifetime * REFRESH_MARGIN)
             return self._token
+
+    def fetch(self) -> tuple[str, float]:
+        """A new token now, blocking: librdkafka's ``oauth_cb`` (it caches and refreshes itself)."""
+        return self._fetch()
 
     def _fetch(self) -> tuple[str, float]:
         """A new token and the time it expires (``clock`` seconds)."""

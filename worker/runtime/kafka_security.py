@@ -1,6 +1,7 @@
 """Kafka security settings (TLS, SASL) for every aiokafka client the worker makes.
 
-Flags, each also an environment variable (``--sasl-mechanism`` -> ``DERENDER_SASL_MECHANISM``):
+Flags (declared in ``worker.settings.SecuritySettings``), each also an environment variable
+(``--sasl-mechanism`` -> ``DERENDER_SASL_MECHANISM``):
 
 * ``--security-protocol``  PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL (default PLAINTEXT)
 * ``--sasl-mechanism``     PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 | OAUTHBEARER | AWS_MSK_IAM (required
@@ -25,7 +26,6 @@ log that dict).
 
 from __future__ import annotations
 
-import argparse
 import enum
 import os
 import ssl
@@ -36,7 +36,6 @@ from aiokafka.helpers import create_ssl_context
 
 from worker.errors import ConfigurationError
 from worker.runtime.kafka_oauth import MskIamTokenProvider, OidcClientCredentials, OidcTokenProvider
-from worker.settings import ENV_PREFIX, env_default
 
 
 class SecurityProtocol(enum.StrEnum):
@@ -92,115 +91,6 @@ class Secret:
         return bool(self._value)
 
 
-def _choice(enum_cls: type[enum.StrEnum], flag: str) -> Any:
-    """argparse ``type``: a case-insensitive enum value (``sasl_ssl`` and ``scram_sha_512`` work too)."""
-    values = {member.value.replace("-", "_"): member for member in enum_cls}
-
-    def parse(raw: str) -> enum.StrEnum:
-        member = values.get(raw.strip().upper().replace("-", "_"))
-        if member is None:
-            allowed = " | ".join(m.value for m in enum_cls)
-            raise argparse.ArgumentTypeError(f"{flag} must be one of {allowed}, got {raw!r}")
-        return member
-
-    parse.__name__ = flag
-    return parse
-
-
-def _env_enum(name: str, parse: Any) -> Any:
-    raw = env_default(name)
-    if raw is None or not raw.strip():
-        return None
-    try:
-        return parse(raw)
-    except argparse.ArgumentTypeError as exc:
-        raise ConfigurationError(f"{ENV_PREFIX}{name.replace('-', '_').upper()}: {exc}") from exc
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    raw = env_default(name)
-    if raw is None or not raw.strip():
-        return default
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ConfigurationError(
-        f"{ENV_PREFIX}{name.replace('-', '_').upper()} must be true or false, got {raw!r}"
-    )
-
-
-def _env_secret(name: str) -> Secret | None:
-    raw = env_default(name)
-    return Secret(raw) if raw else None
-
-
-def add_security_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("kafka security")
-    protocol = _choice(SecurityProtocol, "--security-protocol")
-    mechanism = _choice(SaslMechanism, "--sasl-mechanism")
-    group.add_argument(
-        "--security-protocol",
-        type=protocol,
-        default=_env_enum("security-protocol", protocol) or SecurityProtocol.PLAINTEXT,
-        help="PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL",
-    )
-    group.add_argument(
-        "--sasl-mechanism",
-        type=mechanism,
-        default=_env_enum("sasl-mechanism", mechanism),
-        help="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER (OIDC client credentials) or AWS_MSK_IAM; "
-        "required with SASL_PLAINTEXT / SASL_SSL",
-    )
-    group.add_argument("--sasl-username", default=env_default("sasl-username") or None)
-    group.add_argument(
-        "--sasl-password",
-        type=Secret,
-        default=_env_secret("sasl-password"),
-        help="prefer DERENDER_SASL_PASSWORD (from a Secret): a flag shows in the process list",
-    )
-    group.add_argument(
-        "--sasl-oauth-token-endpoint",
-        default=env_default("sasl-oauth-token-endpoint") or None,
-        help="OAUTHBEARER: the OIDC token endpoint (client credentials grant)",
-    )
-    group.add_argument("--sasl-oauth-client-id", default=env_default("sasl-oauth-client-id") or None)
-    group.add_argument(
-        "--sasl-oauth-client-secret",
-        type=Secret,
-        default=_env_secret("sasl-oauth-client-secret"),
-        help="prefer DERENDER_SASL_OAUTH_CLIENT_SECRET (from a Secret)",
-    )
-    group.add_argument(
-        "--sasl-oauth-scope", default=env_default("sasl-oauth-scope") or None, help="OAUTHBEARER: scope(s)"
-    )
-    group.add_argument(
-        "--aws-region",
-        default=env_default("aws-region") or os.environ.get("AWS_REGION") or None,
-        help="AWS_MSK_IAM: the cluster's region (default: AWS_REGION)",
-    )
-    group.add_argument("--ssl-cafile", default=env_default("ssl-cafile") or None, help="PEM CA bundle")
-    group.add_argument(
-        "--ssl-certfile", default=env_default("ssl-certfile") or None, help="PEM client certificate (mTLS)"
-    )
-    group.add_argument(
-        "--ssl-keyfile", default=env_default("ssl-keyfile") or None, help="PEM client key (mTLS)"
-    )
-    group.add_argument(
-        "--ssl-key-password",
-        type=Secret,
-        default=_env_secret("ssl-key-password"),
-        help="password of an encrypted --ssl-keyfile (prefer DERENDER_SSL_KEY_PASSWORD)",
-    )
-    group.add_argument(
-        "--ssl-check-hostname",
-        action=argparse.BooleanOptionalAction,
-        default=_env_bool("ssl-check-hostname", True),
-        help="verify that the broker's certificate names the host connected to (default: on)",
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class KafkaSecurity:
     protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
@@ -214,24 +104,6 @@ class KafkaSecurity:
     ssl_check_hostname: bool = True
     oauth: OidcClientCredentials | None = None
     aws_region: str | None = None
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> KafkaSecurity:
-        security = cls(
-            protocol=SecurityProtocol(args.security_protocol),
-            sasl_mechanism=SaslMechanism(args.sasl_mechanism) if args.sasl_mechanism else None,
-            sasl_username=args.sasl_username or None,
-            sasl_password=args.sasl_password or None,
-            ssl_cafile=args.ssl_cafile or None,
-            ssl_certfile=args.ssl_certfile or None,
-            ssl_keyfile=args.ssl_keyfile or None,
-            ssl_key_password=args.ssl_key_password or None,
-            ssl_check_hostname=args.ssl_check_hostname,
-            oauth=OidcClientCredentials.from_args(args),
-            aws_region=getattr(args, "aws_region", None) or None,
-        )
-        security.validate()
-        return security
 
     def validate(self) -> None:
         """Refuse combinations that would fail at connect time, or silently ignore a setting."""

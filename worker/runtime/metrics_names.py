@@ -29,6 +29,8 @@ STATE_SNAPSHOTS_WRITTEN: Final = "derender.state.snapshots_written"
 STATE_TOMBSTONES_WRITTEN: Final = "derender.state.tombstones_written"
 STATE_RESTORED_REQUESTS: Final = "derender.state.restored_requests"
 STATE_RESTORE_MS: Final = "derender.state.restore_ms"
+# Input records re-read at a restore to bring checkpoints up to the committed offset (``state_changelog``).
+STATE_REPLAYED_RECORDS: Final = "derender.state.replayed_records"
 
 # --- commits ------------------------------------------------------------------------------
 COMMITS: Final = "derender.commits"

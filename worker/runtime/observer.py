@@ -38,7 +38,7 @@ class RecordObserver:
         return self.genai.measured(derenderer) if self.genai is not None else derenderer
 
     def observe(self, record: Any, result: ProcessResult) -> Headers:
-        """The trace headers for the records ``result`` causes (``record``: an aiokafka ConsumerRecord)."""
+        """The trace headers for the records ``result`` causes (``record``: a ``ConsumedRecord``)."""
         tokens = self.genai.observe(record, result) if self.genai is not None else None
         headers = propagated(record.headers) if self.propagate else NO_HEADERS
         if self.spans is NO_SPANS:

@@ -35,28 +35,11 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from worker.errors import ConfigurationError
-from worker.settings import ENV_PREFIX, env_default
 
 DEFAULT_MAX_RECORD_RETRIES = 3
-
-
-def add_poison_arguments(parser: argparse.ArgumentParser) -> None:
-    raw = env_default("max-record-retries")
-    try:
-        default = int(raw) if raw is not None else DEFAULT_MAX_RECORD_RETRIES
-    except ValueError as exc:
-        raise ConfigurationError(f"{ENV_PREFIX}MAX_RECORD_RETRIES must be an integer, got {raw!r}") from exc
-    parser.add_argument(
-        "--max-record-retries",
-        type=int,
-        default=default,
-        help="a record that resets its partition this many times in a row is dead-lettered and "
-        f"skipped (default {DEFAULT_MAX_RECORD_RETRIES})",
-    )
 
 
 @dataclass(frozen=True, slots=True)

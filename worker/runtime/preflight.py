@@ -2,6 +2,9 @@
 
 Each of these would otherwise start and then fail over and over, far from its cause:
 
+* **no broker at the bootstrap address**: asked first, with one admin connection, before the
+  tokenizer loads; librdkafka would otherwise retry and log every attempt for its whole timeout
+  (about 30 s and hundreds of lines) before the same one-line error.
 * **commit interval vs. transaction timeout** (exactly-once): a transaction stays open for up
   to one commit interval plus the commit itself; past ``TRANSACTION_TIMEOUT_MS`` the broker aborts
   it, so every transaction would abort and the partition reset forever.
@@ -20,25 +23,54 @@ takes milliseconds, and one slower than ``COMMIT_BUDGET_MS`` means the cluster i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
-from worker.errors import ConfigurationError
-from worker.runtime.config import KafkaSettings, TopicNames
-from worker.runtime.delivery import MAX_RECORD_BYTES, TRANSACTION_TIMEOUT_MS
+from worker.errors import ConfigurationError, KafkaUnreachableError
+from worker.runtime.delivery import MAX_RECORD_BYTES, transaction_timeout_ms
+from worker.runtime.kafka_client.base import MAX_MESSAGE_BYTES
+from worker.runtime.topics import TopicNames, partition_counts
+
+if TYPE_CHECKING:  # the settings call check_settings while they are checked
+    from worker.settings import KafkaSettings
 
 RECORD_BUDGET_MS = 10
 COMMIT_BUDGET_MS = 10_000
-MAX_MESSAGE_BYTES = "max.message.bytes"
+
+
+def unreachable(address: str) -> ConfigurationError:
+    """The one line a start with no broker at ``address`` ends with."""
+    return ConfigurationError(
+        f"cannot reach Kafka at {address}; start a local broker with "
+        "`deploy/local/kafka start` (127.0.0.1:19092), or point --bootstrap-servers / "
+        "KAFKA_BOOTSTRAP_SERVERS at a running one"
+    )
+
+
+async def check_reachable(settings: KafkaSettings) -> None:
+    """Raise :func:`unreachable` unless a broker answers at the bootstrap address."""
+    library_log = logging.getLogger("aiokafka")
+    level = library_log.level
+    library_log.setLevel(logging.CRITICAL)  # its "Unable connect" line would say it twice
+    try:
+        await partition_counts(
+            settings.bootstrap_servers, [settings.topics.input], settings.security.client_kwargs()
+        )
+    except KafkaUnreachableError as exc:
+        raise unreachable(settings.bootstrap_servers) from exc
+    finally:
+        library_log.setLevel(level)
 
 
 def check_settings(settings: KafkaSettings) -> None:
     """Raise ``ConfigurationError`` for flag combinations that cannot work."""
-    if settings.exactly_once and settings.commit_interval_ms + COMMIT_BUDGET_MS > TRANSACTION_TIMEOUT_MS:
+    timeout = transaction_timeout_ms(settings.transactional_id_mode)
+    if settings.exactly_once and settings.commit_interval_ms + COMMIT_BUDGET_MS > timeout:
         raise ConfigurationError(
             f"--commit-interval-ms {settings.commit_interval_ms} leaves no room for the commit within the "
-            f"transaction timeout of {TRANSACTION_TIMEOUT_MS} ms: use at most "
-            f"{TRANSACTION_TIMEOUT_MS - COMMIT_BUDGET_MS}"
+            f"transaction timeout of {timeout} ms (--transactional-id-mode "
+            f"{settings.transactional_id_mode.value}): use at most {timeout - COMMIT_BUDGET_MS}"
         )
     needed = settings.max_poll_records * RECORD_BUDGET_MS + COMMIT_BUDGET_MS
     if settings.rebalance_timeout_ms < needed:
@@ -62,17 +94,3 @@ def check_record_limits(topics: TopicNames, limits: Mapping[str, int | None]) ->
                 f"topic {topic!r} has {MAX_MESSAGE_BYTES}={limit}, below the {MAX_RECORD_BYTES} bytes the "
                 f"worker's producers may send: raise it (`topics create` sets {MAX_RECORD_BYTES})"
             )
-
-
-def parse_max_message_bytes(responses: list[Any]) -> dict[str, int | None]:
-    """``max.message.bytes`` per topic from ``AIOKafkaAdminClient.describe_configs`` responses."""
-    limits: dict[str, int | None] = {}
-    for response in responses:
-        for error_code, _message, _type, name, entries in response.resources:
-            value = None
-            if error_code == 0:
-                value = next(
-                    (int(e[1]) for e in entries if e[0] == MAX_MESSAGE_BYTES and e[1] is not None), None
-                )
-            limits[name] = value
-    return limits

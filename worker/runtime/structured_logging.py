@@ -12,7 +12,6 @@ INFO chatter out, like ``commands._configure_logging``, unless ``DERENDER_AIOKAF
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -21,22 +20,9 @@ from typing import Any, TextIO
 
 import orjson
 
-from worker.settings import env_default
-
 # Context fields a caller may pass with ``extra=``; anything else in ``extra`` is left out so a
 # stray attribute can never break the line's schema.
 CONTEXT_FIELDS: tuple[str, ...] = ("request_id", "partition", "topic", "offset", "group_id")
-LOG_FORMATS = ("text", "json")
-
-
-def add_log_format_argument(parser: argparse.ArgumentParser) -> None:
-    """``--log-format text|json`` (``DERENDER_LOG_FORMAT``); ``run`` already has ``--log-level``."""
-    parser.add_argument(
-        "--log-format",
-        choices=LOG_FORMATS,
-        default=(env_default("log-format", "text") or "text").lower(),
-        help="text (default) or json: one JSON object per line",
-    )
 
 
 class JsonFormatter(logging.Formatter):
@@ -66,7 +52,9 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(line, default=str).decode("utf-8")
 
 
-def configure_logging(level: str | int, json: bool, stream: TextIO | None = None) -> None:
+def configure_logging(
+    level: str | int, json: bool, stream: TextIO | None = None, *, aiokafka_debug: bool = False
+) -> None:
     """Root logging to ``stream`` (stderr) in JSON lines or the runtime's text format."""
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     if json:
@@ -82,5 +70,5 @@ def configure_logging(level: str | int, json: bool, stream: TextIO | None = None
     root.addHandler(handler)
     root.setLevel(level.upper() if isinstance(level, str) else level)
     # aiokafka logs every retry of a broker outage; keep its INFO chatter out.
-    if os.environ.get("DERENDER_AIOKAFKA_DEBUG") != "1":
+    if not aiokafka_debug:
         logging.getLogger("aiokafka").setLevel(max(logging.WARNING, root.level))

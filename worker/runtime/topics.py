@@ -4,6 +4,9 @@ The rule: the state topic has at least as many partitions as the input topic (``
 makes them equal), because the worker writes the state of input partition ``p`` to state
 partition ``p`` (explicit partition, not key hashing) and restores partition ``p`` from there
 alone.
+
+The admin client is imported inside the calls: ``worker.settings`` imports ``TopicNames``, and
+commands that never talk to Kafka (``replay``) should not import aiokafka.
 """
 
 from __future__ import annotations
@@ -15,15 +18,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-
 from worker.errors import ConfigurationError
-from worker.runtime.config import TopicNames
 
 log = logging.getLogger(__name__)
 
-_TOPIC_ALREADY_EXISTS = 36
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    input: str
+    output: str
+    state: str
+    dlq: str
+
+
 _LEADER_WAIT_S = 30.0
 
 # Compaction keeps the last snapshot per request; tombstones of finished requests are
@@ -67,42 +74,27 @@ async def create_topics(
 
     ``security``: ``KafkaSecurity.client_kwargs()`` (TLS / SASL), splatted into the admin client.
     """
+    from worker.runtime.kafka_client import aiokafka_backend as admin
+
     if partitions <= 0 or replication_factor <= 0:
         raise ConfigurationError("--partitions and --replication-factor must be positive")
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(security or {}))
-    await admin.start()
-    try:
-        specs = topic_specs(topics, partitions, replication_factor)
-        response = await admin.create_topics(
-            [NewTopic(name, n, rf, topic_configs=config) for name, n, rf, config in specs],
-            timeout_ms=int(_LEADER_WAIT_S * 1000),
-        )
-        created, existing = [], []
-        for entry in response.topic_errors:
-            name, code = entry[0], entry[1]
-            if code == 0:
-                created.append(name)
-            elif code == _TOPIC_ALREADY_EXISTS:
-                existing.append(name)
-            else:
-                message = entry[2] if len(entry) > 2 else ""
-                raise ConfigurationError(f"cannot create topic {name!r}: error {code} {message}")
-        counts = await _wait_for_leaders(admin, [name for name, *_ in specs])
-        check_layout(topics, counts)
-        return CreatedTopics(created, existing)
-    finally:
-        await admin.close()
+    specs = topic_specs(topics, partitions, replication_factor)
+    created, existing = await admin.create_topics(bootstrap, specs, int(_LEADER_WAIT_S * 1000), security)
+    counts = await _wait_for_leaders(bootstrap, [name for name, *_ in specs], security)
+    check_layout(topics, counts)
+    return CreatedTopics(created, existing)
 
 
-async def _wait_for_leaders(admin: Any, names: list[str]) -> dict[str, int]:
+async def _wait_for_leaders(
+    bootstrap: str, names: list[str], security: Mapping[str, Any] | None
+) -> dict[str, int]:
     """Partition count per topic, once every partition has a leader (clients need one)."""
+    from worker.runtime.kafka_client import aiokafka_backend as admin
+
     deadline = time.monotonic() + _LEADER_WAIT_S
     while True:
-        counts: dict[str, int] = {}
-        for topic in await admin.describe_topics(names):
-            parts = topic.get("partitions", [])
-            if topic.get("error_code") == 0 and parts and all(p.get("leader", -1) >= 0 for p in parts):
-                counts[topic["topic"]] = len(parts)
+        leaders = await admin.partition_leaders(bootstrap, names, security)
+        counts = {name: len(parts) for name, parts in leaders.items() if parts and min(parts) >= 0}
         if len(counts) == len(names):
             return counts
         if time.monotonic() > deadline:
@@ -115,33 +107,19 @@ async def partition_counts(
     bootstrap: str, names: list[str], security: Mapping[str, Any] | None = None
 ) -> dict[str, int]:
     """Partition count of each existing topic among ``names`` (missing topics are left out)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(security or {}))
-    await admin.start()
-    try:
-        counts = {}
-        for topic in await admin.describe_topics(names):
-            if topic.get("error_code") == 0:
-                counts[topic["topic"]] = len(topic.get("partitions", []))
-        return counts
-    finally:
-        await admin.close()
+    from worker.runtime.kafka_client import aiokafka_backend as admin
+
+    leaders = await admin.partition_leaders(bootstrap, names, security)
+    return {name: len(parts) for name, parts in leaders.items()}
 
 
 async def max_message_bytes(
     bootstrap: str, names: list[str], security: Mapping[str, Any] | None = None
 ) -> dict[str, int | None]:
     """``max.message.bytes`` of each topic (``None`` where it cannot be read)."""
-    from worker.runtime.preflight import MAX_MESSAGE_BYTES, parse_max_message_bytes
+    from worker.runtime.kafka_client import aiokafka_backend as admin
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(security or {}))
-    await admin.start()
-    try:
-        resources = [
-            ConfigResource(ConfigResourceType.TOPIC, name, {MAX_MESSAGE_BYTES: None}) for name in names
-        ]
-        return parse_max_message_bytes(await admin.describe_configs(resources))
-    finally:
-        await admin.close()
+    return await admin.max_message_bytes(bootstrap, names, security)
 
 
 def check_layout(topics: TopicNames, partition_counts: Mapping[str, int]) -> None:

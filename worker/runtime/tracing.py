@@ -25,7 +25,7 @@ import os
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -391,20 +391,3 @@ def build_spans(endpoint: str | None, service_name: str = "derender-worker") -> 
     )
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return RequestSpans(provider.get_tracer("derender-worker"), provider=provider)
-
-
-def header_list(headers: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]] | None:
-    """aiokafka's ``headers=`` argument: ``None`` when there are none (no per-record header cost)."""
-    return list(headers) if headers else None
-
-
-def add_tracing_arguments(parser: Any) -> None:
-    """``--otel-endpoint`` (env ``DERENDER_OTEL_ENDPOINT``; the standard ``OTEL_*`` variables work too)."""
-    from worker.settings import env_default
-
-    parser.add_argument_group("tracing").add_argument(
-        "--otel-endpoint",
-        default=env_default("otel-endpoint"),
-        help="OTLP/HTTP collector base URL (http://collector:4318): one span per request, with the "
-        "GenAI and messaging attributes; needs the 'otel' extra. OTEL_EXPORTER_OTLP_ENDPOINT works too",
-    )

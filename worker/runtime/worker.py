@@ -5,7 +5,7 @@ One asyncio lock serialises the three things that touch partition tasks: a loop 
 waits for the current step (at most one poll timeout plus one batch) and then finds no
 half-processed batch, only committed or committable work.
 
-Backpressure, step by step: ``getmany(max_records=...)`` bounds a batch; awaiting
+Backpressure, step by step: ``poll(max_records)`` bounds a batch; awaiting
 ``producer.send`` blocks while the producer's buffer is full; and a commit is forced once
 ``max_uncommitted_records`` inputs are processed but not committed, so unflushed output
 never grows without bound even when the commit interval is long. Memory is bounded by the
@@ -26,29 +26,39 @@ import logging
 import time
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import (
-    GroupAuthorizationFailedError,
-    IllegalStateError,
-    InconsistentGroupProtocolError,
-    InvalidGroupIdError,
-    InvalidSessionTimeoutError,
-    KafkaConnectionError,
-    KafkaError,
-    MessageSizeTooLargeError,
-    RecordListTooLargeError,
-    TopicAuthorizationFailedError,
-)
-
 from worker.core.derenderer import Derenderer
-from worker.core.envelope_processor import DEFAULT_MAX_LIVE_PARSERS, EnvelopeProcessor
 from worker.core.live_parsers import LiveParserPool
-from worker.errors import ConfigurationError, DeliveryFailedError
+from worker.errors import (
+    ConfigurationError,
+    GroupRejectedError,
+    KafkaClientError,
+    KafkaUnreachableError,
+    PartitionNotAssignedError,
+    RecordTooLargeError,
+)
 from worker.runtime import metrics_names as m
-from worker.runtime.config import KafkaSettings
+from worker.runtime import state_changelog
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy, Trip
-from worker.runtime.delivery import AtLeastOnceSink, Sink, TransactionalSink
+from worker.runtime.delivery import (
+    AtLeastOnceSink,
+    SharedSink,
+    Sink,
+    Transaction,
+    TransactionalSink,
+    producer_config,
+    transaction_timeout_ms,
+)
 from worker.runtime.health_server import ReadinessState
+from worker.runtime.kafka_client import make_client
+from worker.runtime.kafka_client.base import (
+    ConsumerConfig,
+    GroupConsumer,
+    KafkaClient,
+    Offsets,
+    Partitions,
+    ProducerConfig,
+    TopicPartition,
+)
 from worker.runtime.lifecycle import Lifecycle, WorkerState
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
@@ -57,9 +67,10 @@ from worker.runtime.partition import PartitionTask
 from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_record_limits
 from worker.runtime.prometheus_export import labelled
-from worker.runtime.rebalance import RebalanceListener
-from worker.runtime.state_store import StateKeys, StateRestorer, install_snapshots
+from worker.runtime.state_changelog import StateChangelog, StateKeys
+from worker.runtime.state_store import StateRestorer
 from worker.runtime.topics import check_layout, layout_problem, max_message_bytes, partition_counts
+from worker.settings import KafkaSettings, ModelSettings
 
 log = logging.getLogger(__name__)
 
@@ -70,36 +81,38 @@ HEAL_BACKOFF_S = 1.0
 METADATA_MAX_AGE_MS = 10_000
 LAYOUT_RECHECK_S = 10.0
 METRICS_LOG_INTERVAL_S = 30.0
+HEARTBEAT_MAX_MS = 250
 
 
 def configuration_error(exc: BaseException, settings: KafkaSettings) -> ConfigurationError | None:
     """A ``ConfigurationError`` for a fatal error that only a configuration change can fix, else ``None``.
 
-    aiokafka raises these from ``getmany`` once the group coordinator gives up on joining.
+    Either backend raises these from ``poll`` once the group coordinator gives up on joining.
     """
-    if isinstance(exc, InvalidSessionTimeoutError):
+    if not isinstance(exc, GroupRejectedError):
+        return None
+    reason = GroupRejectedError.Reason
+    if exc.reason is reason.SESSION_TIMEOUT:
         return ConfigurationError(
             f"the broker rejected --session-timeout-ms {settings.session_timeout_ms}: it must lie between "
             "the broker's group.min.session.timeout.ms and group.max.session.timeout.ms "
             "(Kafka's defaults: 6000 and 1800000)"
         )
-    if isinstance(exc, InvalidGroupIdError):
+    if exc.reason is reason.GROUP_ID:
         return ConfigurationError(f"the broker rejected --group-id {settings.group_id!r} as invalid")
-    if isinstance(exc, InconsistentGroupProtocolError):
+    if exc.reason is reason.PROTOCOL:
         return ConfigurationError(
             f"group {settings.group_id!r} is used by consumers of another protocol; "
             "give the worker its own --group-id"
         )
-    if isinstance(exc, GroupAuthorizationFailedError):
+    if exc.reason is reason.GROUP_AUTHORIZATION:
         return ConfigurationError(
             f"not authorized to use consumer group {settings.group_id!r} (Kafka ACLs; "
             f"{settings.security.describe()})"
         )
-    if isinstance(exc, TopicAuthorizationFailedError):
-        return ConfigurationError(
-            f"not authorized to use the worker's topics (Kafka ACLs; {settings.security.describe()})"
-        )
-    return None
+    return ConfigurationError(
+        f"not authorized to use the worker's topics (Kafka ACLs; {settings.security.describe()})"
+    )
 
 
 class Worker:
@@ -108,17 +121,16 @@ class Worker:
         settings: KafkaSettings,
         derenderer: Derenderer,
         *,
-        max_record_bytes: int,
+        model: ModelSettings,
         metrics: Metrics | None = None,
         readiness: ReadinessState | None = None,
         dead_letters: DeadLetterPolicy | None = None,
         resets: ResetTracker | None = None,
-        max_live_parsers: int = DEFAULT_MAX_LIVE_PARSERS,
         observer: RecordObserver | None = None,
     ) -> None:
         self.settings = settings
         self.derenderer = derenderer
-        self.max_record_bytes = max_record_bytes
+        self.model = model  # the processors' limits
         self.metrics = metrics or Metrics()
         self.lifecycle = Lifecycle()
         self.readiness = readiness or ReadinessState()
@@ -135,13 +147,16 @@ class Worker:
         self.observer = observer or RecordObserver(settings.group_id, metrics=self.metrics)  # observability
         self.derenderer = self.observer.measured(derenderer)  # observability: GenAI metrics see tokens
         self._security = settings.security.client_kwargs()  # one SSLContext, shared by every client
+        self._client: KafkaClient = make_client(settings.kafka_client, settings.security, self._security)
         # One pool for every partition's processor: --max-live-parsers is worker-wide.
-        self.parsers = LiveParserPool(max_live_parsers)
+        self.parsers = LiveParserPool(model.max_live_parsers)
         self._parser_evictions = 0
         self.tasks: dict[TopicPartition, PartitionTask] = {}
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
-        self._consumer: Any = None
+        self._consumer: Any = None  # a GroupConsumer once started
+        # --transactional-id-mode per-worker: the one transaction every partition writes into.
+        self._shared: Transaction | None = None
         self._restorer: StateRestorer | None = None
         self._commit_due_at: float | None = None
         self._next_expiry_at = 0.0
@@ -165,7 +180,7 @@ class Worker:
         try:
             try:
                 await self._start_clients()
-            except KafkaConnectionError as exc:
+            except KafkaUnreachableError as exc:
                 address = self.settings.bootstrap_servers
                 raise ConfigurationError(
                     f"cannot reach Kafka at {address}; start a local broker with "
@@ -200,22 +215,26 @@ class Worker:
 
     async def _start_clients(self) -> None:
         s = self.settings
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.bootstrap_servers,
-            client_id=s.client_id,
-            group_id=s.group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            # Inputs may themselves be written transactionally: never act on aborted ones.
-            isolation_level="read_committed",
-            session_timeout_ms=s.session_timeout_ms,
-            rebalance_timeout_ms=s.rebalance_timeout_ms,
-            metadata_max_age_ms=METADATA_MAX_AGE_MS,
-            heartbeat_interval_ms=max(100, s.session_timeout_ms // 4),
-            max_poll_records=s.max_poll_records,
-            **self._security,
+        consumer: GroupConsumer = self._client.consumer(
+            ConsumerConfig(
+                bootstrap_servers=s.bootstrap_servers,
+                client_id=s.client_id,
+                group_id=s.group_id,
+                session_timeout_ms=s.session_timeout_ms,
+                rebalance_timeout_ms=s.rebalance_timeout_ms,
+                # A member learns of a rebalance from a heartbeat, and the group (the kept partitions'
+                # offset commits too) waits for the slowest to rejoin: beat often, not 1/4 session.
+                heartbeat_interval_ms=max(100, min(s.session_timeout_ms // 4, HEARTBEAT_MAX_MS)),
+                max_poll_records=s.max_poll_records,
+                metadata_max_age_ms=METADATA_MAX_AGE_MS,
+                security=s.security,
+                assignment_strategy=s.partition_assignment_strategy,
+                group_protocol=s.group_protocol,
+                group_instance_id=s.group_instance_id,
+            )
         )
-        await self._consumer.start()
+        self._consumer = consumer
+        await consumer.start()
         topics = s.topics
         names = [topics.input, topics.output, topics.state, topics.dlq]
         check_layout(topics, await partition_counts(s.bootstrap_servers, names, self._security))
@@ -224,14 +243,29 @@ class Worker:
             s.bootstrap_servers, s.client_id, topics.state, self._security, StateKeys(s.group_id)
         )
         await self._restorer.start()
-        self._consumer.subscribe([topics.input], listener=RebalanceListener(self))
+        if s.per_worker_transactions:
+            producer = self._client.transactional_producer(
+                self._producer_config(s.client_id), s.worker_transactional_id()
+            )
+            self._shared = Transaction(producer, consumer.group_metadata, self.metrics)
+            await self._shared.start()  # init_transactions: aborts what a predecessor left open
+        # Bound methods, no listener object: the consumer calls back into the worker it serves.
+        consumer.subscribe(
+            [topics.input],
+            on_assign=self.partitions_assigned,
+            on_revoke=self.partitions_revoked,
+            on_lost=self.partitions_lost,
+        )
         log.info(
-            "worker %s joined group %s on %s (%s, commit every %d ms)",
+            "worker %s joined group %s on %s (%s, commit every %d ms; group protocol %s, %s, instance id %s)",
             s.client_id,
             s.group_id,
             topics.input,
             s.mode.value,
             s.commit_interval_ms,
+            s.group_protocol.value,
+            s.partition_assignment_strategy.value,
+            s.group_instance_id or "none",
         )
 
     async def _shutdown(self) -> None:
@@ -255,15 +289,19 @@ class Worker:
             except Exception as exc:  # noqa: BLE001 - closing goes on; the failure is logged
                 log.warning("closing %r failed: %r", client, exc)
         self._consumer = self._restorer = None
+        if self._shared is not None:
+            await self._shared.abort()
+            await self._shared.close()
+            self._shared = None
 
     # --- the loop ----------------------------------------------------------------------------
 
     async def _step(self) -> None:
-        # Poll outside the lock: during a rebalance getmany waits for the new assignment,
+        # Poll outside the lock: during a rebalance poll waits for the new assignment,
         # and the assignment waits for the listener, which takes the lock.
         poll_epoch = self._epoch
-        batches = await self._consumer.getmany(
-            timeout_ms=self._poll_timeout_ms(time.monotonic()), max_records=self.settings.max_poll_records
+        batches = await self._consumer.poll(
+            self._poll_timeout_ms(time.monotonic()), self.settings.max_poll_records
         )
         async with self._lock:
             for tp, records in batches.items():
@@ -292,7 +330,10 @@ class Worker:
                             if isolating:
                                 self.metrics.increment(m.COMMITS_ISOLATED)
                             committing = True
-                            await task.commit()
+                            if self._shared is not None:  # one transaction holds every partition
+                                await self._commit_shared([task], raise_errors=True)
+                            else:
+                                await task.commit()
                             committing = False
                             self.resets.committed(tp.partition, task.position)
                 except Exception as exc:
@@ -322,7 +363,7 @@ class Worker:
     def _pause_tripped(self, task: PartitionTask) -> None:
         """Stop consuming a partition whose breaker tripped; its processed records still commit.
 
-        aiokafka drops records already fetched for a paused partition, so nothing past the
+        Records already fetched for a paused partition are skipped by ``_step``, so nothing past the
         tripping record is processed. The breaker stays tripped in this process, also across a
         revocation: a re-assignment pauses the partition again (``_open_partitions``).
         """
@@ -345,12 +386,9 @@ class Worker:
 
     def _update_gauges(self) -> None:
         """Per step: consumer lag per partition and the memory budget (cheap: no broker calls)."""
-        assigned = self._consumer.assignment()
         for tp, task in self.tasks.items():
-            if tp not in assigned:  # aiokafka asserts on an unassigned partition
-                continue
             lso = self._consumer.last_stable_offset(tp)
-            if lso is not None and lso >= 0:  # None / -1: not known before the first fetch
+            if lso is not None:  # not known before the first fetch
                 # A paused partition's lag stays frozen (no fetches update its last stable offset).
                 self.metrics.gauge(
                     labelled(m.CONSUMER_LAG, partition=tp.partition), max(0, lso - task.position)
@@ -391,6 +429,9 @@ class Worker:
             self._commit_due_at = None
         if not tasks:
             return
+        if self._shared is not None:
+            await self._commit_shared(tasks)
+            return
         results = await asyncio.gather(*(t.commit() for t in tasks), return_exceptions=True)
         for task, result in zip(tasks, results, strict=True):
             if isinstance(result, BaseException):
@@ -401,6 +442,37 @@ class Worker:
                 await self._reset_partition(task.tp, None, result)
             else:
                 self.resets.committed(task.tp.partition, task.position)
+
+    async def _commit_shared(self, tasks: list[PartitionTask], *, raise_errors: bool = False) -> None:
+        """Per-worker transactions: every task with work commits in one transaction.
+
+        ``tasks`` must hold at least one task; all others with work join, since the transaction
+        holds their outputs too. On failure every one of them is reset (or, with
+        ``raise_errors``, the error is raised for the caller to reset with blame).
+        """
+        assert self._shared is not None
+        joined = {t.tp: t for t in tasks} | {tp: t for tp, t in self.tasks.items() if t.needs_commit}
+        started = time.perf_counter()
+        states = {tp: task.state_records() for tp, task in joined.items()}
+        try:
+            await self._shared.commit(
+                [r for state in states.values() for r in state],
+                {tp: task.position for tp, task in joined.items()},
+            )
+        except Exception as exc:
+            if raise_errors:
+                raise
+            log.warning("commit of %s failed, resetting them: %r", sorted(tp.partition for tp in joined), exc)
+            self.metrics.increment(m.COMMITS_FAILED)
+            for tp, task in joined.items():
+                self.resets.commit_failed(tp.partition, task.committed_position, task.position)
+            for tp in joined:
+                if tp in self.tasks:  # the first reset aborts the transaction and resets the others
+                    await self._reset_partition(tp, None, exc)
+            return
+        for tp, task in joined.items():
+            task.committed(states[tp], started)
+            self.resets.committed(tp.partition, task.position)
 
     async def _maybe_expire(self) -> None:
         now = time.monotonic()
@@ -428,7 +500,7 @@ class Worker:
         # Not while rebalancing: the listener's assign opens the new assignment.
         if self.lifecycle.state is not WorkerState.RUNNING or time.monotonic() < self._next_heal_at:
             return
-        missing = set(self._consumer.assignment()) - set(self.tasks)
+        missing = self._consumer.assignment() - set(self.tasks)
         if time.monotonic() < self._next_layout_check_at:
             missing -= self._unplaced
         if missing:
@@ -443,15 +515,32 @@ class Worker:
 
     # --- partitions --------------------------------------------------------------------------
 
-    async def partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+    async def partitions_lost(self, lost: Partitions) -> None:
+        """Gone already (session expired, fenced): their work is aborted, nothing is committed."""
         async with self._lock:
-            if self.lifecycle.state is WorkerState.RUNNING:
-                self.lifecycle.to(WorkerState.REBALANCING)
+            mine = lost & set(self.tasks)
+            log.warning("lost %s", sorted(tp.partition for tp in mine))
+            for tp in mine:
+                await self._reset_partition(tp, None, KafkaClientError("partition lost"))
+            self._unplaced -= lost
+            for tp in lost:
+                self.readiness.partitions_revoked([tp.partition])
+
+    async def partitions_revoked(self, revoked: Partitions) -> None:
+        """Commit and close the revoked partitions; with an incremental rebalance (some partitions
+        stay) the others keep flowing and the worker stays running."""
+        async with self._lock:
             mine = revoked & set(self.tasks)
+            # By the assignment, not the tasks: a kept partition may be resetting (healed later).
+            kept = self._consumer.assignment() - revoked
+            if self.lifecycle.state is WorkerState.RUNNING and not kept:
+                self.lifecycle.to(WorkerState.REBALANCING)
             log.info("revoked %s", sorted(tp.partition for tp in mine))
             self.metrics.increment(m.PARTITIONS_REVOKED, len(mine))
             # Commit before returning: the next owner starts right after every member's revoke.
-            await self._commit_all(mine)
+            # A per-worker transaction also holds the kept partitions' outputs: it commits whole
+            # (closing a revoked partition's sink would otherwise abort their work with it).
+            await self._commit_all(None if self._shared is not None else mine)
             for tp in mine:
                 task = self.tasks.pop(tp, None)
                 if task is not None:
@@ -469,7 +558,7 @@ class Worker:
             self.metrics.gauge(m.PARTITIONS_OWNED, len(self.tasks))
             self._update_paused_gauge()
 
-    async def partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+    async def partitions_assigned(self, assigned: Partitions) -> None:
         async with self._lock:
             if not self.lifecycle.accepting_partitions:
                 return
@@ -477,6 +566,10 @@ class Worker:
             self.metrics.increment(m.PARTITIONS_ASSIGNED, len(assigned))
             self.metrics.increment(m.REBALANCES)
             self.readiness.partitions_assigned(tp.partition for tp in assigned)
+            if self._shared is not None:
+                # A restore can take longer than the per-worker transaction timeout: commit what
+                # the shared transaction holds rather than keep it open across the restore.
+                await self._commit_all()
             await self._open_partitions(assigned - set(self.tasks))
             if self.lifecycle.state is WorkerState.REBALANCING:
                 self.lifecycle.to(WorkerState.RUNNING)
@@ -497,14 +590,21 @@ class Worker:
             # init_transactions: aborts whatever a previous owner left open, so the committed
             # offsets and the state partition's end are stable from here on.
             await asyncio.gather(*(sink.start() for sink in sinks.values()))
-            assert self._restorer is not None
-            snapshots = await self._restorer.restore(tp.partition for tp in tps)
+            restorer = self._restorer
+            assert restorer is not None
+            latest = await restorer.restore(tp.partition for tp in tps)
             positions = {}
+            restores: dict[TopicPartition, state_changelog.Restored] = {}
+            replays: dict[TopicPartition, list[Any]] = {}
             for tp in tps:
                 committed = await self._consumer.committed(tp)
                 if committed is None:
-                    committed = (await self._consumer.beginning_offsets([tp]))[tp]
+                    committed = await self._consumer.beginning_offset(tp)
                 positions[tp] = committed
+                restores[tp] = state_changelog.restore(restorer.keys, latest[tp.partition])
+                start = restores[tp].replay_from
+                if start is not None and start < committed:
+                    replays[tp] = await restorer.read_range(tp.topic, tp.partition, start, committed)
         except Exception as exc:  # noqa: BLE001 - any failure: retried after a backoff
             log.warning("opening partitions %s failed, will retry: %r", sorted(t.partition for t in tps), exc)
             for sink in sinks.values():
@@ -512,24 +612,35 @@ class Worker:
             self._next_heal_at = time.monotonic() + HEAL_BACKOFF_S
             return
         now = time.monotonic()
-        restored = 0
+        restored = replayed_records = 0
         self._epoch += 1
         for tp in sorted(tps):
             try:
                 # The group may have started taking partitions away while we awaited above.
                 self._consumer.seek(tp, positions[tp])
-            except IllegalStateError:
+            except PartitionNotAssignedError:
                 log.info("partition %d was unassigned while opening; dropped", tp.partition)
                 self.readiness.partitions_revoked([tp.partition])
                 await sinks.pop(tp).close()
                 continue
-            processor = EnvelopeProcessor(
+            processor = self.model.processor_for(
                 self.derenderer,
-                max_record_bytes=self.max_record_bytes,
                 live_parsers=self.parsers,
                 require_key=True,  # key-less records are dead letters (placement by request_id)
             )
-            restored += install_snapshots(processor, snapshots[tp.partition], now)
+            checkpoints = restores[tp].checkpoints
+            state_changelog.install(processor, checkpoints, now)
+            replay = replays.get(tp, [])
+            replayed = state_changelog.replay_after(processor, checkpoints, replay)
+            changelog = StateChangelog(
+                self.settings.topics.state,
+                tp.partition,
+                restorer.keys,
+                checkpoint_interval_s=self.settings.state_checkpoint_interval_ms / 1000,
+            )
+            changelog.restored(restores[tp], replayed)
+            restored += len(checkpoints)
+            replayed_records += len(replay)
             self.tasks[tp] = PartitionTask(
                 tp,
                 processor,
@@ -537,12 +648,11 @@ class Worker:
                 self.settings.topics,
                 self.metrics,
                 position=positions[tp],
-                persisted=set(snapshots[tp.partition]),
+                changelog=changelog,
                 epoch=self._epoch,
                 dead_letters=self.dead_letters,
                 budget=self.budget,
                 resets=self.resets,
-                keys=self._restorer.keys,
                 observer=self.observer,
             )
             trip = self.dead_letters.tripped().get(tp.partition)
@@ -551,13 +661,15 @@ class Worker:
         # Partitions that failed to open stay "restoring": not ready until _heal opens them.
         self.readiness.partitions_restored(tp.partition for tp in sinks if tp in self.tasks)
         self.metrics.increment(m.STATE_RESTORED_REQUESTS, restored)
+        self.metrics.increment(m.STATE_REPLAYED_RECORDS, replayed_records)
         self.metrics.timing(m.STATE_RESTORE_MS, (time.perf_counter() - started) * 1000)
         self.metrics.gauge(m.PARTITIONS_OWNED, len(self.tasks))
         log.info(
-            "opened partitions %s at %s with %d restored requests",
+            "opened partitions %s at %s with %d restored requests (%d input records re-read)",
             sorted(tp.partition for tp in sinks),
             {tp.partition: positions[tp] for tp in sorted(sinks)},
             restored,
+            replayed_records,
         )
 
     async def _check_layout(self, tps: set[TopicPartition]) -> set[TopicPartition]:
@@ -579,7 +691,7 @@ class Worker:
         problem = layout_problem(s.topics, counts.get(s.topics.input, 0), state_partitions)
         unplaced = {tp for tp in tps if tp.partition >= state_partitions} if problem else set()
         self._unplaced = (self._unplaced - tps) | unplaced
-        self._unplaced &= set(self._consumer.assignment())
+        self._unplaced &= self._consumer.assignment()
         message = None
         if self._unplaced:
             self._next_layout_check_at = time.monotonic() + LAYOUT_RECHECK_S
@@ -596,22 +708,31 @@ class Worker:
             self.readiness.layout_error(message)
         return tps - unplaced
 
+    def _producer_config(self, client_id: str) -> ProducerConfig:
+        s = self.settings
+        return producer_config(s, client_id, transaction_timeout_ms(s.transactional_id_mode))
+
     def _new_sink(self, tp: TopicPartition) -> Sink:
         s = self.settings
+        if self._shared is not None:
+            return SharedSink(self._shared)
         if s.exactly_once:
-            return TransactionalSink(
-                s.bootstrap_servers,
-                s.client_id,
-                s.transactional_id(tp.partition),
-                s.group_id,
-                self.metrics,
-                self._security,
+            transactional_id = s.transactional_id(tp.partition)
+            transactional = self._client.transactional_producer(
+                self._producer_config(f"{s.client_id}-{transactional_id}"), transactional_id
             )
-        return AtLeastOnceSink(
-            s.bootstrap_servers, f"{s.client_id}-p{tp.partition}", self._commit_offsets, self._security
-        )
+            return TransactionalSink(transactional, self._group_id_metadata, self.metrics)
+        producer = self._client.producer(self._producer_config(f"{s.client_id}-p{tp.partition}"))
+        return AtLeastOnceSink(producer, self._commit_offsets)
 
-    async def _commit_offsets(self, offsets: dict[TopicPartition, int]) -> None:
+    def _group_id_metadata(self) -> object:
+        # Per-partition producers are fenced by their transactional ids (the next owner's
+        # init_transactions runs before it reads the committed offsets), so their offsets need no
+        # generation; with one, a commit of a kept partition in flight when an incremental
+        # rebalance bumps the generation is refused (ILLEGAL_GENERATION) and the partition resets.
+        return self._consumer.group_id_metadata()
+
+    async def _commit_offsets(self, offsets: Offsets) -> None:
         await self._consumer.commit(offsets)
 
     async def _close_task(self, task: PartitionTask) -> None:
@@ -658,15 +779,42 @@ class Worker:
                 self._pause(tp, trip)
         self.readiness.partitions_assigned([tp.partition])
         task = self.tasks.pop(tp, None)
+        aborts_shared = self._shared is not None and self._shared.open
         if task is not None:
             await self._close_task(task)
+        if aborts_shared:
+            # Closing it aborted the shared transaction, and with it every partition's uncommitted
+            # work: those reopen from committed state too (the cluster's doing: not counted).
+            for other in [t for t in self.tasks.values() if t.needs_commit]:
+                self.metrics.increment(m.PARTITION_RESETS)
+                self.readiness.partitions_assigned([other.tp.partition])
+                del self.tasks[other.tp]
+                await self._close_task(other)
+        if self._shared is not None and self._shared.fenced:
+            await self._renew_shared()
         # _heal reopens it (with backoff) if it is still ours.
         self._next_heal_at = time.monotonic() + HEAL_BACKOFF_S
+
+    async def _renew_shared(self) -> None:
+        """A fenced shared producer refuses every call for good, which would stop every partition.
+        Per worker it is fenced when the broker timed its transaction out (a new epoch) or when a
+        process with the same client id started: a fresh producer takes the id (back) over. A
+        zombie that does so loses its partitions at its next poll all the same."""
+        assert self._shared is not None
+        s = self.settings
+        log.warning("the shared producer %s was fenced; starting a new one", self._shared.transactional_id)
+        producer = self._client.transactional_producer(
+            self._producer_config(s.client_id), s.worker_transactional_id()
+        )
+        try:
+            await self._shared.renew(producer)
+        except KafkaClientError as exc:  # still fenced: the next reset tries again
+            log.warning("starting a new shared producer failed: %r", exc)
 
 
 def kafka_client_error(error: BaseException) -> bool:
     """Whether ``error`` is the Kafka client's (broker, metadata, transaction state), not a record's."""
-    return isinstance(error, KafkaError | DeliveryFailedError)
+    return isinstance(error, KafkaClientError)
 
 
 def refused_as_too_large(error: BaseException) -> bool:
@@ -675,7 +823,7 @@ def refused_as_too_large(error: BaseException) -> bool:
     for _ in range(8):  # a cause chain is short; a cycle is not followed
         if seen is None:
             return False
-        if isinstance(seen, MessageSizeTooLargeError | RecordListTooLargeError):
+        if isinstance(seen, RecordTooLargeError):
             return True
         seen = seen.__cause__
     return False

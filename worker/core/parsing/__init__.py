@@ -11,14 +11,16 @@ Drop one module into ``reasoning/`` or ``tools/``; nothing else changes
 (modules there are imported on first use):
 
 * reasoning: subclass :class:`~worker.core.parsing.base.ReasoningParser`
-  (or :class:`~worker.core.parsing.engine.EngineReasoningParser` with a
-  :class:`~worker.core.parsing.engine.Grammar` for vLLM "parser engine"
-  formats) and decorate it with ``@reasoning_parser("name", ...)``.
+  and decorate it with ``@reasoning_parser("name", ...)``.
 * tools: subclass :class:`~worker.core.parsing.base.ToolParser`, set
   ``supports_required_and_named = False`` when vLLM's class has a
   ``structural_tag_model`` (strict tool calling then parses ``required`` and
-  named choices natively), ``engine_based = True`` for vLLM engine adapters,
-  and decorate with ``@tool_parser("name", ...)``.
+  named choices natively), and decorate with ``@tool_parser("name", ...)``.
+* a vLLM "parser engine" family: subclass
+  :class:`~worker.core.parsing.engine.reasoning.EngineReasoningParser` or
+  :class:`~worker.core.parsing.engine.tools.EngineToolParser` and return the
+  family's :class:`~worker.core.parsing.engine.config.EngineConfig` from
+  ``make_config``; override a hook only where vLLM's own class does.
 
 Constructors take ``(tokenizer, chat_template_kwargs)`` (reasoning) or
 ``(tokenizer, tools, chat_template_kwargs)`` (tools) and raise
@@ -31,18 +33,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.core.parsing.assembly import (
+from worker.core.parsing.base import ReasoningParser, ToolParser
+from worker.core.parsing.composite import CompositeParser
+from worker.core.parsing.registry import reasoning_parser, reasoning_parsers, tool_parser, tool_parsers
+from worker.core.parsing.stream import ChatStreamSession
+from worker.core.parsing.tokenizer import TokenizerAdapter, adapter_for
+from worker.core.parsing.tool_choice import (
     assemble_message,
     filter_parallel_calls,
     filter_parallel_delta,
     keeps_tool_calls,
     resolve_finish_reason,
 )
-from worker.core.parsing.base import ReasoningParser, ToolParser
-from worker.core.parsing.composite import CompositeParser
-from worker.core.parsing.registry import reasoning_parser, reasoning_parsers, tool_parser, tool_parsers
-from worker.core.parsing.stream import ChatStreamSession
-from worker.core.parsing.tokenizer import TokenizerAdapter, adapter_for
 from worker.core.parsing.types import (
     DeltaOut,
     FunctionDeltaOut,

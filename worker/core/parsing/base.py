@@ -81,6 +81,11 @@ class ToolParser(ABC):
         #: Set by the composite when no reasoning parser is configured
         #: (engine tool parsers then keep reasoning markup as content).
         self.skip_reasoning_parsing = False
+        self.setup()
+
+    def setup(self) -> None:  # noqa: B027 - an optional hook, not abstract
+        """The family's own state, made once ``tokenizer``, ``tools`` and ``chat_template_kwargs`` are
+        set (families override this, not ``__init__``)."""
 
     @abstractmethod
     def extract_tool_calls(self, text: str, request: ParseRequest) -> ExtractedCalls:

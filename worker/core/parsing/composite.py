@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from worker.core.parsing.base import ReasoningParser, ToolParser
@@ -29,7 +28,6 @@ class CompositeParser:
             self.tools.skip_reasoning_parsing = True
         # streaming state
         self._reasoning_ended = False
-        self._tool_text_started = False
         self._prompt_checked = False
         self._name_returned = False
         # tool-phase text so far; kept only for the forced ``required`` path
@@ -134,7 +132,6 @@ class CompositeParser:
                         delta.content = text
 
         if self.tools is not None and self._reasoning_ended:
-            self._tool_text_started = True
             carried_reasoning = delta.reasoning if delta else None
             delta = self._tool_step(text, current_ids)
             if carried_reasoning:
@@ -204,8 +201,3 @@ class CompositeParser:
             if flushed.tool_calls:
                 delta.tool_calls = delta.tool_calls + flushed.tool_calls
         return delta
-
-
-def dump_arguments(value: Any) -> str:
-    """JSON text of tool arguments the way vLLM writes them."""
-    return json.dumps(value, ensure_ascii=False)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from worker.core.parsing.assembly import filter_parallel_delta, resolve_finish_reason
 from worker.core.parsing.composite import CompositeParser
+from worker.core.parsing.tool_choice import filter_parallel_delta, resolve_finish_reason
 from worker.core.parsing.types import DeltaOut, ParseRequest
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from worker.core.parsing.base import ToolParser
 from worker.core.parsing.deltas import args_delta, name_delta
@@ -63,13 +62,8 @@ def _after_last(text: str, marker: str) -> str:
 class DeepSeekV31ToolParser(ToolParser):
     supports_required_and_named = False
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        tools: list[dict[str, Any]] | None,
-        chat_template_kwargs: dict[str, Any],
-    ) -> None:
-        super().__init__(tokenizer, tools, chat_template_kwargs)
+    def setup(self) -> None:
+        tokenizer = self.tokenizer
         vocab = tokenizer.get_vocab()
         self._calls_begin_id = vocab.get(CALLS_BEGIN)
         self._calls_end_id = vocab.get(CALLS_END)

@@ -5,8 +5,8 @@ Format, served in vLLM 0.33.0 by the GLM-4.7 parser engine
 
     <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...</tool_call>
 
-(newlines between the parts are common). Behaviour matched (engine pieces in
-``_xml_engine``):
+(newlines between the parts are common). Behaviour matched (the engine in
+:mod:`worker.core.parsing.engine`; this module is GLM's config):
 
 * ``<tool_call>``/``</tool_call>`` (and ``<think>``/``</think>``) are cut by
   token id while streaming; the ``<arg_key>``/``<arg_value>`` tags by text,
@@ -25,7 +25,7 @@ Format, served in vLLM 0.33.0 by the GLM-4.7 parser engine
 * ``<think>`` in content reopens reasoning inside the tool phase (when a
   reasoning parser runs; else it is text), with trailing reasoning
   whitespace held back; ``thinking``/``enable_thinking`` false removes the
-  think markers from the grammar (then special think tokens are dropped).
+  think markers from the config (then special think tokens are dropped).
 * With ``tool_choice: "none"`` (and tools) the markup is parsed and dropped.
 * Strict tool calling: ``required`` and named choices parse like ``auto``.
 """
@@ -36,14 +36,23 @@ import json
 import re
 from typing import Any
 
-from worker.core.parsing.reasoning.glm45 import GLM_THINK_MARKERS, GLM_TOOL_MARKERS
+from worker.core.parsing.engine.arguments import WS, GlmArgScanner, XmlArguments
+from worker.core.parsing.engine.config import EngineConfig, Event, State, Transitions, thinking_requested
+from worker.core.parsing.engine.tools import EngineToolParser
 from worker.core.parsing.registry import tool_parser
-from worker.core.parsing.tools._xml_args import GlmArgScanner
-from worker.core.parsing.tools._xml_engine import WS, EngineToolParser, Ev, Extender, St, ToolGrammar
 from worker.core.parsing.types import ParserTokenizer
-from worker.core.parsing.util import thinking_requested
 
-ARG_VALUE_END = "</arg_value>"
+#: vLLM's ``Glm47MoeParser`` markup (vllm/parser/glm47_moe.py); the think markers
+#: only exist while thinking is on.
+GLM_THINK_MARKERS = {"THINK_START": "<think>", "THINK_END": "</think>"}
+GLM_TOOL_MARKERS = {
+    "TOOL_START": "<tool_call>",
+    "TOOL_END": "</tool_call>",
+    "ARG_KEY_START": "<arg_key>",
+    "ARG_KEY_END": "</arg_key>",
+    "ARG_VALUE_START": "<arg_value>",
+    "ARG_VALUE_END": "</arg_value>",
+}
 _ARG_RE = re.compile(rf"<arg_key>(.*?)</arg_key>{WS}*<arg_value>(.*?)</arg_value>", re.DOTALL)
 _OPEN_ARG_RE = re.compile(rf"<arg_key>(.*?)</arg_key>{WS}*<arg_value>(.*)$", re.DOTALL)
 
@@ -68,63 +77,47 @@ def convert_args(raw: str, partial: bool) -> str:
     return json.dumps(_parse_args(raw, partial)[0], ensure_ascii=False)
 
 
-def value_extender(raw: str) -> Extender | None:
-    """Stream the open trailing value verbatim until ``</arg_value>`` shows up."""
-    params, open_key = _parse_args(raw, partial=True)
-    if open_key is None or next(reversed(params)) != open_key:
-        return None
-    keep = len(ARG_VALUE_END) - 1
-    tail = raw[-keep:]
-
-    def extend(delta: str) -> str | None:
-        nonlocal tail
-        text = tail + delta
-        if ARG_VALUE_END in text:
-            return None
-        tail = text[-keep:]
-        return json.dumps(delta, ensure_ascii=False)[1:-1]
-
-    return extend
+R, C = State.REASONING, State.CONTENT
+NAME, ARGS = State.TOOL_NAME, State.TOOL_ARGS
+GLM_ARGUMENTS = XmlArguments(convert_args, GlmArgScanner)
 
 
-R, C = St.REASONING, St.CONTENT
-NAME, ARGS = St.TOOL_NAME, St.TOOL_ARGS
-
-
-def glm_tool_grammar(thinking: bool) -> ToolGrammar:
+def glm_config(thinking: bool) -> EngineConfig:
+    """The GLM-4.5/4.6/4.7 family, for the ``glm45`` reasoning and tool adapters."""
     think = dict(GLM_THINK_MARKERS) if thinking else {}
-    transitions: dict[tuple[St, str], tuple[St, tuple[Ev, ...]]] = {}
+    transitions: Transitions = {}
     if thinking:
         transitions.update(
             {
-                (C, "THINK_START"): (R, (Ev.REASONING_START,)),
-                (R, "THINK_END"): (C, (Ev.REASONING_END,)),
+                (C, "THINK_START"): (R, (Event.REASONING_START,)),
+                (R, "THINK_END"): (C, (Event.REASONING_END,)),
                 (C, "THINK_END"): (C, ()),
             }
         )
     transitions.update(
         {
             (R, "THINK_START"): (R, ()),
-            (R, "TOOL_START"): (NAME, (Ev.REASONING_END, Ev.CALL_START)),
-            (C, "TOOL_START"): (NAME, (Ev.CALL_START,)),
-            (NAME, "ARG_KEY_START"): (ARGS, (Ev.ARG,)),
-            (NAME, "TOOL_END"): (C, (Ev.CALL_END,)),
-            (ARGS, "TOOL_END"): (C, (Ev.CALL_END,)),
+            (R, "TOOL_START"): (NAME, (Event.REASONING_END, Event.CALL_START)),
+            (C, "TOOL_START"): (NAME, (Event.CALL_START,)),
+            (NAME, "ARG_KEY_START"): (ARGS, (Event.ARG,)),
+            (NAME, "TOOL_END"): (C, (Event.CALL_END,)),
+            (ARGS, "TOOL_END"): (C, (Event.CALL_END,)),
         }
     )
     for marker in ("ARG_KEY_START", "ARG_KEY_END", "ARG_VALUE_START", "ARG_VALUE_END"):
-        transitions[(ARGS, marker)] = (ARGS, (Ev.ARG,))
-    return ToolGrammar(
+        transitions[(ARGS, marker)] = (ARGS, (Event.ARG,))
+    return EngineConfig(
         terminals={**think, **GLM_TOOL_MARKERS},
         id_terminals=(*think, "TOOL_START", "TOOL_END"),
         transitions=transitions,
         initial=R if thinking else C,
-        convert_args=convert_args,
-        value_extender=value_extender,
+        wait_for_reasoning=thinking,
+        end_markers=("THINK_END", "TOOL_START") if thinking else (),
+        turn_boundaries=frozenset(("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")),
+        arguments=GLM_ARGUMENTS,
         validate_tool_names=True,
         strip_trailing_reasoning_ws=True,
         strip_names=True,
-        arg_scanner=GlmArgScanner,
     )
 
 
@@ -152,5 +145,5 @@ def thinking_enabled(tokenizer: ParserTokenizer, chat_template_kwargs: dict[str,
 @tool_parser("glm45", "glm47")
 class Glm47MoeToolParser(EngineToolParser):
     @classmethod
-    def make_grammar(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> ToolGrammar:
-        return glm_tool_grammar(thinking_enabled(tokenizer, chat_template_kwargs))
+    def make_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
+        return glm_config(thinking_enabled(tokenizer, chat_template_kwargs))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from worker.core.parsing.base import ToolParser
 from worker.core.parsing.deltas import args_delta, name_delta
@@ -28,7 +27,15 @@ from worker.core.parsing.types import (
     ToolCallDeltaOut,
     ToolCallOut,
 )
-from worker.core.parsing.util import partial_tag_overlap
+
+
+def partial_tag_overlap(text: str, tag: str) -> int:
+    """Length of the longest proper prefix of ``tag`` that ends ``text``."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
+
 
 START = "<tool_call>"
 END = "</tool_call>"
@@ -58,13 +65,7 @@ class _Call:
 class HermesToolParser(ToolParser):
     supports_required_and_named = False
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        tools: list[dict[str, Any]] | None,
-        chat_template_kwargs: dict[str, Any],
-    ) -> None:
-        super().__init__(tokenizer, tools, chat_template_kwargs)
+    def setup(self) -> None:
         self._in_calls = False  # first <tool_call> seen: content is over
         self._held = ""  # content tail that may be a partial <tool_call>
         self._tail = ""  # text from the current call region (or search point) on

@@ -22,22 +22,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from worker.core.parsing.engine.config import EngineConfig, Event, State, Transitions, thinking_requested
+from worker.core.parsing.engine.tools import EngineToolParser
 from worker.core.parsing.registry import tool_parser
-from worker.core.parsing.tools._tool_engine import (
-    ARGS,
-    BETWEEN,
-    CALL_END,
-    CALL_START,
-    CONTENT,
-    NAME,
-    PREAMBLE,
-    REASONING,
-    THINK_END,
-    EngineToolParser,
-    ToolGrammar,
-)
 from worker.core.parsing.types import ParserTokenizer, ToolCallDeltaOut
-from worker.core.parsing.util import thinking_requested
 
 # -- Kimi K2 -------------------------------------------------------------------
 
@@ -50,9 +38,13 @@ CALL_END_TAG = "<|tool_call_end|>"
 ARG_BEGIN = "<|tool_call_argument_begin|>"
 
 _HEADER_RE = re.compile(r"(.+:\d+)")
+CONTENT, REASONING = State.CONTENT, State.REASONING
+PREAMBLE, NAME, ARGS, BETWEEN = State.TOOL_PREAMBLE, State.TOOL_NAME, State.TOOL_ARGS, State.TOOL_BETWEEN
+CALL_START, CALL_END, THINK_END = Event.CALL_START, Event.CALL_END, Event.REASONING_END
 
 
-def kimi_grammar(thinking: bool) -> tuple[ToolGrammar, str]:
+def kimi_config(thinking: bool) -> EngineConfig:
+    """vLLM's ``kimi_k2_config`` (vllm/parser/kimi_k2.py)."""
     markers = {
         "SECTION_START": SECTION_BEGIN,
         "SECTION_END": SECTION_END,
@@ -60,7 +52,7 @@ def kimi_grammar(thinking: bool) -> tuple[ToolGrammar, str]:
         "CALL_END": CALL_END_TAG,
         "ARG_START": ARG_BEGIN,
     }
-    transitions: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
+    transitions: Transitions = {
         (REASONING, "SECTION_START"): (PREAMBLE, (THINK_END,)),
         (CONTENT, "SECTION_START"): (PREAMBLE, ()),
         (PREAMBLE, "CALL_START"): (NAME, (CALL_START,)),
@@ -81,13 +73,14 @@ def kimi_grammar(thinking: bool) -> tuple[ToolGrammar, str]:
                 (CONTENT, "THINK_END"): (CONTENT, ()),
             }
         )
-    grammar = ToolGrammar(
-        markers=markers,
-        id_markers=frozenset(markers),
+    return EngineConfig(
+        terminals=markers,
+        id_terminals=tuple(markers),
         transitions=transitions,
+        initial=REASONING if thinking else CONTENT,
         strip_content_ws_with_tools=False,
+        resend_announcing_chunk=True,
     )
-    return grammar, REASONING if thinking else CONTENT
 
 
 def _kimi_header(header: str) -> tuple[str | None, str | None]:
@@ -104,27 +97,27 @@ class KimiK2ToolParser(EngineToolParser):
     supports_required_and_named = False  # xgrammar structural tag "kimi"
 
     @classmethod
-    def grammar(
-        cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]
-    ) -> tuple[ToolGrammar, str]:
-        return kimi_grammar(thinking_requested(chat_template_kwargs))
+    def make_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
+        return kimi_config(thinking_requested(chat_template_kwargs))
 
-    def _announce(self, idx: int, deltas: list[ToolCallDeltaOut], name: str | None) -> None:
+    # Hooks: the name comes from the call header, which also gives the id.
+
+    def _announce(self, index: int, name: str | None, calls: list[ToolCallDeltaOut]) -> None:
         call_id, tool_name = _kimi_header(name) if name is not None else (None, None)
         if not tool_name:
-            if 0 <= idx < len(self._slots):
-                self._slots[idx].name = ""
+            if 0 <= index < len(self._slots):
+                self._slots[index].name = ""
             return
-        self._slots[idx].id = call_id or ""
-        super()._announce(idx, deltas, tool_name)
+        self._slots[index].id = call_id or ""
+        super()._announce(index, tool_name, calls)
 
-    def _on_end(self, idx: int, deltas: list[ToolCallDeltaOut]) -> None:
-        if 0 <= idx < len(self._slots) and not self._slots[idx].name_sent:
-            call_id, tool_name = _kimi_header(self._slots[idx].name)
+    def _on_call_end(self, index: int, calls: list[ToolCallDeltaOut]) -> None:
+        if 0 <= index < len(self._slots) and not self._slots[index].name_sent:
+            call_id, tool_name = _kimi_header(self._slots[index].name)
             if tool_name:
-                self._slots[idx].id = call_id or ""
-                self._slots[idx].name = tool_name
-        super()._on_end(idx, deltas)
+                self._slots[index].id = call_id or ""
+                self._slots[index].name = tool_name
+        super()._on_call_end(index, calls)
 
-    def _args_json(self, body: str) -> str:
-        return body.strip() or "{}"
+    def _raw_args_json(self, raw: str) -> str:
+        return raw.strip() or "{}"

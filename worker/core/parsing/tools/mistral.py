@@ -28,7 +28,7 @@ One-shot (pre-v11): the first non-blank segment after a marker is decoded with
 that segment, stripped, as content.
 
 Tokenizers with ``[ARGS]`` (v11+) run the parser engine's
-``[TOOL_CALLS]name[ARGS]{...}`` grammar; see :mod:`._tool_engine` for the engine.
+``[TOOL_CALLS]name[ARGS]{...}`` config; see :mod:`worker.core.parsing.engine` for the engine.
 Mistral has no structural tag but vLLM marks it
 ``supports_required_and_named = False``: ``required``/named choices are parsed
 like ``auto``.
@@ -44,20 +44,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from worker.core.parsing.base import ToolParser
+from worker.core.parsing.engine.config import EngineConfig, Event, State, Transitions
+from worker.core.parsing.engine.tools import CallSlot, EngineToolParser
 from worker.core.parsing.registry import tool_parser
-from worker.core.parsing.tools._tool_engine import (
-    ARG,
-    CALL_END,
-    CALL_START,
-    CONTENT,
-    NAME,
-    REASONING,
-    THINK_END,
-    EngineToolParser,
-    Slot,
-    ToolGrammar,
-)
-from worker.core.parsing.tools._tool_engine import ARGS as ARGS_STATE
 from worker.core.parsing.types import (
     DeltaOut,
     ExtractedCalls,
@@ -359,10 +348,15 @@ MISTRAL_THINK_START = "[THINK]"
 MISTRAL_THINK_END = "[/THINK]"
 
 
-def mistral_grammar(special_think: bool) -> ToolGrammar:
+CONTENT, REASONING, NAME, ARGS_STATE = State.CONTENT, State.REASONING, State.TOOL_NAME, State.TOOL_ARGS
+ARG, CALL_START, CALL_END, THINK_END = Event.ARG, Event.CALL_START, Event.CALL_END, Event.REASONING_END
+
+
+def mistral_config(special_think: bool) -> EngineConfig:
+    """vLLM's ``MistralParser`` config (vllm/parser/mistral.py), for the reasoning and v11+ tool adapters."""
     markers = {"TOOL_CALLS": "[TOOL_CALLS]", "ARGS": "[ARGS]", "OPEN_BRACE": "{"}
-    ids = {"TOOL_CALLS", "ARGS"}
-    transitions: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
+    ids = ["TOOL_CALLS", "ARGS"]
+    transitions: Transitions = {
         (CONTENT, "TOOL_CALLS"): (NAME, (THINK_END, CALL_START) if special_think else (CALL_START,)),
         (NAME, "ARGS"): (ARGS_STATE, ()),
         # ``name{...}`` without [ARGS]: the brace is the first argument text
@@ -371,7 +365,7 @@ def mistral_grammar(special_think: bool) -> ToolGrammar:
     }
     if special_think:
         markers = {"THINK_START": MISTRAL_THINK_START, "THINK_END": MISTRAL_THINK_END, **markers}
-        ids |= {"THINK_START", "THINK_END"}
+        ids = ["THINK_START", "THINK_END", *ids]
         transitions.update(
             {
                 (CONTENT, "THINK_START"): (REASONING, ()),
@@ -381,36 +375,44 @@ def mistral_grammar(special_think: bool) -> ToolGrammar:
                 (REASONING, "TOOL_CALLS"): (NAME, (THINK_END, CALL_START)),
             }
         )
-    return ToolGrammar(markers=markers, id_markers=frozenset(ids), transitions=transitions)
+    return EngineConfig(
+        terminals=markers,
+        id_terminals=tuple(ids),
+        transitions=transitions,
+        initial=CONTENT,
+        wait_for_reasoning=special_think,
+        end_markers=("THINK_END", "TOOL_CALLS") if special_think else (),
+        resend_announcing_chunk=True,
+    )
 
 
 class MistralEngineToolParser(EngineToolParser):
     """vLLM's ``MistralParser`` engine path (tokenizers with ``[ARGS]``); not registered itself."""
 
     @classmethod
-    def grammar(
-        cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]
-    ) -> tuple[ToolGrammar, str]:
+    def make_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
         # Hugging Face tokenizers have no Mistral grammar support: reasoning is
         # only recognised through [THINK] special tokens.
-        return mistral_grammar(MISTRAL_THINK_START in tokenizer.get_vocab()), CONTENT
+        return mistral_config(MISTRAL_THINK_START in tokenizer.get_vocab())
 
-    def _ensure_id(self, slot: Slot, name: str) -> None:
+    # Hooks, as vLLM's MistralParser overrides them.
+
+    def _ensure_id(self, slot: CallSlot, name: str) -> None:
         if not slot.id:
             slot.id = mistral_tool_call_id()
 
-    def _accept_name(self, name: str) -> bool:
+    def _accept(self, name: str) -> bool:
         # Once [ARGS] or "{" ended the name it is final, even when empty.
         return True
 
-    def _name_from_args(self, slot: Slot) -> str | None:
+    def _name_from_args(self, slot: CallSlot) -> str | None:
         return slot.name
 
-    def _name_and_args(self, body: str) -> tuple[str, str]:
+    def _name_and_args(self, raw: str) -> tuple[str, str]:
         # never a {"name", "arguments"} envelope: a "name" argument stays an argument
-        return "", self._args_json(body)
+        return "", self._raw_args_json(raw)
 
-    def _args_json(self, body: str) -> str:
+    def _raw_args_json(self, body: str) -> str:
         # The first JSON value; the model may write text after it.
         stripped = body.strip()
         if not stripped:
@@ -427,13 +429,10 @@ class MistralToolParser(ToolParser):
     engine_based = True
     supports_required_and_named = False
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        tools: list[dict[str, Any]] | None,
-        chat_template_kwargs: dict[str, Any],
-    ) -> None:
-        super().__init__(tokenizer, tools, chat_template_kwargs)
+    def setup(self) -> None:
+        tokenizer = self.tokenizer
+        chat_template_kwargs = self.chat_template_kwargs
+        tools = self.tools
         vocab = tokenizer.get_vocab()
         self._bot_id = vocab.get(TOOL_CALLS)
         if self._bot_id is None:

@@ -11,7 +11,8 @@ engine (``Qwen3ParserToolAdapter``)::
     </function>
     </tool_call>
 
-Behaviour matched (all from the engine, see ``_xml_engine``):
+Behaviour matched (all from the engine in :mod:`worker.core.parsing.engine`;
+this module is the Qwen3 config):
 
 * ``<tool_call>``/``</tool_call>`` are cut by token id while streaming,
   every other marker (``<function=``, ``</function>``, ``<parameter=``,
@@ -46,128 +47,61 @@ import json
 import re
 from typing import Any
 
-from worker.core.parsing.reasoning.qwen3 import QWEN3_ID_MARKERS, QWEN3_MARKERS
+from worker.core.parsing.engine.arguments import WS, QwenArgScanner, XmlArguments, trim_newlines
+from worker.core.parsing.engine.config import EngineConfig, Event, State
+from worker.core.parsing.engine.tools import EngineToolParser
 from worker.core.parsing.registry import tool_parser
-from worker.core.parsing.tools._xml_args import QwenArgScanner
-from worker.core.parsing.tools._xml_engine import WS, EngineToolParser, Ev, Extender, St, ToolGrammar
 from worker.core.parsing.types import ParserTokenizer
 
+#: vLLM's ``Qwen3Parser`` markup (vllm/parser/qwen3.py)
+QWEN3_MARKERS = {
+    "THINK_START": "<think>",
+    "THINK_END": "</think>",
+    "TOOL_START": "<tool_call>",
+    "TOOL_END": "</tool_call>",
+    "FUNC_PREFIX": "<function=",
+    "FUNC_END": "</function>",
+    "PARAM_START": "<parameter=",
+    "PARAM_END": "</parameter>",
+    "CLOSE_ANGLE": ">",
+}
+#: the markers matched by token id
+QWEN3_ID_MARKERS = ("THINK_START", "THINK_END", "TOOL_START", "TOOL_END")
 _PARAM_RE = re.compile(
     rf"<{WS}*parameter{WS}*={WS}*([^>]*)>(.*?)(?:<{WS}*/{WS}*parameter{WS}*>|(?=<{WS}*parameter{WS}*=))",
     re.DOTALL,
 )
 _OPEN_PARAM_RE = re.compile(rf"<{WS}*parameter{WS}*={WS}*([^>]+)>(.*)$", re.DOTALL)
-# What ends an open value: its closing tag or the next opener.
-_VALUE_END_RE = re.compile(rf"<{WS}*/{WS}*parameter{WS}*>|<{WS}*parameter{WS}*=")
-_WS_CHAR = re.compile(WS)
-
-
-def _trim(value: str) -> str:
-    """Drop one leading and one trailing newline (template markup around values)."""
-    if value.startswith("\n"):
-        value = value[1:]
-    if value.endswith("\n"):
-        value = value[:-1]
-    return value
 
 
 def convert_args(raw: str, partial: bool) -> str:
     params: dict[str, Any] = {}
     for match in _PARAM_RE.finditer(raw):
-        params[match.group(1)] = _trim(match.group(2))
+        params[match.group(1)] = trim_newlines(match.group(2))
     if partial:
         open_match = _OPEN_PARAM_RE.search(_PARAM_RE.sub("", raw))
         if open_match and open_match.group(1):
-            params[open_match.group(1)] = _trim(open_match.group(2))
+            params[open_match.group(1)] = trim_newlines(open_match.group(2))
     return json.dumps(params, ensure_ascii=False)
 
 
-def _could_end_value(tail: str) -> bool:
-    """Is ``tail`` (starting with ``<``) a prefix of a value end (``</parameter>`` / ``<parameter=``)?"""
-    n = len(tail)
-    i = 1
-
-    def spaces(i: int) -> int:
-        while i < n and _WS_CHAR.match(tail[i]):
-            i += 1
-        return i
-
-    i = spaces(i)
-    if i == n:
-        return True
-    closing = tail[i] == "/"
-    if closing:
-        i = spaces(i + 1)
-    for ch in "parameter":
-        if i == n:
-            return True
-        if tail[i] != ch:
-            return False
-        i += 1
-    i = spaces(i)
-    if i == n:
-        return True
-    return i == n - 1 and tail[i] == (">" if closing else "=")
+R, C = State.REASONING, State.CONTENT
+PRE, NAME, ARGS, BETWEEN = State.TOOL_PREAMBLE, State.TOOL_NAME, State.TOOL_ARGS, State.TOOL_BETWEEN
+_END, _START = Event.CALL_END, Event.CALL_START
+QWEN3_ARGUMENTS = XmlArguments(convert_args, QwenArgScanner, trim_values=True)
 
 
-def _end_window(text: str) -> str:
-    """The suffix of ``text`` that may still grow into a value end."""
-    start = text.rfind("<")
-    if start < 0:
-        return ""
-    tail = text[start:]
-    return tail if _could_end_value(tail) else ""
-
-
-def value_extender(raw: str) -> Extender | None:
-    """Stream the open trailing ``<parameter=...>`` value as JSON string text.
-
-    Mirrors :func:`convert_args`: the value's first newline is dropped and a
-    trailing newline is held back until more text follows it.
-    """
-    match = _OPEN_PARAM_RE.search(_PARAM_RE.sub("", raw))
-    if match is None:
-        return None
-    name, value = match.group(1), match.group(2)
-    # A key seen before keeps its first position in the JSON: not the last value.
-    if any(m.group(1) == name for m in _PARAM_RE.finditer(raw)):
-        return None
-    window = _end_window(value)
-    started = bool(value)
-    held = "\n" if value.endswith("\n") and value != "\n" else ""
-
-    def extend(delta: str) -> str | None:
-        nonlocal window, started, held
-        text = window + delta
-        if _VALUE_END_RE.search(text):
-            return None
-        window = _end_window(text)
-        text = held + delta
-        if not started and text:
-            started = True
-            text = text.removeprefix("\n")
-        held = "\n" if text.endswith("\n") else ""
-        text = text[: len(text) - len(held)]
-        return json.dumps(text, ensure_ascii=False)[1:-1]
-
-    return extend
-
-
-R, C = St.REASONING, St.CONTENT
-PRE, NAME, ARGS, BETWEEN = St.TOOL_PREAMBLE, St.TOOL_NAME, St.TOOL_ARGS, St.TOOL_BETWEEN
-_END, _START = Ev.CALL_END, Ev.CALL_START
-
-
-def qwen3_tool_grammar(thinking: bool) -> ToolGrammar:
-    return ToolGrammar(
+def qwen3_config(thinking: bool) -> EngineConfig:
+    """The Qwen3 family, for the ``qwen3`` reasoning and ``qwen3_coder``/``qwen3_xml`` tool adapters."""
+    return EngineConfig(
         terminals=dict(QWEN3_MARKERS),
         id_terminals=QWEN3_ID_MARKERS,
         transitions={
             (R, "THINK_START"): (R, ()),
-            (R, "THINK_END"): (C, (Ev.REASONING_END,)),
+            (R, "THINK_END"): (C, (Event.REASONING_END,)),
             (C, "THINK_END"): (C, ()),
-            (R, "TOOL_START"): (PRE, (Ev.REASONING_END, _START)),
-            (C, "TOOL_START"): (PRE, (Ev.REASONING_END, _START)),
+            (R, "TOOL_START"): (PRE, (Event.REASONING_END, _START)),
+            (C, "TOOL_START"): (PRE, (Event.REASONING_END, _START)),
             (C, "FUNC_PREFIX"): (NAME, (_START,)),
             (PRE, "TOOL_END"): (C, (_END,)),
             (PRE, "FUNC_PREFIX"): (NAME, ()),
@@ -178,23 +112,23 @@ def qwen3_tool_grammar(thinking: bool) -> ToolGrammar:
             (NAME, "FUNC_PREFIX"): (NAME, (_END, _START)),
             (ARGS, "FUNC_END"): (BETWEEN, (_END,)),
             (ARGS, "FUNC_PREFIX"): (NAME, (_END, _START)),
-            (ARGS, "PARAM_START"): (ARGS, (Ev.ARG,)),
-            (ARGS, "PARAM_END"): (ARGS, (Ev.ARG,)),
+            (ARGS, "PARAM_START"): (ARGS, (Event.ARG,)),
+            (ARGS, "PARAM_END"): (ARGS, (Event.ARG,)),
             (BETWEEN, "TOOL_END"): (C, ()),
             (BETWEEN, "TOOL_START"): (PRE, (_START,)),
             (BETWEEN, "FUNC_PREFIX"): (NAME, (_START,)),
         },
         initial=R if thinking else C,
-        convert_args=convert_args,
-        value_extender=value_extender,
+        wait_for_reasoning=thinking,
+        end_markers=("THINK_END", "TOOL_START"),
+        turn_boundaries=frozenset(("<|im_start|>", "<|im_end|>")),
+        arguments=QWEN3_ARGUMENTS,
         strip_trailing_reasoning_ws=False,
-        arg_scanner=QwenArgScanner,
-        trim_values=True,
     )
 
 
 @tool_parser("qwen3_coder")
 class Qwen3EngineToolParser(EngineToolParser):
     @classmethod
-    def make_grammar(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> ToolGrammar:
-        return qwen3_tool_grammar(bool(chat_template_kwargs.get("enable_thinking", True)))
+    def make_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
+        return qwen3_config(bool(chat_template_kwargs.get("enable_thinking", True)))

@@ -1,7 +1,6 @@
-"""Tool-schema helpers for the engine tool parsers (vLLM's ``tool_parsers.utils`` behaviour).
+"""Tool-schema helpers for the engine's tool adapter (vLLM's ``tool_parsers.utils`` behaviour).
 
-Shared by both parser-engine tool paths (``_tool_engine``: kimi_k2, mistral
-v11+; ``_xml_engine``: qwen3_coder, qwen3_xml, glm45). Request tools arrive as
+Request tools arrive as
 chat-completions dicts (``{"type": "function", "function": {"name",
 "parameters"}}``). Argument values parsed from XML-ish markup are strings; the
 schema decides whether vLLM turns them into numbers, booleans, null, objects

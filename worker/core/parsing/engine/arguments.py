@@ -1,17 +1,21 @@
-"""Streaming the arguments of an XML-ish tool call in O(delta) per record.
+"""The engine's argument layer: a call's raw argument text → its arguments JSON.
 
-vLLM's engine adapters rebuild a call's arguments JSON from the whole raw
-argument text with regular expressions whenever a record is more than a
-plain continuation of the open value: O(arguments) per record, and worse on
-text that makes the lazy patterns backtrack (a key that never closes). Here
-the raw text is scanned once, left to right, by a small state machine per
-format with the patterns' exact semantics (leftmost match, lazy key or value
-up to the first terminator), and the JSON is kept per argument, so a record
-costs its own text plus, when it completes an argument, that argument once
-(its type conversion). What is streamed is what the regular expressions
-would give: the safe JSON prefix of ``convert_args(raw, partial=True)`` with
-the tool schema's types, and at the end of the call the rest of
-``convert_args(raw, partial=False)``.
+Two converters: raw JSON (configs without ``arguments``: the text streams as
+written, see the machine) and XML-to-JSON (:class:`XmlArguments`: GLM's
+``<arg_key>``/``<arg_value>`` pairs, Qwen3-Coder's ``<parameter=...>``).
+
+vLLM's engine rebuilds a call's arguments JSON from the whole raw argument
+text with regular expressions whenever a record is more than a plain
+continuation of the open value: O(arguments) per record, and worse on text
+that makes the lazy patterns backtrack (a key that never closes). Here the raw
+text is scanned once, left to right, by a small state machine per format with
+the patterns' exact semantics (leftmost match, lazy key or value up to the
+first terminator), and the JSON is kept per argument, so a record costs its
+own text plus, when it completes an argument, that argument once (its type
+conversion). What is streamed is what the regular expressions would give: the
+safe JSON prefix of ``convert(raw, partial=True)`` with the tool schema's
+types, and at the end of the call the rest of ``convert(raw, partial=False)``.
+The regular expressions themselves convert one-shot output (read once).
 
 Two differences, both only on malformed markup: an argument whose markers
 are spelled across a completed argument is not seen (the regular
@@ -24,9 +28,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from worker.core.parsing.tools._schema import coerce, schema_types
+from worker.core.parsing.engine.schema import coerce, schema_types
 
 #: ``\s`` of the ``regex`` module vLLM compiles its patterns with (Unicode
 #: White_Space); Python's ``re`` would also match U+001C..U+001F.
@@ -182,7 +187,7 @@ class QwenArgScanner:
             matched, self._matcher = self._matcher, _IDLE
             if state == "value":
                 value = "".join(self._value)[: self._candidate]
-                events.append(("done", _lstrip_ws("".join(self._name)), _trim(value)))
+                events.append(("done", _lstrip_ws("".join(self._name)), trim_newlines(value)))
             if matched == -1:
                 self._state, self._name = "name", []
             elif state == "value":
@@ -205,7 +210,7 @@ class QwenArgScanner:
             events.append(("grow", text))
 
 
-def _trim(value: str) -> str:
+def trim_newlines(value: str) -> str:
     """One leading and one trailing newline dropped (template markup around values)."""
     if value.startswith("\n"):
         value = value[1:]
@@ -329,7 +334,7 @@ class ArgsStream:
         if key == self._open and not self._open_new:
             # An open repeat of an earlier name shows its partial value there.
             partial = "".join(self._open_raw)
-            return self._piece(key, self._render(key, _trim(partial) if self._trim else partial))
+            return self._piece(key, self._render(key, trim_newlines(partial) if self._trim else partial))
         return self._piece(key, self._rendered[key])
 
     def _head_of(self, index: int) -> str:
@@ -415,5 +420,73 @@ class ArgsStream:
 ArgScanner = GlmArgScanner | QwenArgScanner
 ScannerFactory = Callable[[], ArgScanner]
 
-#: A call's name written into its arguments (when the markup gave none).
+
+@dataclass(frozen=True)
+class XmlArguments:
+    """The XML-to-JSON argument converter of one format."""
+
+    #: raw argument text → JSON object text (``partial``: the text may still grow); vLLM's
+    #: regular expressions, run once on one-shot output
+    convert: Callable[[str, bool], str]
+    #: the one-pass streaming scanner (what ``convert`` gives, in O(delta) per record)
+    scanner: ScannerFactory
+    #: ``convert`` drops one leading and one trailing newline of each value
+    trim_values: bool = False
+
+
+#: A call's name written into its arguments (when the markup gave none); ``\s`` as
+#: vLLM's ``regex`` reads it (vllm/parser/engine/parser_engine.py ``_NAME_RE``).
 NAME_IN_ARGS_RE = re.compile(rf'"name"{WS}*:{WS}*"([^"]*)"')
+
+
+class NameProbe:
+    """``"name"\\s*:\\s*"..."`` searched in text arriving in pieces, each character a few times.
+
+    A match still in progress holds at most three quotes (around ``name`` and the value's
+    opening one), so after a failed search only the text from the third-last quote is kept;
+    the search reruns only when a quote arrives, since a match ends with one.
+    """
+
+    def __init__(self, pattern: re.Pattern[str] = NAME_IN_ARGS_RE) -> None:
+        self._pattern = pattern
+        self._parts: list[str] = []
+        self.done = False
+        self.name: str | None = None
+
+    def feed(self, text: str) -> None:
+        if self.done or not text:
+            return
+        self._parts.append(text)
+        if '"' not in text:
+            return
+        region = "".join(self._parts)
+        match = self._pattern.search(region)
+        if match is not None:
+            self.done, self.name, self._parts = True, match.group(1) or None, []
+            return
+        cut = len(region)
+        for _ in range(3):
+            cut = region.rfind('"', 0, cut)
+            if cut < 0:
+                self._parts = [region]
+                return
+        self._parts = [region[cut:]]
+
+
+def name_and_args(raw: str) -> tuple[str, str]:
+    """A JSON-object body (``{"name": ..., "arguments": ...}``) when markup is missing."""
+    raw = raw.strip()
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return "", raw
+    if not isinstance(parsed, dict):
+        return "", raw
+    name = parsed.get("name", "")
+    # A non-string name would fail vLLM's response model; treat it as none.
+    name = name if isinstance(name, str) else ""
+    for key in ("arguments", "parameters"):
+        if key in parsed:
+            value = parsed[key]
+            return name, value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return name, json.dumps({k: v for k, v in parsed.items() if k != "name"}, ensure_ascii=False)

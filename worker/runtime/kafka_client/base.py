@@ -1,0 +1,270 @@
+"""What the runtime needs from a Kafka client, as typed protocols with their contracts.
+
+The runtime (``worker``, ``partition``, ``delivery``, ``rebalance``, ``topics``) talks only to
+these; a backend (``aiokafka_backend``, ``confluent_backend``) adapts one client library to them
+and maps that library's errors into ``worker.errors`` (``KafkaClientError`` and its subclasses),
+so no library type or exception reaches the runtime.
+
+Contracts every backend keeps:
+
+* **Rebalance callbacks** (``subscribe``): with an incremental protocol (cooperative-sticky, KIP-848)
+  ``on_revoke`` and ``on_assign`` name only the partitions that move, and the others keep being
+  polled throughout; with an eager one ``on_revoke`` names every partition. ``on_revoke`` is
+  awaited before the member gives the partitions up (a revoked partition's transaction commits
+  before its next owner starts),
+  ``on_assign`` before the first record of the new partitions is returned by ``poll``, and
+  ``on_lost`` when the partitions are already gone (session expired, fenced): nothing of theirs
+  may be committed any more. A callback's exception is logged, not raised (the worker heals).
+* **poll** returns at most ``max_records`` records of assigned, not paused partitions, each
+  partition's in offset order; after ``seek(tp, n)`` records of ``tp`` below ``n`` may still
+  come (fetched before the seek): the caller skips them by offset.
+* **Transactions**: every record sent between ``begin`` and ``commit`` and the offsets passed
+  to ``commit`` become visible together, or ``commit`` raises; a failed send fails the commit
+  (``DeliveryFailedError``; ``RecordTooLargeError`` when a topic refused a record's size).
+  After any exception the caller aborts and never reuses the transaction; after
+  ``ProducerFencedError`` it does not even abort (another owner did).
+* **Fencing**: ``start`` of a transactional producer aborts whatever an earlier producer with
+  the same transactional id left open. With KIP-447 (``group_metadata`` carries the group's
+  generation), ``commit`` with offsets of partitions this member no longer owns is refused by
+  the group coordinator: that is what lets one producer serve every partition of a worker.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from worker.runtime.kafka_security import KafkaSecurity
+
+if TYPE_CHECKING:
+    from worker.runtime.records import OutgoingRecord
+
+
+MAX_MESSAGE_BYTES = "max.message.bytes"  # the topic configuration that caps a record's size
+
+
+class TopicPartition(NamedTuple):
+    """A partition of a topic (a plain tuple: equal to either library's own)."""
+
+    topic: str
+    partition: int
+
+
+class ConsumedRecord(Protocol):
+    """A record from ``GroupConsumer.poll``; aiokafka's ``ConsumerRecord`` has this shape."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def timestamp(self) -> int: ...  # create time, ms since the epoch
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
+
+
+Partitions = set[TopicPartition]
+PartitionsCallback = Callable[[Partitions], Coroutine[Any, Any, None]]
+Offsets = Mapping[TopicPartition, int]
+
+
+class ClientKind(enum.Enum):
+    AIOKAFKA = "aiokafka"
+    CONFLUENT = "confluent"
+
+
+class TransactionalIdMode(enum.Enum):
+    # One transactional producer per input partition, id "{group}-{topic}-{partition}": the next
+    # owner's init_transactions fences the last one. Works without KIP-447 (aiokafka, Redpanda).
+    PER_PARTITION = "per-partition"
+    # One per worker; zombies are fenced by the group generation in the offsets (KIP-447).
+    PER_WORKER = "per-worker"
+
+
+class AssignmentStrategy(enum.Enum):
+    # Incremental (KIP-429): a rebalance revokes only the partitions that move.
+    COOPERATIVE_STICKY = "cooperative-sticky"
+    # Eager: every member gives up every partition at each rebalance.
+    RANGE = "range"
+    ROUNDROBIN = "roundrobin"
+
+    @property
+    def incremental(self) -> bool:
+        return self is AssignmentStrategy.COOPERATIVE_STICKY
+
+
+class GroupProtocol(enum.Enum):
+    CLASSIC = "classic"  # JoinGroup/SyncGroup; the client assigns
+    CONSUMER = "consumer"  # KIP-848: the broker assigns, always incrementally
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerConfig:
+    bootstrap_servers: str
+    client_id: str
+    group_id: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    heartbeat_interval_ms: int
+    max_poll_records: int
+    metadata_max_age_ms: int
+    security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    assignment_strategy: AssignmentStrategy = AssignmentStrategy.COOPERATIVE_STICKY
+    group_protocol: GroupProtocol = GroupProtocol.CLASSIC
+    group_instance_id: str | None = None  # static membership (KIP-345)
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerConfig:
+    bootstrap_servers: str
+    client_id: str
+    max_record_bytes: int
+    batch_bytes: int
+    linger_ms: int
+    request_timeout_ms: int
+    retry_backoff_ms: int
+    transaction_timeout_ms: int
+    security: KafkaSecurity = field(default_factory=KafkaSecurity)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitTimings:
+    """Where a transaction's commit spent its time, in ms from its start (what a backend knows)."""
+
+    flushed_ms: float | None = None  # every record acknowledged
+    offsets_ms: float | None = None  # the offsets added to the transaction
+    end_txn_ms: float | None = None  # EndTxn itself
+
+
+class GroupConsumer(Protocol):
+    """A consumer-group member (``read_committed``, manual offsets, earliest when none)."""
+
+    async def start(self) -> None:
+        """Connect; raises ``KafkaUnreachableError`` when no broker answers."""
+
+    def subscribe(
+        self,
+        topics: Sequence[str],
+        *,
+        on_assign: PartitionsCallback,
+        on_revoke: PartitionsCallback,
+        on_lost: PartitionsCallback,
+    ) -> None: ...
+
+    async def poll(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[ConsumedRecord]]:
+        """A batch; raises ``GroupRejectedError`` for what only a configuration change fixes."""
+
+    def assignment(self) -> Partitions: ...
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Next record of ``tp`` to fetch; ``PartitionNotAssignedError`` if ``tp`` is not assigned."""
+
+    def pause(self, tp: TopicPartition) -> None: ...
+
+    def paused(self) -> Partitions: ...
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        """The group's committed offset of ``tp``, ``None`` when it has none."""
+
+    async def beginning_offset(self, tp: TopicPartition) -> int: ...
+
+    def last_stable_offset(self, tp: TopicPartition) -> int | None:
+        """As of the last fetch, without a broker call; ``None`` when not known yet."""
+
+    async def commit(self, offsets: Offsets) -> None:
+        """Commit offsets directly (at-least-once)."""
+
+    def group_metadata(self) -> object:
+        """What ``TransactionalProducer.commit`` needs to add offsets for this group (opaque)."""
+
+    def group_id_metadata(self) -> object:
+        """The group alone, without generation or member (pre-KIP-447): the coordinator takes such
+        offsets at any time, so a commit never races a rebalance's generation bump; only for
+        producers fenced by their transactional id (one per input partition)."""
+
+    async def stop(self) -> None:
+        """Leave the group (running ``on_revoke``) and close."""
+
+
+class TransactionalProducer(Protocol):
+    transactional_id: str
+
+    async def start(self) -> None:
+        """Connect and ``init_transactions`` (fences earlier producers with this id)."""
+
+    async def begin(self) -> None: ...
+
+    async def send(self, record: OutgoingRecord) -> None:
+        """Queue one record into the open transaction; blocks while the client's buffer is full."""
+
+    async def commit(self, offsets: Offsets, group: object) -> CommitTimings:
+        """Flush, add ``offsets`` for ``group`` (``GroupConsumer.group_metadata()``), EndTxn(commit)."""
+
+    async def abort(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class Producer(Protocol):
+    """An idempotent producer without transactions (at-least-once)."""
+
+    async def start(self) -> None: ...
+
+    async def send(self, record: OutgoingRecord) -> None: ...
+
+    async def flush(self) -> None:
+        """Wait for every record sent so far; ``DeliveryFailedError`` if one failed."""
+
+    async def stop(self) -> None: ...
+
+
+class PartitionReader(Protocol):
+    """A group-less ``read_committed`` reader of explicit partitions and offset ranges (tools: ``audit``,
+    ``dlq replay``); commits nothing."""
+
+    async def start(self) -> None: ...
+
+    def assign(self, tps: Sequence[TopicPartition]) -> None: ...
+
+    async def beginning_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]: ...
+
+    async def end_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]: ...
+
+    async def offsets_for_time(
+        self, tps: Sequence[TopicPartition], when_ms: int
+    ) -> dict[TopicPartition, int | None]:
+        """The first offset at or after ``when_ms`` per partition, ``None`` where there is none."""
+
+    def seek(self, tp: TopicPartition, offset: int) -> None: ...
+
+    async def fetch(
+        self, tps: Sequence[TopicPartition], timeout_ms: int
+    ) -> dict[TopicPartition, list[ConsumedRecord]]: ...
+
+    async def position(self, tp: TopicPartition) -> int:
+        """Next offset to read; moves past transaction markers and aborted records too."""
+
+    async def stop(self) -> None: ...
+
+
+class KafkaClient(Protocol):
+    """A backend: builds the clients of one library."""
+
+    kind: ClientKind
+    supports_kip447: bool  # offsets carry the group generation: per-worker transactions are safe
+
+    def consumer(self, config: ConsumerConfig) -> GroupConsumer: ...
+
+    def transactional_producer(
+        self, config: ProducerConfig, transactional_id: str
+    ) -> TransactionalProducer: ...
+
+    def producer(self, config: ProducerConfig) -> Producer: ...
