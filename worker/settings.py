@@ -31,7 +31,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, TypeVar
 
-from pydantic import AliasChoices, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -98,6 +106,18 @@ class Section(BaseSettings):
         arbitrary_types_allowed=True,  # Secret, KafkaSecurity
     )
     GROUP: ClassVar[str] = "settings"
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _enum_by_value(cls, raw: Any, info: ValidationInfo) -> Any:
+        """Every enum field takes its member's value case- and ``-``/``_``-insensitively; '' is unset."""
+        field = cls.model_fields[info.field_name or ""]
+        enum_type = _enum_type(field)
+        if enum_type is None or not isinstance(raw, str):
+            return raw
+        if not raw and type(None) in getattr(field.annotation, "__args__", ()):
+            return None
+        return _enum_member(enum_type, raw)
 
 
 S = TypeVar("S", bound=Section)
@@ -472,16 +492,6 @@ class SecuritySettings(Section):
         True, description="verify that the broker's certificate names the host connected to"
     )
 
-    @field_validator("security_protocol", mode="before")
-    @classmethod
-    def _protocol(cls, raw: Any) -> Any:
-        return _enum_member(SecurityProtocol, raw)
-
-    @field_validator("sasl_mechanism", mode="before")
-    @classmethod
-    def _mechanism(cls, raw: Any) -> Any:
-        return _enum_member(SaslMechanism, raw) if raw else None
-
     @field_validator("sasl_password", "sasl_oauth_client_secret", "ssl_key_password", mode="before")
     @classmethod
     def _secret(cls, raw: Any) -> Any:
@@ -637,31 +647,6 @@ class KafkaSettings(KafkaTopics):
         description="live memory of the open requests and of closed-request memory, estimated in bytes",
     )
 
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _mode(cls, raw: Any) -> Any:
-        return _enum_member(DeliveryMode, raw)
-
-    @field_validator("kafka_client", mode="before")
-    @classmethod
-    def _client(cls, raw: Any) -> Any:
-        return _enum_member(ClientKind, raw)
-
-    @field_validator("transactional_id_mode", mode="before")
-    @classmethod
-    def _id_mode(cls, raw: Any) -> Any:
-        return _enum_member(TransactionalIdMode, raw)
-
-    @field_validator("partition_assignment_strategy", mode="before")
-    @classmethod
-    def _strategy(cls, raw: Any) -> Any:
-        return _enum_member(AssignmentStrategy, raw)
-
-    @field_validator("group_protocol", mode="before")
-    @classmethod
-    def _group_protocol(cls, raw: Any) -> Any:
-        return _enum_member(GroupProtocol, raw)
-
     @field_validator("group_instance_id", mode="before")
     @classmethod
     def _instance_id(cls, raw: Any) -> Any:
@@ -787,16 +772,6 @@ class LoggingSettings(Section):
     log_level: LogLevel = Field(LogLevel.INFO, description="the lowest level logged")
     log_format: LogFormat = Field(LogFormat.TEXT, description="json: one JSON object per line")
     aiokafka_debug: bool = Field(False, description="keep aiokafka's INFO lines (every retry of an outage)")
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _level(cls, raw: Any) -> Any:
-        return _enum_member(LogLevel, raw)
-
-    @field_validator("log_format", mode="before")
-    @classmethod
-    def _format(cls, raw: Any) -> Any:
-        return _enum_member(LogFormat, raw)
 
     def configure(self) -> None:
         configure_logging(
