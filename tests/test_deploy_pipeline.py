@@ -20,8 +20,7 @@ import yaml
 
 from tests.test_deploy_manifests import K8S_VERSIONS
 from worker.cli import build_parser
-from worker.pipeline.ingest import settings_from_args
-from worker.settings import GatewayOptions, load
+from worker.settings import GatewayOptions, IngestOptions, load
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINE_K8S = ROOT / "deploy" / "kubernetes" / "pipeline"
@@ -106,7 +105,7 @@ def test_manifest_values_reach_the_flags(clean_env: pytest.MonkeyPatch) -> None:
     env = _configmap()
     for name, value in env.items():
         clean_env.setenv(name, value)
-    ingest = settings_from_args(build_parser().parse_args(["ingest"]))
+    ingest = load(IngestOptions, build_parser().parse_args(["ingest"]))
     assert (ingest.requests_topic, ingest.input_topic, ingest.output_topic) == (
         env["DERENDER_REQUESTS_TOPIC"],
         env["DERENDER_INPUT_TOPIC"],

@@ -843,6 +843,13 @@ class IngestOptions(RequestsTopic, InputTopic, OutputTopic):
         30.0, gt=0, description="SIGTERM: how long in-flight requests may finish"
     )
 
+    @property
+    def generate_endpoint(self) -> str:
+        return self.generate_url or self.render_url
+
+    def transactional_id(self, partition: int) -> str:
+        return f"{self.group_id}-{self.requests_topic}-{partition}"
+
     @model_validator(mode="after")
     def _distinct(self) -> IngestOptions:
         names = [self.requests_topic, self.input_topic, self.output_topic]

@@ -39,18 +39,6 @@ JsonDict = dict[str, Any]
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class GatewaySettings:
-    connection: Connection
-    requests_topic: str
-    output_topic: str
-    host: str
-    port: int
-    api_key: str | None
-    served_model_names: tuple[str, ...]
-    request_timeout_s: float
-
-
 def error_body(code: int, message: str, type_: str = "BadRequestError") -> JsonDict:
     """vLLM's ``ErrorResponse``."""
     return {"error": {"message": message, "type": type_, "param": None, "code": code}}
@@ -94,8 +82,9 @@ class _Waiter:
 
 
 class Gateway:
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: GatewayOptions, connection: Connection) -> None:
         self.settings = settings
+        self.connection = connection
         self.waiters: dict[str, _Waiter] = {}
         self.producer: AIOKafkaProducer | None = None
         self.consumer: AIOKafkaConsumer | None = None
@@ -107,12 +96,12 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.settings
-        await require_topics(s.connection, s.requests_topic, s.output_topic)
-        self.producer = s.connection.producer(linger_ms=0)
+        await require_topics(self.connection, s.requests_topic, s.output_topic)
+        self.producer = self.connection.producer(linger_ms=0)
         await self.producer.start()
-        self.consumer = s.connection.consumer()
+        self.consumer = self.connection.consumer()
         await self.consumer.start()
-        partitions = await topic_partitions(s.connection, s.output_topic)
+        partitions = await topic_partitions(self.connection, s.output_topic)
         self.consumer.assign(partitions)
         await self.consumer.seek_to_end(*partitions)
         for tp in partitions:  # fix the start before the first request can be written
@@ -357,20 +346,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _gateway(args: argparse.Namespace) -> int:
     load(LoggingSettings, args).configure()
-    options = load(GatewayOptions, args)
-    settings = GatewaySettings(
-        connection=Connection.from_args(args, "gateway"),
-        requests_topic=options.requests_topic,
-        output_topic=options.output_topic,
-        host=options.host,
-        port=options.port,
-        api_key=options.api_key,
-        served_model_names=options.served_model_names,
-        request_timeout_s=options.request_timeout_s,
-    )
+    settings = load(GatewayOptions, args)
+    connection = Connection.from_args(args, "gateway")
 
     async def main() -> int:
-        gateway = Gateway(settings)
+        gateway = Gateway(settings, connection)
         await gateway.start()
         # A client that disconnects cancels its handler, which writes the cancel record.
         runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)

@@ -52,29 +52,6 @@ CANCELLED_CODE = 499  # nginx's "client closed request": nobody waits for this a
 MAX_EARLY_CANCELS = 10_000
 
 
-@dataclass(frozen=True)
-class IngestSettings:
-    """What ``Ingest`` runs with; declared (flags, environment, defaults) in ``settings.IngestOptions``."""
-
-    connection: Connection
-    requests_topic: str
-    input_topic: str
-    output_topic: str
-    group_id: str
-    render_url: str
-    generate_url: str
-    api_key: str | None
-    max_inflight: int
-    commit_interval_ms: int
-    stream_idle_timeout_s: float
-    abort_grace_s: float
-    session_timeout_ms: int
-    shutdown_timeout_s: float
-
-    def transactional_id(self, partition: int) -> str:
-        return f"{self.group_id}-{self.requests_topic}-{partition}"
-
-
 def error_record(request_id: str, seq: int, endpoint: str, error: JsonDict) -> bytes:
     return orjson.dumps(
         {"request_id": request_id, "seq": seq, "endpoint": endpoint, "body": None, "error": error}
@@ -180,8 +157,9 @@ class _Partition:
 
 
 class Ingest:
-    def __init__(self, settings: IngestSettings) -> None:
+    def __init__(self, settings: IngestOptions, connection: Connection) -> None:
         self.settings = settings
+        self.connection = connection
         self.partitions: dict[TopicPartition, _Partition] = {}
         self._stop = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
@@ -197,16 +175,16 @@ class Ingest:
 
     async def run(self) -> int:
         s = self.settings
-        counts = await require_topics(s.connection, s.input_topic, s.output_topic)
-        if await s.connection.ensure_topic(s.requests_topic, counts[s.input_topic]):
+        counts = await require_topics(self.connection, s.input_topic, s.output_topic)
+        if await self.connection.ensure_topic(s.requests_topic, counts[s.input_topic]):
             log.info("created the requests topic %s (%d partitions)", s.requests_topic, counts[s.input_topic])
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         connector = aiohttp.TCPConnector(limit=0)  # --max-inflight bounds the streams
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             self._client = VllmClient(
-                session, s.render_url, s.generate_url, s.api_key, s.stream_idle_timeout_s
+                session, s.render_url, s.generate_endpoint, s.api_key or None, s.stream_idle_timeout_s
             )
-            self._consumer = s.connection.consumer(
+            self._consumer = self.connection.consumer(
                 group_id=s.group_id,
                 auto_offset_reset="earliest",
                 session_timeout_ms=s.session_timeout_ms,
@@ -537,7 +515,7 @@ class Ingest:
 
     async def open_partition(self, tp: TopicPartition) -> None:
         s = self.settings
-        producer = s.connection.producer(transactional_id=s.transactional_id(tp.partition), linger_ms=0)
+        producer = self.connection.producer(transactional_id=s.transactional_id(tp.partition), linger_ms=0)
         await producer.start()  # init_transactions: fences the last owner, aborts its open transaction
         assert self._consumer is not None
         committed = await self._consumer.committed(tp)
@@ -556,7 +534,7 @@ class Ingest:
     async def _restore(self, tp: TopicPartition, start: int) -> _Restored:
         """Read the partition from ``start`` to its end: the markers and cancels of the attempt rule."""
         restored = _Restored()
-        scanner = self.settings.connection.consumer()
+        scanner = self.connection.consumer()
         await scanner.start()
         try:
             scanner.assign([tp])
@@ -618,26 +596,6 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 # --- the command ------------------------------------------------------------------------------------
 
 
-def settings_from_args(args: argparse.Namespace) -> IngestSettings:
-    options = load(IngestOptions, args)
-    return IngestSettings(
-        connection=Connection.from_args(args, "ingest"),
-        requests_topic=options.requests_topic,
-        input_topic=options.input_topic,
-        output_topic=options.output_topic,
-        group_id=options.group_id,
-        render_url=options.render_url,
-        generate_url=options.generate_url or options.render_url,
-        api_key=options.api_key or None,
-        max_inflight=options.max_inflight,
-        commit_interval_ms=options.commit_interval_ms,
-        stream_idle_timeout_s=options.stream_idle_timeout_s,
-        abort_grace_s=options.abort_grace_s,
-        session_timeout_ms=options.session_timeout_ms,
-        shutdown_timeout_s=options.shutdown_timeout_s,
-    )
-
-
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ingest = commands.add_parser(
         "ingest", help="requests topic -> vLLM render + generate -> input envelopes for the worker"
@@ -650,10 +608,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _ingest(args: argparse.Namespace) -> int:
     load(LoggingSettings, args).configure()
-    settings = settings_from_args(args)
+    settings = load(IngestOptions, args)
+    connection = Connection.from_args(args, "ingest")
 
     async def main() -> int:
-        ingest = Ingest(settings)
+        ingest = Ingest(settings, connection)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, ingest.request_stop)
