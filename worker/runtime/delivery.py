@@ -1,28 +1,19 @@
 """Sinks: how one input partition's outputs, state updates and offsets reach Kafka.
 
-Exactly-once, ``--transactional-id-mode per-partition`` (``TransactionalSink``)
-    One transactional producer per input partition, ``transactional_id =
-    f"{group_id}-{input_topic}-{partition}"``. Outputs, dead letters, state snapshots and
-    the input offsets go into one transaction per commit. Fencing comes from the stable id:
-    the next owner's ``init_transactions`` (run by ``start``) aborts the previous owner's open
-    transaction and makes its later writes fail. Works without KIP-447 (aiokafka, Redpanda).
+Why exactly-once works this way (transactions, fencing, restore): README, "Exactly-once, and why
+this design". Here, what each sink does:
 
-Exactly-once, ``--transactional-id-mode per-worker`` (``SharedTransaction`` + ``SharedSink``)
-    One transactional producer for every partition of the worker, one transaction per commit
-    interval holding every partition's work. A zombie is fenced by the group generation the
-    offsets carry (KIP-447, ``GroupConsumer.group_metadata``), so the id need not follow the
-    partition: ``f"{group_id}-{client_id}"``. Fewer producers, transactions and connections; the
-    price is that an aborted transaction takes every partition's uncommitted work with it, so
-    the worker resets all of them (``Worker._reset_partition``).
+* ``TransactionalSink`` (``--transactional-id-mode per-partition``): a transactional producer per
+  input partition, id ``KafkaSettings.transactional_id``; one transaction per commit.
+* ``SharedTransaction`` + ``SharedSink`` (``per-worker``): one transactional producer for all of the
+  worker's partitions, id ``KafkaSettings.worker_transactional_id``, offsets sent with the group
+  metadata (KIP-447). An aborted transaction takes every partition's work with it, so the worker
+  resets them all (``Worker._reset_partition``).
+* ``AtLeastOnceSink``: an idempotent producer; a commit flushes outputs, *then* state, *then*
+  commits offsets, so a crash between them duplicates and never loses.
 
-At-least-once (``AtLeastOnceSink``)
-    An idempotent producer per input partition; a commit flushes the outputs, *then* writes and
-    flushes the state snapshots, *then* commits the offsets with the consumer. A crash
-    between those steps replays records whose outputs were already written (duplicates),
-    never the other way round (state ahead of outputs would turn replays into skips: loss).
-
-Any exception out of a sink means the partition must be reset (abort, fresh sink,
-restore, seek): after an error a client's transaction state may refuse further use.
+Any exception out of a sink means the partition must be reset (abort, fresh sink, restore, seek):
+after an error a client's transaction state may refuse further use.
 """
 
 from __future__ import annotations
