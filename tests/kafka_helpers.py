@@ -298,6 +298,8 @@ async def wait_for_http(
 
 # --- producing and reading ----------------------------------------------------------------------
 
+PRODUCE_TIMEOUT_MS = 120_000
+
 
 async def produce(
     bootstrap: str,
@@ -314,7 +316,13 @@ async def produce(
     ``partition``: every record to that partition (default: the key's hash decides).
     """
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=5, max_request_size=max_request_size
+        bootstrap_servers=bootstrap,
+        enable_idempotence=True,
+        linger_ms=5,
+        max_request_size=max_request_size,
+        # A batch for a partition without a leader fails once this passes: a broker restart on a
+        # loaded machine (tens of topics to reload) can outlast aiokafka's default 40 s.
+        request_timeout_ms=PRODUCE_TIMEOUT_MS,
     )
     await producer.start()
     try:

@@ -167,18 +167,27 @@ def test_per_worker_transactions_need_kip447() -> None:
 class FakeTransactionalProducer:
     """Records the calls a ``Transaction`` makes (no broker)."""
 
-    def __init__(self, fail_commit: BaseException | None = None) -> None:
+    def __init__(
+        self,
+        fail_commit: BaseException | None = None,
+        fail_abort: BaseException | None = None,
+        fail_begin: BaseException | None = None,
+    ) -> None:
         self.transactional_id = "g-in-worker-0"
         self.calls: list[str] = []
         self.sent: list[OutgoingRecord] = []
         self.commits: list[tuple[dict[TopicPartition, int], object]] = []
         self.fail_commit = fail_commit
+        self.fail_abort = fail_abort
+        self.fail_begin = fail_begin
 
     async def start(self) -> None:
         self.calls.append("start")
 
     async def begin(self) -> None:
         self.calls.append("begin")
+        if self.fail_begin is not None:
+            raise self.fail_begin
 
     async def send(self, record: OutgoingRecord) -> None:
         self.sent.append(record)
@@ -192,6 +201,8 @@ class FakeTransactionalProducer:
 
     async def abort(self) -> None:
         self.calls.append("abort")
+        if self.fail_abort is not None:
+            raise self.fail_abort
 
     async def stop(self) -> None:
         self.calls.append("stop")
@@ -300,3 +311,44 @@ def test_a_fenced_shared_producer_is_replaced() -> None:
     _handle(two, 0, a.envelopes[0])  # the partition that stayed sends through the new producer
     asyncio.run(worker._commit_all())
     assert renewed.calls == ["start", "begin", "commit"] and not two.needs_commit
+
+
+def test_a_shared_producer_whose_abort_timed_out_is_replaced() -> None:
+    # A broker outage: the commit times out, then so does its abort. librdkafka keeps that abort
+    # pending and refuses every other call with _CONFLICT; kept, the producer would fail every
+    # partition's records, again and again, long after the broker is back.
+    (a,) = generate_sequences(1, seed=6, prefix="shared")
+    stuck = FakeTransactionalProducer(
+        fail_commit=KafkaClientError("_TIMED_OUT: Failed to add offsets to transaction"),
+        fail_abort=KafkaClientError(
+            "_TIMED_OUT: Timed out waiting for operation to finish, retry call to resume"
+        ),
+    )
+    worker, (one, two) = _per_worker(stuck)
+    client = _Client()
+    worker._client = client  # type: ignore[assignment]  # producers only
+    _handle(one, 0, a.envelopes[0])
+    asyncio.run(worker._commit_all())
+    assert stuck.calls == ["begin", "commit", "abort", "stop"] and len(client.made) == 1
+    assert worker._shared is not None and worker._shared.producer is client.made[0]
+    _handle(two, 0, a.envelopes[0])
+    asyncio.run(worker._commit_all())
+    assert client.made[0].calls == ["start", "begin", "commit"] and not two.needs_commit
+
+
+def test_a_shared_producer_that_cannot_begin_is_replaced() -> None:
+    # The conflict can also surface at the next begin (no transaction open, so nothing to abort).
+    (a,) = generate_sequences(1, seed=7, prefix="shared")
+    stuck = FakeTransactionalProducer(
+        fail_begin=KafkaClientError(
+            "_CONFLICT: Conflicting abort_transaction API call is already in progress"
+        )
+    )
+    worker, (one, _two) = _per_worker(stuck)
+    client = _Client()
+    worker._client = client  # type: ignore[assignment]  # producers only
+    with pytest.raises(KafkaClientError):
+        _handle(one, 0, a.envelopes[0])
+    asyncio.run(worker._reset_partition(one.tp, None, KafkaClientError("_CONFLICT")))
+    assert worker._shared is not None and worker._shared.producer is client.made[0]
+    assert client.made[0].calls == ["start"]

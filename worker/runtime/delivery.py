@@ -23,7 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from worker.errors import ProducerFencedError
+from worker.errors import KafkaClientError, ProducerFencedError
 from worker.runtime import metrics_names as m
 from worker.runtime.kafka_client.base import (
     CommitTimings,
@@ -109,6 +109,7 @@ class Transaction:
         self._metrics = metrics or Metrics()
         self._open = False
         self._fenced = False
+        self._unsettled = False
 
     @property
     def open(self) -> bool:
@@ -119,6 +120,13 @@ class Transaction:
         """The producer was fenced: it refuses every call from now on."""
         return self._fenced
 
+    @property
+    def needs_new_producer(self) -> bool:
+        """Fenced, or its transaction's state is unknown: a begin or abort failed (a timed-out abort
+        stays in progress in librdkafka, and every other call then conflicts with it), or a renewal
+        did not finish. Only a new producer's ``init_transactions`` settles that transaction."""
+        return self._fenced or self._unsettled
+
     async def start(self) -> None:
         """Connect and ``init_transactions``: fences every earlier producer with this id."""
         await self.producer.start()
@@ -128,13 +136,24 @@ class Transaction:
         await self.close()
         self.producer = producer
         self._open = self._fenced = False
+        self._unsettled = True  # until init_transactions succeeds
         await self.producer.start()
+        self._unsettled = False
+
+    async def _begin(self) -> None:
+        try:
+            await self.producer.begin()
+        except ProducerFencedError:
+            raise
+        except KafkaClientError:
+            self._unsettled = True
+            raise
+        self._open = True
 
     async def send(self, record: OutgoingRecord) -> None:
         try:
             if not self._open:
-                await self.producer.begin()
-                self._open = True
+                await self._begin()
             # Awaiting send() blocks while the client's buffer is full: that is the backpressure
             # between processing and the broker.
             await self.producer.send(record)
@@ -149,8 +168,7 @@ class Transaction:
             if not self._open:
                 if not offsets:
                     return
-                await self.producer.begin()
-                self._open = True
+                await self._begin()
             # The group metadata is read at commit: it carries the generation the offsets belong to.
             timings = await self.producer.commit(offsets, self._group())
         except ProducerFencedError:
@@ -177,6 +195,7 @@ class Transaction:
         try:
             await self.producer.abort()
         except Exception as exc:  # noqa: BLE001 - fenced or broken: the next init_transactions (or the timeout) aborts it
+            self._unsettled = True
             log.warning("abort of %s failed (it is aborted later): %r", self.transactional_id, exc)
 
     async def close(self) -> None:

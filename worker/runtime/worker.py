@@ -790,19 +790,22 @@ class Worker:
                 self.readiness.partitions_assigned([other.tp.partition])
                 del self.tasks[other.tp]
                 await self._close_task(other)
-        if self._shared is not None and self._shared.fenced:
+        if self._shared is not None and self._shared.needs_new_producer:
             await self._renew_shared()
         # _heal reopens it (with backoff) if it is still ours.
         self._next_heal_at = time.monotonic() + HEAL_BACKOFF_S
 
     async def _renew_shared(self) -> None:
-        """A fenced shared producer refuses every call for good, which would stop every partition.
-        Per worker it is fenced when the broker timed its transaction out (a new epoch) or when a
-        process with the same client id started: a fresh producer takes the id (back) over. A
-        zombie that does so loses its partitions at its next poll all the same."""
+        """A fenced shared producer refuses every call for good, and one whose abort timed out (a
+        broker outage) refuses every other call while that abort stays pending: either would stop
+        every partition. Per worker it is fenced when the broker timed its transaction out (a new
+        epoch) or when a process with the same client id started. A fresh producer takes the id
+        (back) over; its init_transactions settles whatever the old one left open. A zombie that
+        does so loses its partitions at its next poll all the same."""
         assert self._shared is not None
         s = self.settings
-        log.warning("the shared producer %s was fenced; starting a new one", self._shared.transactional_id)
+        why = "was fenced" if self._shared.fenced else "left its transaction unsettled"
+        log.warning("the shared producer %s %s; starting a new one", self._shared.transactional_id, why)
         producer = self._client.transactional_producer(
             self._producer_config(s.client_id), s.worker_transactional_id()
         )
