@@ -122,3 +122,10 @@ def test_an_index_before_the_first_pinned_id_is_a_400(pinned: list[str], index: 
     with pytest.raises(RequestError) as failed:
         pin_tool_call_ids(_calls((index, "z")), list(pinned))
     assert failed.value.code == 400
+
+
+def test_a_400_leaves_the_pinned_ids_as_they_were() -> None:
+    pinned = ["a"]
+    with pytest.raises(RequestError):
+        pin_tool_call_ids(_calls((1, "b"), (-3, "z")), pinned)
+    assert pinned == ["a"]

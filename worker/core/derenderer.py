@@ -86,16 +86,21 @@ def pin_tool_call_ids(delta: JsonDict, pinned: list[str]) -> None:
     at index -1 (see the README's compatibility notes). An index before the first pinned id is
     vLLM's ``IndexError``, which its endpoint answers with this 400.
     """
-    for call in delta.get("tool_calls", ()):
+    calls = delta.get("tool_calls")
+    if not calls:
+        return
+    ids = list(pinned)  # taken only if every call pins: a 400 leaves the list as it was
+    for call in calls:
         if call["id"] is None:
             continue
         index = call["index"]
-        if index >= len(pinned):
-            pinned.append(call["id"])
-        elif index < -len(pinned):
+        if index >= len(ids):
+            ids.append(call["id"])
+        elif index < -len(ids):
             raise RequestError("invalid stream_state: derender failed")
         else:
-            call["id"] = pinned[index]
+            call["id"] = ids[index]
+    pinned[:] = ids
 
 
 class Derenderer:
