@@ -14,6 +14,7 @@ here would turn its traceback into the CLI's one-line message.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -49,6 +50,25 @@ class RequestError(DerenderWorkerError):
         self.code = code
         self.error_type = error_type
         self.param = param
+
+
+class TokenIdRangeError(RequestError):
+    """A token id no tokenizer can take (outside 0..2**32-1) reached a parser that decodes it:
+    vLLM's tokenizer raises there and its endpoint answers 400; this says which id."""
+
+    def __init__(self, token_id: int) -> None:
+        super().__init__(f"token id {token_id} is outside the tokenizer's id range 0..{MAX_TOKEN_ID}")
+        self.token_id = token_id
+
+
+#: the largest id the ``tokenizers`` backend takes (a u32)
+MAX_TOKEN_ID = 2**32 - 1
+
+
+def check_token_id_range(ids: Sequence[int]) -> None:
+    """Raise :class:`TokenIdRangeError` for the first id outside 0..MAX_TOKEN_ID."""
+    if ids and (min(ids) < 0 or max(ids) > MAX_TOKEN_ID):
+        raise TokenIdRangeError(next(i for i in ids if not 0 <= i <= MAX_TOKEN_ID))
 
 
 class ModelNotFoundError(RequestError):

@@ -78,6 +78,31 @@ def _skip_special(request: ChatCompletionRequest | CompletionRequest | None, pre
     return request is None or request.skip_special_tokens is not False
 
 
+def pin_tool_call_ids(delta: JsonDict, pinned: list[str]) -> None:
+    """Give each id-bearing call of ``delta`` the id first sent for its index (also when the
+    session was rebuilt); a new index's id is appended to ``pinned``.
+
+    The index is read as a Python list index, as vLLM reads it: ``deepseek_v31`` can send a name
+    at index -1 (see the README's compatibility notes). An index before the first pinned id is
+    vLLM's ``IndexError``, which its endpoint answers with this 400.
+    """
+    calls = delta.get("tool_calls")
+    if not calls:
+        return
+    ids = list(pinned)  # taken only if every call pins: a 400 leaves the list as it was
+    for call in calls:
+        if call["id"] is None:
+            continue
+        index = call["index"]
+        if index >= len(ids):
+            ids.append(call["id"])
+        elif index < -len(ids):
+            raise RequestError("invalid stream_state: derender failed")
+        else:
+            call["id"] = ids[index]
+    pinned[:] = ids
+
+
 class Derenderer:
     """vLLM's derender endpoints as methods; raises ``RequestError`` where vLLM answers with an error."""
 
@@ -471,18 +496,12 @@ class Derenderer:
             if delta_ids or choice.finish_reason is not None:
                 text = extend(live.window, text_ids, False) if delta_ids else ""
                 parsed, finish_reason = session.step(text, list(delta_ids), choice.finish_reason)
+            delta = parsed_delta(parsed)
+            # Pinned before the state advances: a 400 here leaves the state as the record found it.
+            pin_tool_call_ids(delta, state.last_tool_call_ids)
             if delta_ids:
                 state.output_token_ids.extend(delta_ids)
                 state.output_chunk_lens.append(len(delta_ids))
-            delta = parsed_delta(parsed)
-            # A call's id is the one first sent for its index, also when the session was rebuilt.
-            for call in delta.get("tool_calls", ()):
-                if call["id"] is None:
-                    continue
-                if call["index"] < len(state.last_tool_call_ids):
-                    call["id"] = state.last_tool_call_ids[call["index"]]
-                else:
-                    state.last_tool_call_ids.append(call["id"])
             return delta, finish_reason
 
         show_metadata = not session.hide_metadata

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from worker.core.model_dir import LoadedTokenizer
+from worker.errors import MAX_TOKEN_ID, check_token_id_range
 
 
 class TokenizerAdapter:
@@ -23,6 +24,8 @@ class TokenizerAdapter:
         return self._vocab.get(token)
 
     def id_to_token(self, token_id: int) -> str | None:
+        if not 0 <= token_id <= MAX_TOKEN_ID:
+            return None  # no token has it; the backend would raise OverflowError
         token: str | None = self._loaded.backend.id_to_token(token_id)
         return token
 
@@ -30,6 +33,8 @@ class TokenizerAdapter:
         return self._vocab
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """Raises :class:`worker.errors.TokenIdRangeError` (a 400) where the backend would raise."""
+        check_token_id_range(ids)
         text: str = self._loaded.backend.decode(ids, skip_special_tokens=skip_special_tokens)
         return text
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from worker.core.parsing.engine.schema import coerce, schema_types
+from worker.core.parsing.engine.schema import TypesOf, coerce
 
 #: ``\s`` of the ``regex`` module vLLM compiles its patterns with (Unicode
 #: White_Space); Python's ``re`` would also match U+001C..U+001F.
@@ -231,9 +231,10 @@ class ArgsStream:
     """
 
     def __init__(
-        self, properties: dict[str, Any], string_keys: set[str] | None, *, trim_newlines: bool
+        self, properties: dict[str, Any], string_keys: set[str] | None, types: TypesOf, *, trim_newlines: bool
     ) -> None:
         self._properties = properties
+        self._types = types  # the request's :class:`ToolSchemas` lookup: no schema walk per value
         self._string_keys = string_keys
         self._trim = trim_newlines
         self._order: list[str] = []
@@ -318,7 +319,7 @@ class ArgsStream:
     def _render(self, key: str, value: str) -> str:
         schema = self._properties.get(key)
         if isinstance(schema, dict):
-            return json.dumps(coerce(value, schema_types(schema)), ensure_ascii=False)
+            return json.dumps(coerce(value, self._types(schema)), ensure_ascii=False)
         return json.dumps(value, ensure_ascii=False)
 
     @staticmethod

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from worker.core.parsing.types import ParserTokenizer
+from worker.errors import check_token_id_range
 
 DROP = "__drop__"
 
@@ -87,6 +88,9 @@ class TokenIdScanner:
         id_map = self._id_map
         if not id_map or not any(i in id_map for i in ids):
             if text:
+                # vLLM decodes these ids one by one here too, so an id its tokenizer
+                # cannot take fails the record in the same places.
+                check_token_id_range(ids)
                 prefix.append(Text(text, (trailing if prefix else 0) + len(ids)))
             return prefix
         results: list[Item] = []

@@ -27,12 +27,7 @@ from worker.core.parsing.engine.arguments import (
 )
 from worker.core.parsing.engine.config import EngineConfig, Event, State
 from worker.core.parsing.engine.machine import EngineEvent, EventMachine
-from worker.core.parsing.engine.schema import (
-    find_tool_properties,
-    fix_arg_types,
-    has_tool,
-    streamable_string_keys,
-)
+from worker.core.parsing.engine.schema import ToolSchemas, fix_arg_types
 from worker.core.parsing.engine.shaping import ContentHold, hold_trailing_reasoning_ws
 from worker.core.parsing.ids import kimi_tool_call_id, random_tool_call_id
 from worker.core.parsing.types import (
@@ -102,6 +97,7 @@ class EngineToolParser(ToolParser):
         self._id_count = 0  # generated Kimi-style ids, counted by this engine from 0
         self._suppress = False
         self._streaming = False
+        self._schemas = ToolSchemas(self.tools)
         self._reset()
 
     @classmethod
@@ -116,8 +112,9 @@ class EngineToolParser(ToolParser):
         self._reasoning_ended = not self.config.has_reasoning
 
     def _see_request(self, request: ParseRequest) -> None:
-        if request.tools:
+        if request.tools and request.tools is not self.tools:
             self.tools = request.tools
+            self._schemas = ToolSchemas(request.tools)
         # tool_choice "none" with tools: tool markup is parsed, then dropped.
         if not self._suppress and request.tool_choice == "none" and request.tools:
             self._suppress = True
@@ -215,7 +212,7 @@ class EngineToolParser(ToolParser):
     def _accept(self, name: str) -> bool:
         if not name:
             return False
-        return not self.config.validate_tool_names or not self.tools or has_tool(self.tools, name)
+        return not self.config.validate_tool_names or not self.tools or self._schemas.has(name)
 
     def _ensure_id(self, slot: CallSlot, name: str) -> None:
         if not slot.id:
@@ -272,7 +269,7 @@ class EngineToolParser(ToolParser):
     def _mark_named(self, slot: CallSlot, name: str) -> None:
         slot.name = name
         slot.name_sent = True
-        slot.string_keys = streamable_string_keys(find_tool_properties(self.tools, name))
+        slot.string_keys = self._schemas.string_keys(name)
         self._ensure_id(slot, name)
 
     def _on_arg(self, index: int, value: str, calls: list[ToolCallDeltaOut]) -> None:
@@ -303,8 +300,10 @@ class EngineToolParser(ToolParser):
         if slot.args_stream is None:
             arguments = self.config.arguments
             trim = arguments is not None and arguments.trim_values
-            properties = find_tool_properties(self.tools, slot.name) if slot.name else {}
-            slot.args_stream = ArgsStream(properties, slot.string_keys, trim_newlines=trim)
+            properties = self._schemas.properties(slot.name) if slot.name else {}
+            slot.args_stream = ArgsStream(
+                properties, slot.string_keys, self._schemas.types, trim_newlines=trim
+            )
             slot.args_stream.apply(slot.arg_events)
             slot.arg_events = []
             slot.value_streams = False
@@ -346,6 +345,6 @@ class EngineToolParser(ToolParser):
             if self._accept(name):
                 self._ensure_id(slot, name)
                 calls.append(
-                    ToolCallOut(id=slot.id, name=name, arguments=fix_arg_types(args, self.tools, name))
+                    ToolCallOut(id=slot.id, name=name, arguments=fix_arg_types(args, self._schemas, name))
                 )
         return calls
