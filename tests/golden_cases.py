@@ -6,15 +6,14 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from tests.paths import REPO_ROOT
 from worker.core.derenderer import Derenderer
 from worker.settings import ModelSettings
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN_DIR = ROOT / "tests" / "golden"
-MODELS_DIR = ROOT / "samples" / "models"
+GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
+MODELS_DIR = REPO_ROOT / "samples" / "models"
 
 _RANDOM_ID_FORMATS = (
     (re.compile(r"^chatcmpl-tool-[0-9a-f]+$"), "chatcmpl-tool-<{}>"),

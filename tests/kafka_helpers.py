@@ -31,11 +31,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tests.golden_cases import MODELS_DIR, normalize
 from tests.kafka_broker import TopicFactory
+from tests.paths import REPO_ROOT
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.topics import LARGE_RECORDS, STATE_TOPIC_CONFIG
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 QWEN3_CONFIG: dict[str, Any] = {
     "model_dir": "qwen3",
     "served_model_name": "test-model",

@@ -41,6 +41,7 @@ from yamllint import linter as yamllint_linter
 from yamllint.config import YamlLintConfig
 
 from tests.golden_cases import MODELS_DIR
+from tests.paths import REPO_ROOT
 from worker.cli import build_parser
 from worker.settings import (
     RUN_SETTINGS_BY_ENV,
@@ -52,8 +53,7 @@ from worker.settings import (
     vars_of,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-DEPLOY = ROOT / "deploy"
+DEPLOY = REPO_ROOT / "deploy"
 DOCKER_DIR = DEPLOY / "docker"
 COMPOSE_DIR = DEPLOY / "compose"
 K8S_DIR = DEPLOY / "kubernetes"
@@ -228,7 +228,9 @@ def _worker_env_sources() -> dict[str, set[str]]:
         K8S_DIR / "kustomization.yaml",
     ]
     for path in text_files:
-        sources[f"text of {path.relative_to(ROOT)}"] = set(DERENDER_NAME.findall(path.read_text("utf-8")))
+        sources[f"text of {path.relative_to(REPO_ROOT)}"] = set(
+            DERENDER_NAME.findall(path.read_text("utf-8"))
+        )
     return {where: {n for n in names if n.startswith("DERENDER_")} for where, names in sources.items()}
 
 
@@ -265,7 +267,7 @@ def test_yamllint_finds_nothing() -> None:
     files = _yaml_files()
     assert {COMPOSE_FILE, K8S_DIR / "deployment.yaml", K8S_DIR / "kustomization.yaml"} <= set(files)
     problems = [
-        f"{path.relative_to(ROOT)}:{p.line}:{p.column} {p.level} {p.message} ({p.rule})"
+        f"{path.relative_to(REPO_ROOT)}:{p.line}:{p.column} {p.level} {p.message} ({p.rule})"
         for path in files
         for p in yamllint_linter.run(path.read_text(encoding="utf-8"), config, str(path))
     ]
@@ -774,7 +776,7 @@ def test_compose_worker_scales_and_starts_in_order() -> None:
     for name in ("worker", "topics"):
         build = services[name]["build"]
         context = (COMPOSE_DIR / build["context"]).resolve()
-        assert context == ROOT
+        assert context == REPO_ROOT
         assert (context / build["dockerfile"]).resolve() == DOCKERFILE
         assert services[name]["image"] == worker["image"]
 
@@ -877,7 +879,7 @@ def _copy_sources(path: Path) -> list[str]:
 def test_model_dir_build_arg_defaults_to_an_existing_placeholder() -> None:
     for path in (DOCKERFILE, MODEL_DOCKERFILE):
         parser = _dockerfile(path)
-        placeholder = ROOT / parser.args["MODEL_DIR"]
+        placeholder = REPO_ROOT / parser.args["MODEL_DIR"]
         assert placeholder.is_dir() and (placeholder / "README.md").is_file()
         assert any(s == parser.args["MODEL_DIR"] for s in _copy_sources(path))
 
@@ -924,7 +926,7 @@ def test_dockerignore_keeps_what_the_build_copies_and_drops_the_rest(dockerfile:
     assert ignore_file.is_file(), "BuildKit reads <Dockerfile>.dockerignore next to the Dockerfile"
     needed = [*_copy_sources(dockerfile), "samples/models/qwen3/tokenizer_config.json"]
     for source in needed:
-        assert (ROOT / source).exists(), source
+        assert (REPO_ROOT / source).exists(), source
         assert not _dockerignored(source, ignore_file), f"{source} is copied but ignored"
     for junk in (
         ".git/HEAD",

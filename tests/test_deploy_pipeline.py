@@ -18,14 +18,14 @@ import kubernetes_validate.utils as kv
 import pytest
 import yaml
 
+from tests.paths import REPO_ROOT
 from tests.test_deploy_manifests import K8S_VERSIONS
 from worker.cli import build_parser
 from worker.settings import GatewayOptions, IngestOptions, load
 
-ROOT = Path(__file__).resolve().parent.parent
-PIPELINE_K8S = ROOT / "deploy" / "kubernetes" / "pipeline"
-WORKER_CONFIGMAP = ROOT / "deploy" / "kubernetes" / "configmap.yaml"
-COMPOSE_DIR = ROOT / "deploy" / "compose"
+PIPELINE_K8S = REPO_ROOT / "deploy" / "kubernetes" / "pipeline"
+WORKER_CONFIGMAP = REPO_ROOT / "deploy" / "kubernetes" / "configmap.yaml"
+COMPOSE_DIR = REPO_ROOT / "deploy" / "compose"
 PIPELINE_COMPOSE = COMPOSE_DIR / "pipeline.yaml"
 
 

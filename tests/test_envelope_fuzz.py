@@ -17,7 +17,6 @@ import itertools
 import json
 import os
 import random
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -26,6 +25,7 @@ from hypothesis import strategies as st
 
 from schemas.envelope import DeadLetterRecord, OutputEnvelope
 from tests.golden_cases import MODELS_DIR, normalize
+from tests.paths import REPO_ROOT
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult
 from worker.runtime import dead_letter_record
@@ -33,7 +33,7 @@ from worker.runtime.dlq_replay import decode_dead_letter
 from worker.runtime.state_changelog import decode, encode_context, encode_progress
 from worker.settings import ModelSettings
 
-STREAMS = Path(__file__).resolve().parent.parent / "samples" / "streams" / "demo-qwen3.jsonl"
+STREAMS = REPO_ROOT / "samples" / "streams" / "demo-qwen3.jsonl"
 MODEL = "qwen3-demo"
 FUZZ = settings(
     max_examples=int(os.environ.get("DERENDER_FUZZ_EXAMPLES", "250")),

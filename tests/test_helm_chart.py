@@ -22,6 +22,7 @@ import kubernetes_validate.utils as kv
 import pytest
 import yaml
 
+from tests.paths import REPO_ROOT
 from tests.test_deploy_manifests import (
     K8S_VERSIONS,
     NON_FLAG_ENV,
@@ -31,8 +32,7 @@ from tests.test_deploy_manifests import (
     _schema_errors,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "deploy" / "helm" / "derender-worker"
+CHART = REPO_ROOT / "deploy" / "helm" / "derender-worker"
 HELM_VERSION = "v3.22.0"  # the version ./run tests installs
 # Labels only a Helm release adds (release name, chart version); not in deploy/kubernetes.
 HELM_LABELS = {
@@ -334,4 +334,4 @@ def test_chart_yaml_passes_yamllint() -> None:
 
 
 def test_run_installs_the_helm_version_the_tests_name() -> None:
-    assert f"HELM_VERSION={HELM_VERSION}\n" in (ROOT / "run").read_text(encoding="utf-8")
+    assert f"HELM_VERSION={HELM_VERSION}\n" in (REPO_ROOT / "run").read_text(encoding="utf-8")

@@ -31,6 +31,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from tests.kafka_helpers import QWEN3_CONFIG, TopicReader, free_port, generate_sequences, model_args
+from tests.paths import REPO_ROOT
 from worker.errors import ConfigurationError, TokenError
 from worker.runtime.kafka_client import confluent_backend
 from worker.runtime.kafka_oauth import MskIamTokenProvider, OidcClientCredentials, OidcTokenProvider
@@ -41,8 +42,7 @@ from worker.settings import (
     load,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-KAFKA_SCRIPT = ROOT / "deploy" / "local" / "kafka"
+KAFKA_SCRIPT = REPO_ROOT / "deploy" / "local" / "kafka"
 CLIENT_ID = "derender"
 CLIENT_SECRET = "s3cret:with/odd&chars"
 SCOPE = "kafka"
@@ -262,7 +262,7 @@ class OAuthBroker:
 def _jars_from_the_shared_broker(home: Path) -> None:
     """Reuse the jars the default broker fetched (same version), else the script fetches them."""
     version = os.environ.get("KAFKA_VERSION", "4.1.2")
-    jars = ROOT / "deploy" / "local" / ".kafka" / f"jars-{version}"
+    jars = REPO_ROOT / "deploy" / "local" / ".kafka" / f"jars-{version}"
     if (jars / ".complete").is_file():
         (home / f"jars-{version}").symlink_to(jars)
 
@@ -327,7 +327,7 @@ def _cli(*argv: str, env: dict[str, str], timeout: float = 120) -> subprocess.Co
     return subprocess.run(
         [sys.executable, "-m", "worker.cli", *argv],
         env=env,
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -392,7 +392,7 @@ def test_topics_run_and_dlq_replay_authenticate_with_oauthbearer(
                 "--group-id", f"oauth-{suffix}", "--metrics-port", "0", "--session-timeout-ms", "6000",
                 *model_args(QWEN3_CONFIG),
             ],
-            env=env, cwd=ROOT, stdout=log, stderr=log,
+            env=env, cwd=REPO_ROOT, stdout=log, stderr=log,
         )  # fmt: skip
     sequences = generate_sequences(3, seed=17, prefix=f"oauth-{suffix}")
     count = sum(len(s.envelopes) for s in sequences)

@@ -22,7 +22,6 @@ from tests.golden_cases import derenderer_for
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import (
     QWEN3_CONFIG,
-    REPO_ROOT,
     Record,
     TopicReader,
     WorkerGroup,
@@ -37,6 +36,7 @@ from tests.kafka_helpers import (
     replay,
     wait_for_http,
 )
+from tests.paths import REPO_ROOT
 
 pytestmark = pytest.mark.kafka
 

@@ -11,8 +11,9 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from tests.kafka_broker import REPO_ROOT, TopicFactory, delete_topics, run_sync
+from tests.kafka_broker import TopicFactory, delete_topics, run_sync
 from tests.kafka_helpers import QWEN3_CONFIG, model_args
+from tests.paths import REPO_ROOT
 
 pytestmark = pytest.mark.kafka
 

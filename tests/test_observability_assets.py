@@ -14,7 +14,6 @@ import functools
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import promql_parser
@@ -23,6 +22,7 @@ import yaml
 from yamllint import linter as yamllint_linter
 from yamllint.config import YamlLintConfig
 
+from tests.paths import REPO_ROOT
 from worker.runtime import metrics_names
 from worker.runtime.prometheus_export import (
     ExportedMetrics,
@@ -31,11 +31,10 @@ from worker.runtime.prometheus_export import (
     timing_base_name,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-OBSERVABILITY = ROOT / "deploy" / "observability"
+OBSERVABILITY = REPO_ROOT / "deploy" / "observability"
 DASHBOARD = OBSERVABILITY / "grafana-dashboard.json"
 RULES = OBSERVABILITY / "prometheus-rules.yaml"
-WORKER_SOURCE = ROOT / "worker"
+WORKER_SOURCE = REPO_ROOT / "worker"
 
 # Series Prometheus itself adds, and labels its Kubernetes service discovery attaches to every target.
 PROMETHEUS_SERIES = {"up"}

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.parsing_helpers import sample_tokenizer
+from tests.paths import REPO_ROOT
 from worker.core.model_dir import LoadedTokenizer
 from worker.core.parsing import ChatParsing, DeltaOut, ParseRequest, adapter_for, resolve_finish_reason
 from worker.errors import ParserSetupError
 
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = ROOT / "tests" / "golden"
+GOLDEN = REPO_ROOT / "tests" / "golden"
 FILES = [
     "reasoning",
     "tools",

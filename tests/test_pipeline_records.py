@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaProducer
 
 from tests.golden_cases import load_cases
 from tests.kafka_broker import TopicFactory, run_sync
-from tests.kafka_helpers import REPO_ROOT
+from tests.paths import REPO_ROOT
 
 pytestmark = pytest.mark.kafka
 

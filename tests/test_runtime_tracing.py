@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -25,6 +24,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from tests.golden_cases import derenderer_for
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import QWEN3_CONFIG, TopicReader, WorkerGroup, generate_sequences, make_worker_topics
+from tests.paths import REPO_ROOT
 from tests.test_kafka_runtime_units import TOPICS, RecordingSink
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.metrics import Metrics
@@ -282,10 +282,9 @@ asyncio.run(main())
 assert sink.sent and all(r.headers for r in sink.sent)
 sys.exit(1 if any(m.startswith("opentelemetry") for m in sys.modules) else 0)
 """
-    root = Path(__file__).resolve().parent.parent
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | {"PYTHONPATH": str(root)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | {"PYTHONPATH": str(REPO_ROOT)}
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=root
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=REPO_ROOT
     )
     assert result.returncode == 0, result.stderr
 

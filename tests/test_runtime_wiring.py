@@ -20,7 +20,8 @@ import pytest
 from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
 
 from tests.golden_cases import derenderer_for
-from tests.kafka_helpers import QWEN3_CONFIG, REPO_ROOT, generate_sequences
+from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
+from tests.paths import REPO_ROOT
 from tests.test_kafka_runtime_units import FakeRecord, RecordingSink
 from worker.cli import build_parser, main
 from worker.core.envelope_processor import EnvelopeProcessor
