@@ -18,6 +18,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 
 from tests.golden_cases import derenderer_for
+from tests.kafka.test_operations import _metric
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import (
     QWEN3_CONFIG,
@@ -35,7 +36,6 @@ from tests.kafka_helpers import (
     replay,
     wait_for_http,
 )
-from tests.test_kafka_operations import _metric
 from worker.runtime.topics import LARGE_RECORDS
 
 pytestmark = pytest.mark.kafka

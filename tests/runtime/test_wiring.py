@@ -1,7 +1,7 @@
 """Broker-free checks that the issue-5 pieces are wired into the runtime.
 
 Security kwargs reaching every aiokafka client (the classes are replaced by recorders here, in
-a unit test only; the integration tests in ``test_kafka_operations`` use the real broker), the
+a unit test only; the integration tests in ``tests/kafka/test_operations.py`` use the real broker), the
 memory caps and the dead-letter breaker inside ``PartitionTask``, fatal group errors as
 configuration errors.
 """
@@ -22,7 +22,7 @@ from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
 from tests.paths import REPO_ROOT
-from tests.test_kafka_runtime_units import FakeRecord, RecordingSink
+from tests.runtime.test_units import FakeRecord, RecordingSink
 from worker.cli import build_parser, main
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import ConfigurationError

@@ -20,8 +20,8 @@ from aiokafka import TopicPartition
 from schemas.bounds import MAX_JSON_DEPTH
 from schemas.envelope import DeadLetterRecord, OutputEnvelope
 from tests.golden_cases import MODELS_DIR, derenderer_for
+from tests.runtime.test_units import RecordingSink
 from tests.stream_builders import chat_stream
-from tests.test_kafka_runtime_units import RecordingSink
 from worker.core.envelope_processor import (
     DEFAULT_MAX_OUTPUT_BYTES,
     EnvelopeProcessor,

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.golden_cases import derenderer_for
+from tests.kafka.test_worker import _duplicates
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import (
     QWEN3_CONFIG,
@@ -31,7 +32,6 @@ from tests.kafka_helpers import (
     produce,
     replay,
 )
-from tests.test_kafka_worker import _duplicates
 
 pytestmark = pytest.mark.kafka
 

@@ -12,6 +12,7 @@ import pytest
 
 from tests.kafka_broker import TopicFactory, run_sync
 from tests.kafka_helpers import TopicReader
+from tests.pipeline.test_records import cli
 from tests.pipeline_helpers import (
     COMPLETION_CASE,
     N2_CASE,
@@ -27,7 +28,6 @@ from tests.pipeline_helpers import (
     request_of,
     two_prompt_recording,
 )
-from tests.test_pipeline_records import cli
 from worker.pipeline.fake_vllm import Recording
 
 pytestmark = pytest.mark.kafka

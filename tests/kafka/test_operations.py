@@ -1,7 +1,7 @@
 """Operating the worker against a real broker: metrics and probes, the dead-letter breaker,
 memory caps, fatal configuration. Workers are real ``derender-worker run`` processes.
 
-SIGTERM under load (nothing lost, nothing duplicated) is ``test_kafka_worker.py::
+SIGTERM under load (nothing lost, nothing duplicated) is ``tests/kafka/test_worker.py::
 test_rebalance_under_load``: it SIGTERMs a worker while records are being produced and checks
 the read_committed output against replay (no duplicates, nothing missing) and exit status 0.
 """

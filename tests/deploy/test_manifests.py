@@ -931,7 +931,7 @@ def test_dockerignore_keeps_what_the_build_copies_and_drops_the_rest(dockerfile:
     for junk in (
         ".git/HEAD",
         ".venv/bin/python",
-        "tests/test_golden.py",
+        "tests/core/test_golden.py",
         "worker/__pycache__/cli.cpython-311.pyc",
     ):
         assert _dockerignored(junk, ignore_file), f"{junk} would be sent to the builder"

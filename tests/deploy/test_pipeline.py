@@ -18,8 +18,8 @@ import kubernetes_validate.utils as kv
 import pytest
 import yaml
 
+from tests.deploy.test_manifests import K8S_VERSIONS
 from tests.paths import REPO_ROOT
-from tests.test_deploy_manifests import K8S_VERSIONS
 from worker.cli import build_parser
 from worker.settings import GatewayOptions, IngestOptions, load
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.test_kafka_runtime_units import TOPICS, FakeRecord, RecordingSink, _task
+from tests.runtime.test_units import TOPICS, FakeRecord, RecordingSink, _task
 from worker.cli import build_parser
 from worker.core.envelope_processor import ProcessResult
 from worker.errors import ConfigurationError, DeliveryFailedError, KafkaClientError, RecordTooLargeError

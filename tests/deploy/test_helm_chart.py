@@ -1,5 +1,5 @@
 """The Helm chart in ``deploy/helm/derender-worker``: ``helm lint`` and ``helm template`` with default and
-non-default values, and the rendered manifests validated as ``tests/test_deploy_manifests.py`` validates
+non-default values, and the rendered manifests validated as ``tests/deploy/test_manifests.py`` validates
 ``deploy/kubernetes`` (strict Kubernetes schemas, the KEDA schemas, every ``DERENDER_*`` name a flag of
 ``run``). With default values the chart renders the objects of ``deploy/kubernetes``.
 
@@ -22,8 +22,7 @@ import kubernetes_validate.utils as kv
 import pytest
 import yaml
 
-from tests.paths import REPO_ROOT
-from tests.test_deploy_manifests import (
+from tests.deploy.test_manifests import (
     K8S_VERSIONS,
     NON_FLAG_ENV,
     _command_parser,
@@ -31,6 +30,7 @@ from tests.test_deploy_manifests import (
     _k8s_objects,
     _schema_errors,
 )
+from tests.paths import REPO_ROOT
 
 CHART = REPO_ROOT / "deploy" / "helm" / "derender-worker"
 HELM_VERSION = "v3.22.0"  # the version ./run tests installs
@@ -322,7 +322,7 @@ def test_chart_yaml_passes_yamllint() -> None:
     from yamllint import linter as yamllint_linter
     from yamllint.config import YamlLintConfig
 
-    from tests.test_deploy_manifests import YAMLLINT_CONFIG
+    from tests.deploy.test_manifests import YAMLLINT_CONFIG
 
     config = YamlLintConfig(YAMLLINT_CONFIG)
     problems = [

@@ -5,7 +5,7 @@ Tokenizer: the real Qwen3 tokenizer in ``samples/models/qwen3``; ``<think>``,
 the ``<function=``/``<parameter=`` markup spans several ordinary tokens, so a
 split at every token position splits every marker. Expectations where
 streaming and one-shot differ are vLLM's actual behaviour (see
-``test_parsing_qwen3_coder``).
+``test_qwen3_coder``).
 """
 
 from __future__ import annotations

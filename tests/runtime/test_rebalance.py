@@ -1,6 +1,6 @@
 """Broker-free tests of group membership: the settings, each backend's consumer configuration,
 the librdkafka rebalance callbacks (against a fake of its consumer) and the worker's partial
-revocation. The broker tests are in ``test_kafka_rebalance``."""
+revocation. The broker tests are in ``tests/kafka/test_rebalance.py``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,13 @@ from confluent_kafka import TopicPartition as LibTopicPartition
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.test_kafka_client import FakeTransactionalProducer, _Consumer, _handle, _per_worker, _settings
+from tests.runtime.test_kafka_client import (
+    FakeTransactionalProducer,
+    _Consumer,
+    _handle,
+    _per_worker,
+    _settings,
+)
 from worker.cli import main
 from worker.errors import ConfigurationError
 from worker.runtime.delivery import TransactionalSink

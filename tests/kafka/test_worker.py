@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from tests.golden_cases import derenderer_for, load_cases
+from tests.kafka.test_operations import _metric
 from tests.kafka_broker import KafkaBroker, TopicFactory
 from tests.kafka_helpers import (
     CLIENTS,
@@ -35,7 +36,6 @@ from tests.kafka_helpers import (
     produce,
     replay,
 )
-from tests.test_kafka_operations import _metric
 from worker.runtime.state_changelog import StateKeys
 
 pytestmark = pytest.mark.kafka

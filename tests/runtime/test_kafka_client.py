@@ -1,7 +1,7 @@
 """Broker-free tests of the Kafka client layer: error mapping, librdkafka settings, the modes.
 
 The data path itself (both backends, both transactional-id modes) runs against the real broker
-in ``test_kafka_worker`` and ``test_kafka_poison``; here only what needs no broker.
+in ``tests/kafka/test_worker.py`` and ``tests/kafka/test_poison.py``; here only what needs no broker.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError as LibKafkaError
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.test_kafka_runtime_units import TOPICS, FakeRecord
+from tests.runtime.test_units import TOPICS, FakeRecord
 from worker.cli import build_parser, main
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import (
@@ -127,7 +127,7 @@ def test_security_maps_to_librdkafka_settings() -> None:
         oauth=OidcClientCredentials("https://idp/token", "cid", Secret("s3"), "kafka"),
     )
     config = confluent_backend.security_config(oidc)
-    # Our token provider through oauth_cb (test_kafka_oauth fetches through it); no secret in the config.
+    # Our token provider through oauth_cb (test_kafka_oauth.py fetches through it); no secret in the config.
     assert config["sasl.mechanism"] == "OAUTHBEARER" and callable(config["oauth_cb"])
     assert not any(key.startswith("sasl.oauthbearer") for key in config)
     assert config["ssl.endpoint.identification.algorithm"] == "https"
