@@ -44,6 +44,24 @@ def load_cases() -> list[GoldenCase]:
     return cases
 
 
+def sample_config(*, parsers: bool = False, **overrides: Any) -> dict[str, Any]:
+    """A golden-case config for the bundled Qwen3 tokenizer served as ``test-model``: no limits, and no
+    parsers unless ``parsers`` (then qwen3 reasoning and hermes tools, auto tool choice on).
+    ``overrides`` replace keys of it (``sample_config(max_model_len=64)``)."""
+    config: dict[str, Any] = {
+        "model_dir": "qwen3",
+        "served_model_name": "test-model",
+        "reasoning_parser": "qwen3" if parsers else None,
+        "tool_parser": "hermes" if parsers else None,
+        "enable_auto_tool_choice": parsers,
+        "max_model_len": None,
+        "max_logprobs": None,
+    }
+    if unknown := overrides.keys() - config.keys():
+        raise TypeError(f"not a config key: {sorted(unknown)}")
+    return config | overrides
+
+
 def settings_for(config: dict[str, Any]) -> ModelSettings:
     return ModelSettings(
         tokenizer=str(MODELS_DIR / config["model_dir"]),

@@ -29,22 +29,14 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from tests.golden_cases import MODELS_DIR, normalize
+from tests.golden_cases import MODELS_DIR, normalize, sample_config
 from tests.kafka_broker import TopicFactory
 from tests.paths import REPO_ROOT
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.topics import LARGE_RECORDS, STATE_TOPIC_CONFIG
 
-QWEN3_CONFIG: dict[str, Any] = {
-    "model_dir": "qwen3",
-    "served_model_name": "test-model",
-    "reasoning_parser": None,
-    "tool_parser": None,
-    "enable_auto_tool_choice": False,
-    "max_model_len": None,
-    "max_logprobs": None,
-}
+QWEN3_CONFIG = sample_config()
 
 Record = tuple[bytes | None, bytes]  # (key, value)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
+from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize, sample_config
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import (
     TopicReader,
@@ -33,15 +33,7 @@ from worker.core.envelope_processor import EnvelopeProcessor
 from worker.pipeline.fake_vllm import FakeVllm, Fault, Recording
 
 # One worker configuration serves every recording: Qwen3 with its reasoning parser and hermes tools.
-CONFIG: dict[str, Any] = {
-    "model_dir": "qwen3",
-    "served_model_name": "test-model",
-    "reasoning_parser": "qwen3",
-    "tool_parser": "hermes",
-    "enable_auto_tool_choice": True,
-    "max_model_len": None,
-    "max_logprobs": None,
-}
+CONFIG = sample_config(parsers=True)
 STREAM_CASE = "qwen3+hermes-stream-reasoning-then-tool"
 ONE_SHOT_CASE = "qwen3+hermes-nonstream-reasoning-then-tool"
 COMPLETION_CASE = "plain-completion-qwen3-length"

@@ -10,20 +10,12 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.golden_cases import MODELS_DIR, derenderer_for
+from tests.golden_cases import MODELS_DIR, derenderer_for, sample_config
 from tests.stream_builders import chat_one_shot, chat_stream
 from worker.core.envelope_processor import EnvelopeProcessor
 
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
-CONFIG: dict[str, Any] = {
-    "model_dir": "qwen3",
-    "served_model_name": "test-model",
-    "reasoning_parser": None,
-    "tool_parser": None,
-    "enable_auto_tool_choice": False,
-    "max_model_len": 64,
-    "max_logprobs": None,
-}
+CONFIG = sample_config(max_model_len=64)
 
 
 def _processor() -> EnvelopeProcessor:

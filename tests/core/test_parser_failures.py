@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.golden_cases import derenderer_for
+from tests.golden_cases import derenderer_for, sample_config
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.parsing import ChatStreamSession
@@ -25,15 +25,7 @@ PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
 
 
 def _derenderer() -> Derenderer:
-    return derenderer_for(
-        {
-            "model_dir": "qwen3",
-            "served_model_name": "test-model",
-            "reasoning_parser": "qwen3",
-            "tool_parser": "hermes",
-            "enable_auto_tool_choice": True,
-        }
-    )
+    return derenderer_for(sample_config(parsers=True))
 
 
 def _record(seq: int, token: int, *, state: dict[str, Any] | None = None) -> bytes:

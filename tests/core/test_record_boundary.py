@@ -19,7 +19,7 @@ from aiokafka import TopicPartition
 
 from schemas.bounds import MAX_JSON_DEPTH
 from schemas.envelope import DeadLetterRecord, OutputEnvelope
-from tests.golden_cases import MODELS_DIR, derenderer_for
+from tests.golden_cases import MODELS_DIR, derenderer_for, sample_config
 from tests.runtime.test_units import RecordingSink
 from tests.stream_builders import chat_stream
 from worker.core.envelope_processor import (
@@ -35,15 +35,7 @@ from worker.runtime.partition import PartitionTask
 from worker.runtime.topics import TopicNames
 
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
-CONFIG: dict[str, Any] = {
-    "model_dir": "qwen3",
-    "served_model_name": "test-model",
-    "reasoning_parser": None,
-    "tool_parser": None,
-    "enable_auto_tool_choice": False,
-    "max_model_len": 64,
-    "max_logprobs": None,
-}
+CONFIG = sample_config(max_model_len=64)
 BIG = "18446744073709551616"  # 2**64: no 64-bit integer holds it
 
 

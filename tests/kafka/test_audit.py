@@ -32,7 +32,7 @@ from tests.audit_streams import (
     with_carried_state,
     write_jsonl,
 )
-from tests.golden_cases import normalize
+from tests.golden_cases import normalize, sample_config
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import TopicReader, WorkerGroup, WorkerTopics, make_worker_topics, produce
 from worker.cli import main
@@ -40,13 +40,7 @@ from worker.settings import ModelSettings
 
 pytestmark = pytest.mark.kafka
 
-DEMO_CONFIG = {
-    "model_dir": "qwen3",
-    "served_model_name": "qwen3-demo",
-    "reasoning_parser": "qwen3",
-    "tool_parser": "hermes",
-    "enable_auto_tool_choice": True,
-}
+DEMO_CONFIG = sample_config(parsers=True, served_model_name="qwen3-demo")
 
 
 @pytest.fixture(autouse=True)
