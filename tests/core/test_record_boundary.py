@@ -20,7 +20,7 @@ from aiokafka import TopicPartition
 from schemas.bounds import MAX_JSON_DEPTH
 from schemas.envelope import DeadLetterRecord, OutputEnvelope
 from tests.golden_cases import MODELS_DIR, derenderer_for, sample_config
-from tests.runtime.test_units import RecordingSink
+from tests.partition_fakes import RecordingSink
 from tests.stream_builders import chat_stream
 from worker.core.envelope_processor import (
     DEFAULT_MAX_OUTPUT_BYTES,

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.runtime.test_units import TOPICS, RecordingSink
+from tests.partition_fakes import TOPICS, RecordingSink
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime import metrics_names as m
 from worker.runtime.genai_metrics import REQUEST_START_HEADER, request_start_header

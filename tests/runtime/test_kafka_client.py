@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError as LibKafkaError
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.runtime.test_units import TOPICS, FakeRecord
+from tests.partition_fakes import TOPICS, FakeRecord
 from worker.cli import build_parser, main
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import (

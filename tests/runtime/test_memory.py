@@ -14,7 +14,7 @@ import pytest
 from aiokafka import TopicPartition
 
 from tests.golden_cases import MODELS_DIR
-from tests.runtime.test_units import TOPICS, FakeRecord, RecordingSink
+from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink
 from worker.core.envelope_processor import EnvelopeProcessor, Refusal
 from worker.core.live_parsers import LIVE_PARSER_BYTES, LiveParserPool
 from worker.core.sequence_state import SequenceState

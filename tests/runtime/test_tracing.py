@@ -24,8 +24,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from tests.golden_cases import derenderer_for
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import QWEN3_CONFIG, TopicReader, WorkerGroup, generate_sequences, make_worker_topics
+from tests.partition_fakes import TOPICS, RecordingSink
 from tests.paths import REPO_ROOT
-from tests.runtime.test_units import TOPICS, RecordingSink
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.metrics import Metrics
 from worker.runtime.observer import RecordObserver
@@ -262,7 +262,7 @@ import asyncio, sys, orjson
 from aiokafka import TopicPartition
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.runtime.test_units import TOPICS, FakeRecord, RecordingSink
+from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink
 import worker.runtime.commands, worker.runtime.worker
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.metrics import Metrics

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -12,8 +11,8 @@ from aiokafka import TopicPartition
 
 from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
+from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, partition_task
 from worker.cli import build_parser
-from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import ConfigurationError, IllegalTransitionError
 from worker.runtime.lifecycle import Lifecycle, WorkerState
@@ -30,11 +29,10 @@ from worker.runtime.state_changelog import (
     replay_after,
     restore,
 )
-from worker.runtime.topics import TopicNames, check_layout
+from worker.runtime.topics import check_layout
 from worker.settings import DEFAULT_GROUP_ID, DeliveryMode, KafkaSettings, load_kafka
 
-TOPICS = TopicNames("in", "out", "state", "dlq")
-KEYS = StateKeys(DEFAULT_GROUP_ID)  # the namespace of ``_task``'s state keys
+KEYS = StateKeys(DEFAULT_GROUP_ID)  # the namespace of ``partition_task``'s state keys
 
 
 def _settings(argv: list[str]) -> KafkaSettings:
@@ -108,56 +106,12 @@ def test_lifecycle_transitions() -> None:
         life.to(WorkerState.STARTING)
 
 
-class RecordingSink:
-    def __init__(self) -> None:
-        self.sent: list[OutgoingRecord] = []
-        self.commits: list[tuple[list[OutgoingRecord], dict[TopicPartition, int]]] = []
-
-    async def start(self) -> None:
-        pass
-
-    async def send(self, record: OutgoingRecord) -> None:
-        self.sent.append(record)
-
-    async def commit(
-        self, state_records: Sequence[OutgoingRecord], offsets: dict[TopicPartition, int]
-    ) -> None:
-        self.commits.append((list(state_records), dict(offsets)))
-
-    async def abort(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-
-class FakeRecord:
-    def __init__(self, offset: int, envelope: dict[str, Any]) -> None:
-        self.topic, self.partition, self.offset = "in", 2, offset
-        self.key = envelope["request_id"].encode()
-        self.value = orjson.dumps(envelope)
-        self.headers: list[tuple[str, bytes]] = []
-        self.timestamp = 0
-
-
-def _task(derenderer: Derenderer, sink: RecordingSink) -> PartitionTask:
-    """A fresh partition-2 task with nothing persisted yet, writing to ``sink``."""
-    return PartitionTask(
-        TopicPartition("in", 2),
-        EnvelopeProcessor(derenderer),
-        sink,
-        TOPICS,
-        Metrics(),
-        position=0,
-    )
-
-
 def test_state_is_batched_per_commit_and_restorable() -> None:
     """One snapshot per touched request per commit; tombstones only for persisted requests."""
     derenderer = derenderer_for(QWEN3_CONFIG)
     a, b = generate_sequences(2, seed=1, prefix="unit")
     sink = RecordingSink()
-    task = _task(derenderer, sink)
+    task = partition_task(derenderer, sink)
     tp = task.tp
 
     async def body() -> None:
@@ -230,7 +184,7 @@ def test_context_is_written_once_then_progress_only() -> None:
     (a,) = [s for s in generate_sequences(40, seed=3, prefix="once") if len(s.envelopes) >= 5][:1]
     rid = a.request_id
     sink = RecordingSink()
-    task = _task(derenderer, sink)
+    task = partition_task(derenderer, sink)
 
     async def body() -> None:
         for offset, envelope in enumerate(a.envelopes[:-1]):
@@ -272,7 +226,7 @@ def test_a_changed_context_rewrites_the_context_record() -> None:
     envelopes[2]["body"]["prompt_token_ids"] = [*first["prompt_token_ids"], 13]
     envelopes[2]["body"]["prompt_tokens"] = len(first["prompt_token_ids"]) + 1
     sink = RecordingSink()
-    task = _task(derenderer, sink)
+    task = partition_task(derenderer, sink)
 
     async def body() -> None:
         for offset, envelope in enumerate(envelopes[:3]):

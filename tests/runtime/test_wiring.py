@@ -21,8 +21,8 @@ from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
+from tests.partition_fakes import FakeRecord, RecordingSink
 from tests.paths import REPO_ROOT
-from tests.runtime.test_units import FakeRecord, RecordingSink
 from worker.cli import build_parser, main
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import ConfigurationError
