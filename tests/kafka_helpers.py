@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -590,3 +591,33 @@ def interleave(sequences: Sequence[GeneratedSequence], *, seed: int = 11, window
         if not pending[active[k]]:
             active.pop(k)
     return out
+
+
+# --- reading outputs ---------------------------------------------------------------------------
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in a Prometheus exposition, or ``None``."""
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        match = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)", line)
+        if match is None or match.group(1) != name:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            return float(match.group(3))
+    return None
+
+
+def duplicates(records: list[Any]) -> list[tuple[str, int]]:
+    """Each (request_id, seq) seen more than once, once per extra copy."""
+    seen: set[tuple[str, int]] = set()
+    dups = []
+    for record in records:
+        out = orjson.loads(record.value)
+        ident = (out["request_id"], out["seq"])
+        if ident in seen:
+            dups.append(ident)
+        seen.add(ident)
+    return dups

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import subprocess
 import sys
 import time
 import uuid
@@ -28,6 +29,7 @@ from tests.kafka_helpers import (
     free_port,
     make_worker_topics,
 )
+from tests.paths import REPO_ROOT
 from worker.assembly import AssembledResponse, Assembler
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.pipeline.fake_vllm import FakeVllm, Fault, Recording
@@ -292,3 +294,9 @@ def ended(outputs: Sequence[dict[str, Any]]) -> bool:
 
 def new_id(prefix: str = "req") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def cli(bootstrap: str, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    """``derender-worker ARGS`` (``produce``, ``consume``, ...) against ``bootstrap``, output captured."""
+    command = [sys.executable, "-m", "worker.cli", *args, "--bootstrap-servers", bootstrap]
+    return subprocess.run(command, cwd=REPO_ROOT, input=stdin, capture_output=True, timeout=60, check=False)

@@ -9,7 +9,6 @@ the read_committed output against replay (no duplicates, nothing missing) and ex
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
 import sys
 from collections.abc import Coroutine
@@ -31,6 +30,7 @@ from tests.kafka_helpers import (
     http_get,
     interleave,
     make_worker_topics,
+    metric,
     model_args,
     produce,
     replay,
@@ -43,20 +43,6 @@ pytestmark = pytest.mark.kafka
 
 def run(coro: Coroutine[Any, Any, Any], timeout: float = 180.0) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-def _metric(text: str, name: str, **labels: str) -> float | None:
-    """The value of one sample in a Prometheus exposition, or ``None``."""
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        match = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)", line)
-        if match is None or match.group(1) != name:
-            continue
-        got = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
-        if all(got.get(k) == v for k, v in labels.items()):
-            return float(match.group(3))
-    return None
 
 
 def _records(sequences: list[Any]) -> list[Record]:
@@ -87,16 +73,16 @@ def test_metrics_and_probes(kafka_bootstrap: str, kafka_topic_factory: TopicFact
             await reader.stop()
         assert status == 200
         text = body.decode()
-        assert _metric(text, "derender_records_consumed_total") == len(records), text
-        assert _metric(text, "derender_outputs_produced_total") == reference.output_count
-        assert _metric(text, "derender_records_produced_total", topic=topics.output) == reference.output_count
-        assert (_metric(text, "derender_commits_total") or 0) > 0
-        assert (_metric(text, "derender_rebalances_total") or 0) >= 1
+        assert metric(text, "derender_records_consumed_total") == len(records), text
+        assert metric(text, "derender_outputs_produced_total") == reference.output_count
+        assert metric(text, "derender_records_produced_total", topic=topics.output) == reference.output_count
+        assert (metric(text, "derender_commits_total") or 0) > 0
+        assert (metric(text, "derender_rebalances_total") or 0) >= 1
         for partition in ("0", "1"):
-            assert _metric(text, "derender_consumer_lag", partition=partition) is not None, text
-        assert (_metric(text, "derender_derender_seconds_count") or 0) == len(records)
-        assert _metric(text, "derender_commit_seconds_bucket", le="+Inf") is not None
-        assert _metric(text, "process_resident_memory_bytes") is not None
+            assert metric(text, "derender_consumer_lag", partition=partition) is not None, text
+        assert (metric(text, "derender_derender_seconds_count") or 0) == len(records)
+        assert metric(text, "derender_commit_seconds_bucket", le="+Inf") is not None
+        assert metric(text, "process_resident_memory_bytes") is not None
         assert ready == 200, ready_body
         assert orjson.loads(ready_body)["partitions"]["restored"] == [0, 1]
 
@@ -156,8 +142,8 @@ def test_breaker_pauses_only_the_bad_partition_until_restart(
             assert not leaked, f"{len(leaked)} outputs of the paused partition came out"
             assert http_get(url + "/readyz")[0] == 503
             metrics = http_get(url + "/metrics")[1].decode()
-            assert _metric(metrics, "derender_dead_letters_breaker_trips_total") == 1
-            assert _metric(metrics, "derender_partitions_paused") == 1
+            assert metric(metrics, "derender_dead_letters_breaker_trips_total") == 1
+            assert metric(metrics, "derender_partitions_paused") == 1
         finally:
             assert first.terminate() == 0, group.logs()
         # "The fix" is deployed: a restarted worker (new process, same group).
@@ -216,7 +202,7 @@ def test_open_request_cap_answers_503_and_never_drops(
         for out in errors:
             assert out["error"]["code"] == 503 and out["error"]["type"] == "ServiceUnavailableError", out
             assert f"cap of {cap} open requests (--max-open-requests)" in out["error"]["message"]
-        assert _metric(metrics, "derender_requests_rejected_total", cap="open_requests") == len(errors)
+        assert metric(metrics, "derender_requests_rejected_total", cap="open_requests") == len(errors)
 
     run(body())
 

@@ -18,7 +18,6 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 
 from tests.golden_cases import derenderer_for
-from tests.kafka.test_operations import _metric
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import (
     QWEN3_CONFIG,
@@ -32,6 +31,7 @@ from tests.kafka_helpers import (
     http_get,
     interleave,
     make_worker_topics,
+    metric,
     produce,
     replay,
     wait_for_http,
@@ -186,7 +186,7 @@ def test_growing_partitions_under_load(kafka_bootstrap: str, kafka_topic_factory
         for port in ports:
             status, text = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
             assert status == 200
-            value = _metric(text.decode(), "derender_requests_open")
+            value = metric(text.decode(), "derender_requests_open")
             total += value if value is not None else float("inf")  # not reported yet
         return total
 

@@ -20,7 +20,6 @@ import orjson
 import pytest
 
 from tests.golden_cases import derenderer_for, load_cases
-from tests.kafka.test_operations import _metric
 from tests.kafka_broker import KafkaBroker, TopicFactory
 from tests.kafka_helpers import (
     CLIENTS,
@@ -28,11 +27,13 @@ from tests.kafka_helpers import (
     TopicReader,
     WorkerGroup,
     assert_identical,
+    duplicates,
     free_port,
     generate_sequences,
     http_get,
     interleave,
     make_worker_topics,
+    metric,
     produce,
     replay,
 )
@@ -165,7 +166,7 @@ def test_poison_records_go_to_dead_letters(kafka_bootstrap: str, kafka_topic_fac
             await reader.stop()
             await dlq.stop()
         assert_identical(reader.records, reference, group.logs())
-        assert _metric(metrics, "derender_records_duplicate_total") == 1, metrics
+        assert metric(metrics, "derender_records_duplicate_total") == 1, metrics
         assert len(dlq.records) == len(poison)
         position_of = dict(zip(records, positions, strict=True))
         for record in dlq.records:
@@ -248,24 +249,11 @@ def test_rebalance_under_load(kafka_bootstrap: str, kafka_topic_factory: TopicFa
             statuses = group.stop_all()
             await reader.stop()
         assert all(s == 0 for s in statuses), group.logs()
-        assert not _duplicates(reader.records)
+        assert not duplicates(reader.records)
         assert_identical(reader.records, reference, group.logs())
         assert _restored_requests(group) > 0, "no open request was ever handed over between workers"
 
     run(body())
-
-
-def _duplicates(records: list[Any]) -> list[tuple[str, int]]:
-    """Each (request_id, seq) seen more than once, once per extra copy."""
-    seen: set[tuple[str, int]] = set()
-    dups = []
-    for record in records:
-        out = orjson.loads(record.value)
-        ident = (out["request_id"], out["seq"])
-        if ident in seen:
-            dups.append(ident)
-        seen.add(ident)
-    return dups
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -298,7 +286,7 @@ def test_crash_sigkill_repeatedly(
                 victim.kill()
                 kills += 1
                 group.start()  # a replacement, as an orchestrator would
-                dups = _duplicates(concurrent.records)
+                dups = duplicates(concurrent.records)
                 assert not dups, f"duplicates seen by the concurrent reader after kill {kills}: {dups[:10]}"
             await producing
             await concurrent.wait_for(reference.output_count, 150, "outputs", group.logs)
@@ -309,7 +297,7 @@ def test_crash_sigkill_repeatedly(
         assert kills >= 3
         assert all(s == 0 for s in statuses), group.logs()
         assert _restored_requests(group) > 0, "no open request was ever restored from the state topic"
-        assert not _duplicates(concurrent.records)
+        assert not duplicates(concurrent.records)
         assert_identical(concurrent.records, reference, group.logs())
         final = await TopicReader(kafka_bootstrap, topics.output).start()
         try:
@@ -360,7 +348,7 @@ def test_frozen_worker_is_fenced_when_it_wakes_up(
             statuses = group.stop_all()
             await reader.stop()
         assert all(s == 0 for s in statuses), group.logs()
-        assert not _duplicates(reader.records)
+        assert not duplicates(reader.records)
         assert_identical(reader.records, reference, group.logs())
 
     run(body())
@@ -421,7 +409,7 @@ def test_broker_restart_mid_run(
             statuses = group.stop_all()
             await reader.stop()
         assert all(s == 0 for s in statuses), group.logs()
-        assert not _duplicates(reader.records)
+        assert not duplicates(reader.records)
         assert_identical(reader.records, reference, group.logs())
 
     run(body(), timeout=300)

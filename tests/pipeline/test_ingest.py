@@ -12,7 +12,6 @@ import pytest
 
 from tests.kafka_broker import TopicFactory, run_sync
 from tests.kafka_helpers import TopicReader
-from tests.pipeline.test_records import cli
 from tests.pipeline_helpers import (
     COMPLETION_CASE,
     N2_CASE,
@@ -21,6 +20,7 @@ from tests.pipeline_helpers import (
     Pipeline,
     assemble,
     case,
+    cli,
     comparable,
     new_id,
     recording,

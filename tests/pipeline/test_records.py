@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,14 +10,9 @@ from aiokafka import AIOKafkaProducer
 
 from tests.golden_cases import load_cases
 from tests.kafka_broker import TopicFactory, run_sync
-from tests.paths import REPO_ROOT
+from tests.pipeline_helpers import cli
 
 pytestmark = pytest.mark.kafka
-
-
-def cli(bootstrap: str, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-    command = [sys.executable, "-m", "worker.cli", *args, "--bootstrap-servers", bootstrap]
-    return subprocess.run(command, cwd=REPO_ROOT, input=stdin, capture_output=True, timeout=60, check=False)
 
 
 def test_produce_then_consume_keeps_each_request_in_order(
