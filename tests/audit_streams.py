@@ -11,12 +11,12 @@ from typing import Any
 import orjson
 
 from tests.golden_cases import MODELS_DIR, normalize
+from tests.paths import REPO_ROOT
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.settings import ModelSettings
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO_STREAM = ROOT / "samples" / "streams" / "demo-qwen3.jsonl"
+DEMO_STREAM = REPO_ROOT / "samples" / "streams" / "demo-qwen3.jsonl"
 CONTEXT_FIELDS = ("model", "prompt_tokens", "prompt_token_ids", "chat_request", "completion_request")
 
 # The demo's configuration, and the two changes the tests audit with.

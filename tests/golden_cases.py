@@ -6,15 +6,14 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from tests.paths import REPO_ROOT
 from worker.core.derenderer import Derenderer
 from worker.settings import ModelSettings
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN_DIR = ROOT / "tests" / "golden"
-MODELS_DIR = ROOT / "samples" / "models"
+GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
+MODELS_DIR = REPO_ROOT / "samples" / "models"
 
 _RANDOM_ID_FORMATS = (
     (re.compile(r"^chatcmpl-tool-[0-9a-f]+$"), "chatcmpl-tool-<{}>"),
@@ -43,6 +42,24 @@ def load_cases() -> list[GoldenCase]:
                 raw = json.loads(line)
                 cases.append(GoldenCase(path.stem, raw["id"], raw["config"], raw["input"], raw["expected"]))
     return cases
+
+
+def sample_config(*, parsers: bool = False, **overrides: Any) -> dict[str, Any]:
+    """A golden-case config for the bundled Qwen3 tokenizer served as ``test-model``: no limits, and no
+    parsers unless ``parsers`` (then qwen3 reasoning and hermes tools, auto tool choice on).
+    ``overrides`` replace keys of it (``sample_config(max_model_len=64)``)."""
+    config: dict[str, Any] = {
+        "model_dir": "qwen3",
+        "served_model_name": "test-model",
+        "reasoning_parser": "qwen3" if parsers else None,
+        "tool_parser": "hermes" if parsers else None,
+        "enable_auto_tool_choice": parsers,
+        "max_model_len": None,
+        "max_logprobs": None,
+    }
+    if unknown := overrides.keys() - config.keys():
+        raise TypeError(f"not a config key: {sorted(unknown)}")
+    return config | overrides
 
 
 def settings_for(config: dict[str, Any]) -> ModelSettings:

@@ -45,14 +45,14 @@ import time
 import uuid
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import pytest
 
+from tests.paths import REPO_ROOT
+
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 LOCAL_KAFKA_SCRIPT = REPO_ROOT / "deploy" / "local" / "kafka"
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -29,22 +30,14 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from tests.golden_cases import MODELS_DIR, normalize
+from tests.golden_cases import MODELS_DIR, normalize, sample_config
 from tests.kafka_broker import TopicFactory
+from tests.paths import REPO_ROOT
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.topics import LARGE_RECORDS, STATE_TOPIC_CONFIG
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-QWEN3_CONFIG: dict[str, Any] = {
-    "model_dir": "qwen3",
-    "served_model_name": "test-model",
-    "reasoning_parser": None,
-    "tool_parser": None,
-    "enable_auto_tool_choice": False,
-    "max_model_len": None,
-    "max_logprobs": None,
-}
+QWEN3_CONFIG = sample_config()
 
 Record = tuple[bytes | None, bytes]  # (key, value)
 
@@ -606,3 +599,33 @@ def interleave(sequences: Sequence[GeneratedSequence], *, seed: int = 11, window
         if not pending[active[k]]:
             active.pop(k)
     return out
+
+
+# --- reading outputs ---------------------------------------------------------------------------
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in a Prometheus exposition, or ``None``."""
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        match = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)", line)
+        if match is None or match.group(1) != name:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            return float(match.group(3))
+    return None
+
+
+def duplicates(records: list[Any]) -> list[tuple[str, int]]:
+    """Each (request_id, seq) seen more than once, once per extra copy."""
+    seen: set[tuple[str, int]] = set()
+    dups = []
+    for record in records:
+        out = orjson.loads(record.value)
+        ident = (out["request_id"], out["seq"])
+        if ident in seen:
+            dups.append(ident)
+        seen.add(ident)
+    return dups

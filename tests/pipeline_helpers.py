@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import subprocess
 import sys
 import time
 import uuid
@@ -18,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
+from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize, sample_config
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import (
     TopicReader,
@@ -28,20 +29,13 @@ from tests.kafka_helpers import (
     free_port,
     make_worker_topics,
 )
+from tests.paths import REPO_ROOT
 from worker.assembly import AssembledResponse, Assembler
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.pipeline.fake_vllm import FakeVllm, Fault, Recording
 
 # One worker configuration serves every recording: Qwen3 with its reasoning parser and hermes tools.
-CONFIG: dict[str, Any] = {
-    "model_dir": "qwen3",
-    "served_model_name": "test-model",
-    "reasoning_parser": "qwen3",
-    "tool_parser": "hermes",
-    "enable_auto_tool_choice": True,
-    "max_model_len": None,
-    "max_logprobs": None,
-}
+CONFIG = sample_config(parsers=True)
 STREAM_CASE = "qwen3+hermes-stream-reasoning-then-tool"
 ONE_SHOT_CASE = "qwen3+hermes-nonstream-reasoning-then-tool"
 COMPLETION_CASE = "plain-completion-qwen3-length"
@@ -300,3 +294,9 @@ def ended(outputs: Sequence[dict[str, Any]]) -> bool:
 
 def new_id(prefix: str = "req") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def cli(bootstrap: str, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    """``derender-worker ARGS`` (``produce``, ``consume``, ...) against ``bootstrap``, output captured."""
+    command = [sys.executable, "-m", "worker.cli", *args, "--bootstrap-servers", bootstrap]
+    return subprocess.run(command, cwd=REPO_ROOT, input=stdin, capture_output=True, timeout=60, check=False)

@@ -20,7 +20,6 @@ from tests.audit_streams import (
     DEMO_FLAGS,
     NO_REASONING_FLAGS,
     OTHER_TOOL_PARSER_FLAGS,
-    ROOT,
     changed_records,
     demo_envelopes,
     read_jsonl,
@@ -33,6 +32,7 @@ from tests.audit_streams import (
     write_jsonl,
 )
 from tests.golden_cases import normalize as golden_normalize
+from tests.paths import REPO_ROOT
 from worker.audit import IdRenamer, Progress, first_difference, normalize
 from worker.cli import main
 from worker.core.parsing.ids import random_tool_call_id
@@ -303,7 +303,7 @@ def test_unreachable_broker_exits_2_with_one_line(tmp_path: Path) -> None:
     inputs = write_jsonl(tmp_path / "in.jsonl", demo_envelopes()[:2])
     command = [sys.executable, "-m", "worker.cli", "audit", "--input-file", str(inputs)]
     command += ["--bootstrap-servers", "127.0.0.1:9", *DEMO_FLAGS]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith("derender-worker audit: Kafka at 127.0.0.1:9: ")

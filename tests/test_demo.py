@@ -13,9 +13,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.paths import REPO_ROOT
 from worker import demo
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_STREAM = REPO_ROOT / "samples" / "streams" / "demo-qwen3.jsonl"
 INJECTED_INVALID = 2  # the demo adds a truncated JSON line and a non-envelope record
 FINAL_LINE = re.compile(r"demo: (\d+) sequences, (\d+) chunks, (\d+) dead-lettered, (\d+\.\d) chunks/s")

@@ -11,13 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.golden_cases import MODELS_DIR
+from tests.paths import REPO_ROOT
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.replay import line_batches, replay_batches, replay_file, replay_lines
 from worker.settings import ModelSettings
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "samples" / "streams" / "qwen3-sample.jsonl"
+SAMPLE = REPO_ROOT / "samples" / "streams" / "qwen3-sample.jsonl"
 
 
 def _processor() -> EnvelopeProcessor:

@@ -195,7 +195,7 @@ def _qwen2_rebuild_keeps(model: dict[str, Any], decoder: dict[str, Any], config:
 
 
 # The classes whose loading is reproduced here, each checked against transformers on every
-# bundled tokenizer (tests/test_tokenizer_loading.py). Any other class goes through transformers.
+# bundled tokenizer (tests/core/test_tokenizer_loading.py). Any other class goes through transformers.
 _KNOWN_CLASSES: dict[str, _TokenizerClass] = {
     "PreTrainedTokenizerFast": _TokenizerClass({}, _as_loaded),
     "TokenizersBackend": _TokenizerClass({}, _as_loaded),

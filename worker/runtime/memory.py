@@ -33,7 +33,7 @@ OPEN_REQUESTS = "open_requests"  # label values of m.REQUESTS_REJECTED
 STATE_BYTES = "state_bytes"
 
 # A record that would open a request: a context's fixed part, and its live form takes up to this
-# many times its JSON size (measured with tracemalloc, tests/test_runtime_memory.py).
+# many times its JSON size (measured with tracemalloc, tests/runtime/test_memory.py).
 REQUEST_BASE_BYTES = 6_000
 OPENING_FACTOR = 6
 

@@ -1,0 +1,227 @@
+"""Bad input: each record gets a clear error (or dead letter) and the rest of the stream is untouched."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.golden_cases import MODELS_DIR, derenderer_for, sample_config
+from tests.stream_builders import chat_one_shot, chat_stream
+from worker.core.envelope_processor import EnvelopeProcessor
+
+PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
+CONFIG = sample_config(max_model_len=64)
+
+
+def _processor() -> EnvelopeProcessor:
+    return EnvelopeProcessor(derenderer_for(CONFIG), max_record_bytes=64 * 1024)
+
+
+def _good_stream() -> list[bytes]:
+    return [orjson.dumps(r) for r in chat_stream("good", [[9707], [0], [151645]], prompt_token_ids=PROMPT)]
+
+
+def _outputs(processor: EnvelopeProcessor, records: list[bytes]) -> list[Any]:
+    return [processor.process(r) for r in records]
+
+
+def _normalized_good(results: list[Any]) -> list[Any]:
+    outs = [r.output for r in results if r.output is not None and r.output["request_id"] == "good"]
+    for o in outs:
+        o["body"]["chunk"]["created"] = 0
+    return outs
+
+
+def _record(body: dict[str, Any], endpoint: str = "chat", rid: str = "bad", seq: int = 0) -> bytes:
+    return orjson.dumps({"request_id": rid, "seq": seq, "endpoint": endpoint, "body": body})
+
+
+DEAD_LETTERS: dict[str, bytes] = {
+    "truncated JSON": b'{"request_id": "bad", "seq": 0, "endpoint": "chat", "body": {"stre',
+    "not an object": b"[1, 2, 3]",
+    "binary garbage": b"\xff\xfe\x00garbage",
+    "unknown endpoint": _record({"stream": True}, endpoint="embeddings"),
+    "negative seq": b'{"request_id": "bad", "seq": -1, "endpoint": "chat", "body": {}}',
+    "seq of the wrong type": b'{"request_id": "bad", "seq": "zero", "endpoint": "chat", "body": {}}',
+    "missing body": b'{"request_id": "bad", "seq": 0, "endpoint": "chat"}',
+    "empty request_id": b'{"request_id": "", "seq": 0, "endpoint": "chat", "body": {}}',
+    "oversize record": _record({"stream": True, "padding": "x" * 70_000}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEAD_LETTERS))
+def test_invalid_envelopes_are_dead_lettered_and_the_stream_goes_on(name: str) -> None:
+    good = _good_stream()
+    clean = _normalized_good(_outputs(_processor(), good))
+    mixed = [good[0], DEAD_LETTERS[name], good[1], good[2]]
+    results = _outputs(_processor(), mixed)
+    bad = results[1]
+    assert bad.output is None and bad.dead_letter is not None
+    assert bad.dead_letter.reason  # a reason a person can act on
+    assert bad.dead_letter.value == DEAD_LETTERS[name]  # the original bytes, unchanged
+    assert _normalized_good(results) == clean
+
+
+def _stream_body(**overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "stream": True,
+        "generate_chunk": {"request_id": "bad", "choices": [{"index": 0, "token_ids": [9707]}]},
+        "prompt_token_ids": PROMPT,
+        "chat_request": {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]},
+    }
+    body.update(overrides)
+    return body
+
+
+REJECTED: dict[str, tuple[bytes, int]] = {
+    "token_ids of the wrong type": (
+        _record(
+            _stream_body(generate_chunk={"request_id": "bad", "choices": [{"index": 0, "token_ids": "abc"}]})
+        ),
+        400,
+    ),
+    "negative id in a one-shot response": (
+        orjson.dumps(chat_one_shot("bad", [-5, 0], prompt_token_ids=PROMPT)),
+        400,
+    ),
+    "one-shot token_ids longer than max_model_len": (
+        orjson.dumps(chat_one_shot("bad", [9707] * 65, prompt_token_ids=PROMPT)),
+        400,
+    ),
+    "stream prompt + delta longer than max_model_len": (
+        _record(
+            _stream_body(
+                generate_chunk={"request_id": "bad", "choices": [{"index": 0, "token_ids": [1] * 60}]}
+            )
+        ),
+        400,
+    ),
+    "stream_state whose chunk lens disagree": (
+        _record(_stream_body(stream_state={"output_token_ids": [1, 2, 3], "output_chunk_lens": [2]}), seq=0),
+        400,
+    ),
+    "stream_state with a negative offset": (
+        _record(_stream_body(stream_state={"prefix_offset": -1}), seq=0),
+        400,
+    ),
+    "stream_state with an oversize window": (
+        _record(_stream_body(stream_state={"prev_tokens": ["a"] * 1025}), seq=0),
+        400,
+    ),
+    "two choices in one chunk": (
+        _record(
+            _stream_body(
+                generate_chunk={
+                    "request_id": "bad",
+                    "choices": [{"index": 0, "token_ids": [1]}, {"index": 1, "token_ids": [2]}],
+                }
+            )
+        ),
+        400,
+    ),
+    "unknown model": (_record(_stream_body(model="other-model")), 404),
+    "streaming stop strings": (
+        _record(_stream_body(chat_request={"model": "m", "messages": [], "stop": ["!"]})),
+        400,
+    ),
+    "tool_choice without tools": (
+        _record(_stream_body(chat_request={"model": "m", "messages": [], "tool_choice": "required"})),
+        400,
+    ),
+    "output_mode text": (
+        _record(_stream_body(generate_chunk={"request_id": "bad", "output_mode": "text", "choices": []})),
+        400,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REJECTED))
+def test_rejected_bodies_get_an_error_record_and_the_stream_goes_on(name: str) -> None:
+    record, code = REJECTED[name]
+    good = _good_stream()
+    clean = _normalized_good(_outputs(_processor(), good))
+    results = _outputs(_processor(), [good[0], record, good[1], good[2]])
+    bad = results[1]
+    assert bad.dead_letter is None and bad.output is not None
+    error = bad.output["error"]
+    assert error["code"] == code
+    assert error["message"] and error["type"]
+    assert _normalized_good(results) == clean
+
+
+def test_ids_beyond_the_vocabulary_and_negative_ids_decode_as_nothing_in_streams() -> None:
+    records = chat_stream("r", [[9707], [10_000_000], [-3], [0], [151645]], prompt_token_ids=PROMPT)
+    results = _outputs(_processor(), [orjson.dumps(r) for r in records])
+    text = "".join(r.output["body"]["chunk"]["choices"][0]["delta"]["content"] or "" for r in results)
+    assert text == "Hello!"
+
+
+def test_sequence_gap_fails_the_request_and_duplicates_are_skipped() -> None:
+    records = [
+        orjson.dumps(r) for r in chat_stream("r", [[9707], [0], [15], [151645]], prompt_token_ids=PROMPT)
+    ]
+    processor = _processor()
+    first = processor.process(records[0])
+    assert first.output is not None and "body" in first.output
+    assert processor.process(records[0]).duplicate
+    gap = processor.process(records[2])
+    assert gap.output is not None and gap.output["error"]["code"] == 409
+    assert gap.output["error"]["type"] == "SequenceGapError" and gap.sequence_gap
+    assert gap.closed and "r" not in processor.requests
+    # A later record of the failed request has no state: a gap too, and nothing else is one.
+    assert processor.process(records[3]).sequence_gap
+    assert not first.sequence_gap and not processor.process(b"{not json").sequence_gap
+
+
+def test_replay_reports_bad_lines_and_exits_non_zero(tmp_path: Path) -> None:
+    good = _good_stream()
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"\n".join([good[0], b"{not json", good[1], b"", good[2]]) + b"\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "worker.cli",
+            "replay",
+            str(source),
+            "--tokenizer",
+            str(MODELS_DIR / "qwen3"),
+            "--served-model-name",
+            "test-model",
+        ],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and all(orjson.loads(line)["request_id"] == "good" for line in lines)
+    assert b"line 2" in done.stderr and b"malformed JSON" in done.stderr
+
+
+def test_a_request_whose_first_record_is_rejected_fails_as_a_whole() -> None:
+    """Later records must not be derendered without the context the rejected first record carried."""
+    request = {"model": "test-model", "messages": [], "stop": ["!"]}  # streaming stop strings: 400
+    records = chat_stream("r", [[9707], [0], [151645]], prompt_token_ids=PROMPT, chat_request=request)
+    results = _outputs(_processor(), [orjson.dumps(r) for r in records])
+    codes = [r.output["error"]["code"] for r in results]
+    assert codes == [400, 409, 409]
+
+
+def test_a_rejected_later_record_keeps_the_request_going() -> None:
+    records = chat_stream("r", [[9707], [0], [151645]], prompt_token_ids=PROMPT)
+    records[1]["body"]["generate_chunk"]["choices"] = [
+        {"index": 0, "token_ids": [0]},
+        {"index": 1, "token_ids": [0]},
+    ]  # two choices in one chunk: 400
+    results = _outputs(_processor(), [orjson.dumps(r) for r in records])
+    assert "body" in results[0].output
+    assert results[1].output["error"]["code"] == 400
+    last = results[2].output["body"]["chunk"]["choices"][0]
+    assert last["finish_reason"] == "stop"
+    assert results[2].closed

@@ -1,0 +1,354 @@
+"""Broker-free tests of the Kafka client layer: error mapping, librdkafka settings, the modes.
+
+The data path itself (both backends, both transactional-id modes) runs against the real broker
+in ``tests/kafka/test_worker.py`` and ``tests/kafka/test_poison.py``; here only what needs no broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiokafka.errors as aioerrors
+import pytest
+from confluent_kafka import KafkaError as LibKafkaError
+
+from tests.golden_cases import derenderer_for
+from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
+from tests.partition_fakes import TOPICS, FakeRecord
+from worker.cli import build_parser, main
+from worker.core.envelope_processor import EnvelopeProcessor
+from worker.errors import (
+    ConfigurationError,
+    DerenderWorkerError,
+    GroupRejectedError,
+    KafkaClientError,
+    KafkaUnreachableError,
+    PartitionNotAssignedError,
+    ProducerFencedError,
+    RecordTooLargeError,
+)
+from worker.runtime.delivery import SharedSink, Transaction
+from worker.runtime.kafka_client import aiokafka_backend, confluent_backend
+from worker.runtime.kafka_client.base import CommitTimings, Offsets, TopicPartition
+from worker.runtime.kafka_oauth import OidcClientCredentials
+from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
+from worker.runtime.metrics import Metrics
+from worker.runtime.partition import PartitionTask
+from worker.runtime.records import OutgoingRecord
+from worker.runtime.worker import Worker, refused_as_too_large
+from worker.settings import KafkaSettings, ModelSettings, load_kafka
+
+
+def _settings(*argv: str) -> KafkaSettings:
+    args = build_parser().parse_args(["run", "--tokenizer", "x", "--bootstrap-servers", "k:9092", *argv])
+    return load_kafka(KafkaSettings, args)
+
+
+# --- errors: both libraries into the one hierarchy ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (aioerrors.KafkaConnectionError("no broker"), KafkaUnreachableError),
+        (aioerrors.ProducerFenced(), ProducerFencedError),
+        (aioerrors.MessageSizeTooLargeError(), RecordTooLargeError),
+        (aioerrors.RecordListTooLargeError(), RecordTooLargeError),
+        (aioerrors.IllegalStateError(), PartitionNotAssignedError),
+        (aioerrors.InvalidSessionTimeoutError(), GroupRejectedError),
+        (aioerrors.KafkaTimeoutError(), KafkaClientError),
+    ],
+)
+def test_aiokafka_errors_map_into_the_hierarchy(error: aioerrors.KafkaError, expected: type) -> None:
+    mapped = aiokafka_backend.translate(error)
+    assert type(mapped) is expected and isinstance(mapped, DerenderWorkerError)
+    with pytest.raises(expected) as raised, aiokafka_backend.mapped_errors():
+        raise error
+    assert raised.value.__cause__ is error
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (LibKafkaError._TRANSPORT, KafkaUnreachableError),
+        (LibKafkaError._FENCED, ProducerFencedError),
+        (LibKafkaError.PRODUCER_FENCED, ProducerFencedError),
+        (LibKafkaError.MSG_SIZE_TOO_LARGE, RecordTooLargeError),
+        (LibKafkaError._STATE, PartitionNotAssignedError),
+        (LibKafkaError.GROUP_AUTHORIZATION_FAILED, GroupRejectedError),
+        (LibKafkaError._TIMED_OUT, KafkaClientError),
+    ],
+)
+def test_librdkafka_errors_map_into_the_hierarchy(code: int, expected: type) -> None:
+    mapped = confluent_backend.translate(LibKafkaError(code))
+    assert type(mapped) is expected and isinstance(mapped, DerenderWorkerError)
+
+
+def test_group_rejections_name_their_flag_with_either_backend() -> None:
+    from worker.runtime.worker import configuration_error
+
+    settings = _settings("--session-timeout-ms", "3000")
+    for error in (
+        aiokafka_backend.translate(aioerrors.InvalidSessionTimeoutError()),
+        confluent_backend.translate(LibKafkaError(LibKafkaError.INVALID_SESSION_TIMEOUT)),
+    ):
+        message = str(configuration_error(error, settings))
+        assert "--session-timeout-ms 3000" in message
+    too_large = RecordTooLargeError("refused")
+    wrapped = KafkaClientError("commit failed")
+    wrapped.__cause__ = too_large
+    assert refused_as_too_large(wrapped) and not refused_as_too_large(KafkaClientError("x"))
+
+
+# --- librdkafka's security settings ------------------------------------------------------------
+
+
+def test_security_maps_to_librdkafka_settings() -> None:
+    scram = KafkaSecurity(
+        protocol=SecurityProtocol.SASL_SSL,
+        sasl_mechanism=SaslMechanism.SCRAM_SHA_512,
+        sasl_username="svc",
+        sasl_password=Secret("pw"),
+        ssl_cafile="ca.pem",
+        ssl_check_hostname=False,
+    )
+    assert confluent_backend.security_config(scram) == {
+        "security.protocol": "SASL_SSL",
+        "ssl.ca.location": "ca.pem",
+        "ssl.endpoint.identification.algorithm": "none",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "svc",
+        "sasl.password": "pw",
+    }
+    oidc = KafkaSecurity(
+        protocol=SecurityProtocol.SASL_SSL,
+        sasl_mechanism=SaslMechanism.OAUTHBEARER,
+        oauth=OidcClientCredentials("https://idp/token", "cid", Secret("s3"), "kafka"),
+    )
+    config = confluent_backend.security_config(oidc)
+    # Our token provider through oauth_cb (test_kafka_oauth.py fetches through it); no secret in the config.
+    assert config["sasl.mechanism"] == "OAUTHBEARER" and callable(config["oauth_cb"])
+    assert not any(key.startswith("sasl.oauthbearer") for key in config)
+    assert config["ssl.endpoint.identification.algorithm"] == "https"
+    msk = KafkaSecurity(
+        protocol=SecurityProtocol.SASL_SSL, sasl_mechanism=SaslMechanism.AWS_MSK_IAM, aws_region="eu-west-1"
+    )
+    config = confluent_backend.security_config(msk)
+    assert config["sasl.mechanism"] == "OAUTHBEARER" and callable(config["oauth_cb"])
+    assert confluent_backend.security_config(KafkaSecurity()) == {"security.protocol": "PLAINTEXT"}
+
+
+# --- modes: refused where they cannot work ------------------------------------------------------
+
+
+def test_per_worker_transactions_need_kip447() -> None:
+    with pytest.raises(ConfigurationError, match="per-worker needs KIP-447"):
+        _settings("--transactional-id-mode", "per-worker", "--kafka-client", "aiokafka")
+    settings = _settings("--transactional-id-mode", "per-worker", "--kafka-client", "confluent")
+    assert settings.per_worker_transactions
+    # The shorter per-worker transaction timeout bounds the commit interval.
+    with pytest.raises(ConfigurationError, match="transaction timeout of 15000 ms"):
+        _settings(
+            "--transactional-id-mode",
+            "per-worker",
+            "--kafka-client",
+            "confluent",
+            "--commit-interval-ms",
+            "6000",
+        )
+    argv = ["run", "--tokenizer", "x", "--bootstrap-servers", "k:1", "--transactional-id-mode", "per-worker"]
+    assert main([*argv, "--kafka-client", "aiokafka"]) == 2
+
+
+# --- per-worker transactions: one commit for every partition -----------------------------------
+
+
+class FakeTransactionalProducer:
+    """Records the calls a ``Transaction`` makes (no broker)."""
+
+    def __init__(
+        self,
+        fail_commit: BaseException | None = None,
+        fail_abort: BaseException | None = None,
+        fail_begin: BaseException | None = None,
+    ) -> None:
+        self.transactional_id = "g-in-worker-0"
+        self.calls: list[str] = []
+        self.sent: list[OutgoingRecord] = []
+        self.commits: list[tuple[dict[TopicPartition, int], object]] = []
+        self.fail_commit = fail_commit
+        self.fail_abort = fail_abort
+        self.fail_begin = fail_begin
+
+    async def start(self) -> None:
+        self.calls.append("start")
+
+    async def begin(self) -> None:
+        self.calls.append("begin")
+        if self.fail_begin is not None:
+            raise self.fail_begin
+
+    async def send(self, record: OutgoingRecord) -> None:
+        self.sent.append(record)
+
+    async def commit(self, offsets: Offsets, group: object) -> CommitTimings:
+        self.calls.append("commit")
+        if self.fail_commit is not None:
+            raise self.fail_commit
+        self.commits.append((dict(offsets), group))
+        return CommitTimings()
+
+    async def abort(self) -> None:
+        self.calls.append("abort")
+        if self.fail_abort is not None:
+            raise self.fail_abort
+
+    async def stop(self) -> None:
+        self.calls.append("stop")
+
+
+class _Consumer:
+    def __init__(self, assigned: set[TopicPartition]) -> None:
+        self.assigned = assigned
+
+    def assignment(self) -> set[TopicPartition]:
+        return self.assigned
+
+    def paused(self) -> set[TopicPartition]:
+        return set()
+
+
+def _per_worker(producer: FakeTransactionalProducer) -> tuple[Worker, list[PartitionTask]]:
+    settings = _settings("--transactional-id-mode", "per-worker", "--kafka-client", "confluent")
+    worker = Worker(
+        settings, derenderer_for(QWEN3_CONFIG), model=ModelSettings(tokenizer="x", max_record_bytes=1 << 20)
+    )
+    worker._shared = Transaction(producer, lambda: "group-metadata", worker.metrics)
+    tasks = []
+    for partition in (1, 2):
+        tp = TopicPartition("in", partition)
+        task = PartitionTask(
+            tp, EnvelopeProcessor(worker.derenderer), SharedSink(worker._shared), TOPICS, Metrics(),
+            position=0,
+        )  # fmt: skip
+        worker.tasks[tp] = task
+        tasks.append(task)
+    worker._consumer = _Consumer(set(worker.tasks))
+    return worker, tasks
+
+
+def _handle(task: PartitionTask, offset: int, envelope: dict[str, Any]) -> None:
+    record = FakeRecord(offset, envelope)
+    record.partition = task.tp.partition
+    asyncio.run(task.handle(record))
+
+
+def test_per_worker_mode_commits_every_partition_in_one_transaction() -> None:
+    a, b = generate_sequences(2, seed=3, prefix="shared")
+    producer = FakeTransactionalProducer()
+    worker, (one, two) = _per_worker(producer)
+    _handle(one, 0, a.envelopes[0])
+    _handle(two, 0, b.envelopes[0])
+    _handle(two, 1, b.envelopes[1])
+    asyncio.run(worker._commit_all())
+    assert producer.calls == ["begin", "commit"]  # one transaction for both partitions
+    offsets, group = producer.commits[0]
+    assert offsets == {one.tp: 1, two.tp: 2} and group == "group-metadata"
+    state = [r for r in producer.sent if r.topic == TOPICS.state]
+    assert {r.partition for r in state} == {1, 2}  # each partition's state in its own state partition
+    assert not one.needs_commit and not two.needs_commit
+
+
+def test_per_worker_reset_takes_every_partition_with_uncommitted_work() -> None:
+    a, b = generate_sequences(2, seed=4, prefix="shared")
+    producer = FakeTransactionalProducer()
+    worker, (one, two) = _per_worker(producer)
+    _handle(one, 0, a.envelopes[0])
+    _handle(two, 0, b.envelopes[0])
+    asyncio.run(worker._reset_partition(one.tp, 0, TypeError("a bug")))
+    # The abort discarded partition 2's outputs too: both reopen from committed state.
+    assert producer.calls == ["begin", "abort"] and worker.tasks == {}
+    assert worker.resets.resets(1, 0) == 1 and worker.resets.resets(2, 0) == 0  # only 1 is blamed
+    # A failed shared commit resets both, blaming neither record.
+    producer = FakeTransactionalProducer(fail_commit=KafkaClientError("coordinator moved"))
+    worker, (one, two) = _per_worker(producer)
+    _handle(one, 0, a.envelopes[0])
+    _handle(two, 0, b.envelopes[0])
+    asyncio.run(worker._commit_all())
+    assert worker.tasks == {} and producer.calls == ["begin", "commit", "abort"]
+    assert worker.resets.resets(1, 0) == 0 and worker.resets.resets(2, 0) == 0
+
+
+class _Client:
+    """Hands out fresh fake producers (the worker's ``KafkaClient``, producers only)."""
+
+    def __init__(self) -> None:
+        self.made: list[FakeTransactionalProducer] = []
+
+    def transactional_producer(self, config: object, transactional_id: str) -> FakeTransactionalProducer:
+        producer = FakeTransactionalProducer()
+        producer.transactional_id = transactional_id
+        self.made.append(producer)
+        return producer
+
+
+def test_a_fenced_shared_producer_is_replaced() -> None:
+    # Fenced for good (the broker timed the transaction out, or the id was taken over): left as it
+    # is, every later send of every partition would fail and the worker stop making progress.
+    (a,) = generate_sequences(1, seed=5, prefix="shared")
+    fenced = FakeTransactionalProducer(fail_commit=ProducerFencedError("fenced by a newer instance"))
+    worker, (one, two) = _per_worker(fenced)
+    client = _Client()
+    worker._client = client  # type: ignore[assignment]  # producers only
+    _handle(one, 0, a.envelopes[0])
+    asyncio.run(worker._commit_all())
+    assert worker.tasks == {two.tp: two} and fenced.calls == ["begin", "commit", "stop"]
+    assert worker._shared is not None and len(client.made) == 1
+    renewed = client.made[0]
+    assert worker._shared.producer is renewed and renewed.calls == ["start"]
+    assert renewed.transactional_id == worker.settings.worker_transactional_id()
+    _handle(two, 0, a.envelopes[0])  # the partition that stayed sends through the new producer
+    asyncio.run(worker._commit_all())
+    assert renewed.calls == ["start", "begin", "commit"] and not two.needs_commit
+
+
+def test_a_shared_producer_whose_abort_timed_out_is_replaced() -> None:
+    # A broker outage: the commit times out, then so does its abort. librdkafka keeps that abort
+    # pending and refuses every other call with _CONFLICT; kept, the producer would fail every
+    # partition's records, again and again, long after the broker is back.
+    (a,) = generate_sequences(1, seed=6, prefix="shared")
+    stuck = FakeTransactionalProducer(
+        fail_commit=KafkaClientError("_TIMED_OUT: Failed to add offsets to transaction"),
+        fail_abort=KafkaClientError(
+            "_TIMED_OUT: Timed out waiting for operation to finish, retry call to resume"
+        ),
+    )
+    worker, (one, two) = _per_worker(stuck)
+    client = _Client()
+    worker._client = client  # type: ignore[assignment]  # producers only
+    _handle(one, 0, a.envelopes[0])
+    asyncio.run(worker._commit_all())
+    assert stuck.calls == ["begin", "commit", "abort", "stop"] and len(client.made) == 1
+    assert worker._shared is not None and worker._shared.producer is client.made[0]
+    _handle(two, 0, a.envelopes[0])
+    asyncio.run(worker._commit_all())
+    assert client.made[0].calls == ["start", "begin", "commit"] and not two.needs_commit
+
+
+def test_a_shared_producer_that_cannot_begin_is_replaced() -> None:
+    # The conflict can also surface at the next begin (no transaction open, so nothing to abort).
+    (a,) = generate_sequences(1, seed=7, prefix="shared")
+    stuck = FakeTransactionalProducer(
+        fail_begin=KafkaClientError(
+            "_CONFLICT: Conflicting abort_transaction API call is already in progress"
+        )
+    )
+    worker, (one, _two) = _per_worker(stuck)
+    client = _Client()
+    worker._client = client  # type: ignore[assignment]  # producers only
+    with pytest.raises(KafkaClientError):
+        _handle(one, 0, a.envelopes[0])
+    asyncio.run(worker._reset_partition(one.tp, None, KafkaClientError("_CONFLICT")))
+    assert worker._shared is not None and worker._shared.producer is client.made[0]
+    assert client.made[0].calls == ["start"]

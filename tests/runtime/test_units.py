@@ -1,0 +1,365 @@
+"""Broker-free tests of the Kafka runtime's pieces: settings, lifecycle, state batching."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import TopicPartition
+
+from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
+from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
+from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, partition_task
+from worker.cli import build_parser
+from worker.core.envelope_processor import EnvelopeProcessor
+from worker.errors import ConfigurationError, IllegalTransitionError
+from worker.runtime.lifecycle import Lifecycle, WorkerState
+from worker.runtime.metrics import Metrics
+from worker.runtime.partition import PartitionTask
+from worker.runtime.records import OutgoingRecord
+from worker.runtime.state_changelog import (
+    StateChangelog,
+    StateKeys,
+    decode,
+    encode_context,
+    encode_progress,
+    install,
+    replay_after,
+    restore,
+)
+from worker.runtime.topics import check_layout
+from worker.settings import DEFAULT_GROUP_ID, DeliveryMode, KafkaSettings, load_kafka
+
+KEYS = StateKeys(DEFAULT_GROUP_ID)  # the namespace of ``partition_task``'s state keys
+
+
+def _settings(argv: list[str]) -> KafkaSettings:
+    args = build_parser().parse_args(["run", "--tokenizer", "x", *argv])
+    return load_kafka(KafkaSettings, args)
+
+
+def test_state_checkpoint_interval_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DERENDER_BOOTSTRAP_SERVERS", "b:9092")
+    monkeypatch.delenv("DERENDER_STATE_CHECKPOINT_INTERVAL_MS", raising=False)
+    assert _settings([]).state_checkpoint_interval_ms == 10_000
+    assert _settings(["--state-checkpoint-interval-ms", "0"]).state_checkpoint_interval_ms == 0
+    with pytest.raises(ConfigurationError, match="--state-checkpoint-interval-ms"):
+        _settings(["--state-checkpoint-interval-ms", "-1"])
+
+
+def test_flags_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DERENDER_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "fallback:9092")
+    monkeypatch.setenv("DERENDER_GROUP_ID", "g-env")
+    monkeypatch.setenv("DERENDER_MODE", "at-least-once")
+    monkeypatch.setenv("DERENDER_COMMIT_INTERVAL_MS", "250")
+    monkeypatch.setenv("DERENDER_INPUT_TOPIC", "in-env")
+    settings = _settings([])
+    assert settings.bootstrap_servers == "fallback:9092"
+    assert settings.group_id == "g-env"
+    assert settings.mode is DeliveryMode.AT_LEAST_ONCE
+    assert settings.commit_interval_ms == 250
+    assert settings.topics.input == "in-env"
+    assert settings.transactional_id(3) == "g-env-in-env-3"
+
+    monkeypatch.setenv("DERENDER_BOOTSTRAP_SERVERS", "primary:9092")
+    assert _settings([]).bootstrap_servers == "primary:9092"
+    assert _settings(["--bootstrap-servers", "flag:9092"]).bootstrap_servers == "flag:9092"
+
+
+def test_bad_settings_are_configuration_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DERENDER_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    with pytest.raises(ConfigurationError, match="bootstrap-servers"):
+        _settings([])
+    with pytest.raises(ConfigurationError, match="distinct"):
+        _settings(["--bootstrap-servers", "b:1", "--output-topic", "derender-requests"])
+    with pytest.raises(ConfigurationError, match="commit-interval-ms"):
+        _settings(["--bootstrap-servers", "b:1", "--commit-interval-ms", "0"])
+    monkeypatch.setenv("DERENDER_COMMIT_INTERVAL_MS", "soon")
+    with pytest.raises(ConfigurationError, match="DERENDER_COMMIT_INTERVAL_MS"):
+        _settings(["--bootstrap-servers", "b:1"])
+
+
+def test_state_topic_must_mirror_input_partitions() -> None:
+    check_layout(TOPICS, {"in": 6, "out": 3, "state": 6, "dlq": 1})
+    check_layout(TOPICS, {"in": 6, "out": 3, "state": 12, "dlq": 1})  # mid-way through growing both
+    with pytest.raises(ConfigurationError, match="needs at least as many"):
+        check_layout(TOPICS, {"in": 6, "out": 6, "state": 3, "dlq": 6})
+    with pytest.raises(ConfigurationError, match="missing topics"):
+        check_layout(TOPICS, {"in": 6, "out": 6, "state": 6})
+
+
+def test_lifecycle_transitions() -> None:
+    life = Lifecycle()
+    for state in (WorkerState.STARTING, WorkerState.RUNNING, WorkerState.REBALANCING, WorkerState.RUNNING):
+        life.to(state)
+    assert life.accepting_partitions
+    life.to(WorkerState.STOPPING)
+    assert not life.accepting_partitions
+    with pytest.raises(IllegalTransitionError):
+        life.to(WorkerState.RUNNING)
+    life.to(WorkerState.STOPPED)
+    with pytest.raises(IllegalTransitionError):
+        life.to(WorkerState.STARTING)
+
+
+def test_state_is_batched_per_commit_and_restorable() -> None:
+    """One snapshot per touched request per commit; tombstones only for persisted requests."""
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    a, b = generate_sequences(2, seed=1, prefix="unit")
+    sink = RecordingSink()
+    task = partition_task(derenderer, sink)
+    tp = task.tp
+
+    async def body() -> None:
+        offset = 0
+        # Commit 1: the first two records of `a`, all of `b` (opens and closes in one interval).
+        for envelope in [*a.envelopes[:2], *b.envelopes]:
+            await task.handle(FakeRecord(offset, envelope))
+            offset += 1
+        await task.commit()
+        state, offsets = sink.commits[-1]
+        assert offsets == {tp: offset}
+        assert [(r.key, r.value is None, r.partition) for r in state] == [
+            (KEYS.context("unit-00000"), False, 2)
+        ]
+        # A restore of that snapshot continues `a` exactly like the original processor.
+        restored = EnvelopeProcessor(derenderer)
+        assert state[0].value is not None
+        install(restored, {"unit-00000": decode(state[0].value)}, now=0.0)
+        expected: list[dict[str, Any]] = []
+        for e in a.envelopes[2:]:
+            output = restored.process(orjson.dumps(e), e["request_id"].encode()).output
+            assert output is not None
+            expected.append(output)
+        # Commit 2: the rest of `a` closes it: a tombstone, since a snapshot was written before.
+        for envelope in a.envelopes[2:]:
+            await task.handle(FakeRecord(offset, envelope))
+            offset += 1
+        await task.commit()
+        state, _ = sink.commits[-1]
+        assert [(r.key, r.value) for r in state] == [(KEYS.context("unit-00000"), None)]
+        outputs = [orjson.loads(r.value) for r in sink.sent if r.value is not None]
+        got = [
+            {k: v for k, v in o.items() if k != "source"} for o in outputs if o["request_id"] == "unit-00000"
+        ]
+        assert normalize(got[2:]) == normalize(expected)
+        # A record below the task's position (a stale fetch) is skipped, not reprocessed.
+        before = len(sink.sent)
+        await task.handle(FakeRecord(0, a.envelopes[0]))
+        assert len(sink.sent) == before
+
+    asyncio.run(body())
+
+
+def _latest(commits: list[tuple[list[OutgoingRecord], dict[TopicPartition, int]]]) -> dict[bytes, bytes]:
+    """What a compacted state partition holds after these commits: the last value per key."""
+    latest: dict[bytes, bytes] = {}
+    for state, _ in commits:
+        for r in state:
+            assert r.key is not None, "a state record is keyed by its request"
+            if r.value is None:
+                latest.pop(r.key, None)
+            else:
+                latest[r.key] = r.value
+    return latest
+
+
+def _restore(commits: list[tuple[list[OutgoingRecord], dict[TopicPartition, int]]]) -> EnvelopeProcessor:
+    """A processor restored from what a state partition holds after these commits (no replay)."""
+    restored = restore(KEYS, _latest(commits))
+    assert restored.replay_from is None  # every change checkpointed: nothing to re-read
+    processor = EnvelopeProcessor(derenderer_for(QWEN3_CONFIG))
+    install(processor, restored.checkpoints, now=0.0)
+    return processor
+
+
+def test_context_is_written_once_then_progress_only() -> None:
+    """A request committed after every record: its context record once, then progress records only;
+    a restore from both kinds at any point gives the same processor state; tombstones for both keys."""
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    (a,) = [s for s in generate_sequences(40, seed=3, prefix="once") if len(s.envelopes) >= 5][:1]
+    rid = a.request_id
+    sink = RecordingSink()
+    task = partition_task(derenderer, sink)
+
+    async def body() -> None:
+        for offset, envelope in enumerate(a.envelopes[:-1]):
+            await task.handle(FakeRecord(offset, envelope))
+            await task.commit()
+            # A restore from what the topic holds now equals the live request, and continues it alike.
+            restored = _restore(sink.commits)
+            live = task.processor.requests[rid]
+            assert list(restored.requests) == [rid]
+            assert encode_context(restored.requests[rid]) == encode_context(live)
+            # The budget counts its live bytes, more than the state topic holds for it.
+            assert task.sizes[rid] == live.live_bytes()
+            assert task.sizes[rid] > sum(len(v) for v in _latest(sink.commits).values())
+        await task.handle(FakeRecord(len(a.envelopes) - 1, a.envelopes[-1]))
+        await task.commit()
+
+    asyncio.run(body())
+    written = [[(r.key, r.value) for r in state] for state, _ in sink.commits]
+    first, *middle, last = written
+    assert [k for k, _ in first] == [KEYS.context(rid)]
+    assert orjson.loads(first[0][1] or b"")["kind"] == "context"
+    assert middle and all([k for k, _ in c] == [KEYS.progress(rid)] for c in middle)
+    progress = [orjson.loads(v or b"") for c in middle for _, v in c]
+    assert all(p["kind"] == "progress" and "inherited" not in p and "request" not in p for p in progress)
+    assert sorted(last, key=lambda kv: kv[0] or b"") == [
+        (KEYS.context(rid), None),
+        (KEYS.progress(rid), None),
+    ]
+    assert _latest(sink.commits) == {} and task.sizes == {}
+
+
+def test_a_changed_context_rewrites_the_context_record() -> None:
+    """A later record with new inherited fields: a new context record, the progress key tombstoned."""
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    (a,) = [s for s in generate_sequences(40, seed=3, prefix="chg") if len(s.envelopes) >= 4][:1]
+    rid = a.request_id
+    envelopes = [dict(e, body=dict(e["body"])) for e in a.envelopes]
+    first = envelopes[0]["body"]
+    envelopes[2]["body"]["prompt_token_ids"] = [*first["prompt_token_ids"], 13]
+    envelopes[2]["body"]["prompt_tokens"] = len(first["prompt_token_ids"]) + 1
+    sink = RecordingSink()
+    task = partition_task(derenderer, sink)
+
+    async def body() -> None:
+        for offset, envelope in enumerate(envelopes[:3]):
+            await task.handle(FakeRecord(offset, envelope))
+            await task.commit()
+
+    asyncio.run(body())
+    third = sorted((r.key, r.value is None) for r in sink.commits[2][0])
+    assert third == [(KEYS.context(rid), False), (KEYS.progress(rid), True)]
+    restored = _restore(sink.commits)
+    assert encode_context(restored.requests[rid]) == encode_context(task.processor.requests[rid])
+    assert restored.requests[rid].inherited["prompt_token_ids"][-1] == 13
+
+
+def test_restore_of_both_kinds() -> None:
+    """A context record alone, a context record with a newer progress record, and a progress
+    record without its context record (dropped); other groups' keys are not read."""
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    (a,) = generate_sequences(1, seed=4, prefix="kinds")
+    processor = EnvelopeProcessor(derenderer)
+    processor.process(orjson.dumps(a.envelopes[0]))
+    early = encode_context(processor.requests[a.request_id], 0)
+    processor.process(orjson.dumps(a.envelopes[1]))
+    ctx = processor.requests[a.request_id]
+    latest = {
+        KEYS.context("context"): encode_context(ctx, 1),
+        KEYS.context("pair"): early,
+        KEYS.progress("pair"): encode_progress(ctx, 1),
+        KEYS.progress("orphan"): encode_progress(ctx, 1),
+        StateKeys("other").context("other"): early,
+    }
+    restored = restore(KEYS, latest)
+    assert set(restored.checkpoints) == {"context", "pair"} and restored.replay_from is None
+    for checkpoint in restored.checkpoints.values():
+        assert encode_context(checkpoint.ctx) == encode_context(ctx) and checkpoint.offset == 1
+
+
+def test_format_1_records_are_read() -> None:
+    """Records written before checkpoints carried an offset (format 1) restore as current ones."""
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    (a,) = generate_sequences(1, seed=4, prefix="v1")
+    processor = EnvelopeProcessor(derenderer)
+    for envelope in a.envelopes[:2]:
+        processor.process(orjson.dumps(envelope))
+    ctx = processor.requests[a.request_id]
+    v1 = orjson.loads(encode_context(ctx))
+    v1["v"] = v1["progress"]["v"] = 1
+    del v1["progress"]["offset"]
+    checkpoint = decode(orjson.dumps(v1))
+    assert checkpoint.offset is None and encode_context(checkpoint.ctx) == encode_context(ctx)
+    with pytest.raises(ValueError, match="unknown state record format"):
+        decode(orjson.dumps({**v1, "v": 99}))
+
+
+@pytest.mark.parametrize("case", load_cases(), ids=lambda c: f"{c.file}:{c.id}")
+def test_restoring_from_a_snapshot_before_every_record_changes_nothing(case: GoldenCase) -> None:
+    """What a partition handoff does (state topic round trip), after every record of every case.
+
+    Parser cases included: their live parser sessions are not in the snapshot and must be rebuilt.
+    """
+    derenderer = derenderer_for(case.config)
+    straight = EnvelopeProcessor(derenderer)
+    expected = [straight.process(orjson.dumps(e)).output for e in case.input]
+    snapshots: dict[str, bytes] = {}
+    got = []
+    for envelope in case.input:
+        processor = EnvelopeProcessor(derenderer)
+        install(processor, {rid: decode(value) for rid, value in snapshots.items()}, now=0.0)
+        got.append(processor.process(orjson.dumps(envelope)).output)
+        snapshots = {rid: encode_context(ctx) for rid, ctx in processor.requests.items()}
+    assert normalize([o for o in got if o]) == normalize([o for o in expected if o])
+
+
+def test_state_keys_are_namespaced_by_group() -> None:
+    """Two groups on one state topic never read (or delete) each other's records."""
+    blue, green = StateKeys("blue"), StateKeys("blue-2")
+    for rid in ("chatcmpl-1", "", "a\x00b", "名前\xfe?"):  # any request id, NUL included
+        assert blue.parse(blue.context(rid)) == (rid, False)
+        assert blue.parse(blue.progress(rid)) == (rid, True)
+        assert green.parse(blue.context(rid)) is None and blue.parse(green.progress(rid)) is None
+    # A group whose id extends another's: the 0xfe after the group id keeps them apart.
+    assert StateKeys("blue").parse(b"blue-2\xfex") is None
+    assert StateKeys("").parse(b"chatcmpl-1") is None  # an un-namespaced key belongs to no group
+    assert blue.parse(blue.replay_from) is None  # the partition's own key is no request's
+
+
+def test_deferred_checkpoints_restore_by_re_reading_the_input() -> None:
+    """With a checkpoint interval, progress records are written at most that often and a
+    replay-from offset says where the input must be re-read; a restore from what the topic holds
+    after any commit, plus the re-read records, equals the live processor, and continues alike."""
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    sequences = generate_sequences(6, seed=5, prefix="ckpt")
+    envelopes = [
+        s.envelopes[i]
+        for i in range(max(len(s.envelopes) for s in sequences))
+        for s in sequences
+        if i < len(s.envelopes)
+    ]
+    now = [0.0]
+    changelog = StateChangelog("state", 2, KEYS, checkpoint_interval_s=1.0, clock=lambda: now[0])
+    sink = RecordingSink()
+    task = PartitionTask(
+        TopicPartition("in", 2),
+        EnvelopeProcessor(derenderer),
+        sink,
+        TOPICS,
+        Metrics(),
+        position=0,
+        changelog=changelog,
+    )
+    records = [FakeRecord(offset, envelope) for offset, envelope in enumerate(envelopes)]
+    replays = 0
+
+    async def body() -> None:
+        nonlocal replays
+        for start in range(0, len(records), 3):
+            for record in records[start : start + 3]:
+                await task.handle(record)
+            now[0] += 0.25
+            await task.commit()
+            restored = restore(KEYS, _latest(sink.commits))
+            processor = EnvelopeProcessor(derenderer)
+            install(processor, restored.checkpoints, now=0.0)
+            if restored.replay_from is not None:
+                replays += 1
+                replay_after(processor, restored.checkpoints, records[restored.replay_from : task.position])
+            live = {rid: encode_context(ctx) for rid, ctx in task.processor.requests.items()}
+            assert {rid: encode_context(ctx) for rid, ctx in processor.requests.items()} == live
+
+    asyncio.run(body())
+    progress = [
+        r for state, _ in sink.commits for r in state if r.key is not None and r.key.endswith(b"\xffprogress")
+    ]
+    updates = sum(1 for r in records[1:] if orjson.loads(r.value)["seq"] > 0)
+    assert replays > 0 and 0 < len(progress) < updates / 2  # fewer than one per record, by the interval
+    assert _latest(sink.commits) == {KEYS.replay_from: b'{"v":2,"kind":"replay-from","offset":null}'}
