@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 import worker.core.parsing.engine.schema as schema_module
+from tests.parsing.test_mistral import _StubTokenizer
 from tests.parsing_helpers import qwen3 as qwen3_tokenizer
 from tests.parsing_helpers import qwen3_encode, qwen3_make, records, xml_request
-from tests.test_parsing_mistral import _StubTokenizer
 from worker.core.parsing import DeltaOut, ParseRequest
 from worker.core.parsing.engine.schema import ToolSchemas, find_tool_properties, schema_types
 from worker.core.parsing.tools.mistral import MistralToolParser

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from tests.golden_cases import derenderer_for
-from tests.test_parsing_deepseek_v31 import SEP, B, encode, token_id
+from tests.parsing.test_deepseek_v31 import SEP, B, encode, token_id
 from worker.core.derenderer import Derenderer, pin_tool_call_ids
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import RequestError
