@@ -3,7 +3,7 @@
 One worker owning every partition (the worst case: a group of one), with the ConfigMap's caps
 (``DERENDER_MAX_STATE_BYTES``, ``DERENDER_MAX_OPEN_REQUESTS``, ``DERENDER_MAX_LIVE_PARSERS``) and
 parsers (Qwen3: reasoning ``qwen3``, tools ``hermes``), as the ConfigMap configures them, in-process
-(partition tasks, the worker's budget and parser pool; outputs are discarded instead of sent).
+(owned partitions, the worker's budget and parser pool; outputs are discarded instead of sent).
 
 * phase 1, **max-size prompts**: requests whose first record carries ``max_model_len`` prompt ids,
   opened until the state-bytes cap refuses them, each kept going with a few more records;
@@ -33,7 +33,7 @@ from worker.core.live_parsers import LiveParserPool
 from worker.runtime.delivery import PRODUCER_BATCH_BYTES
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
-from worker.runtime.partition import PartitionTask
+from worker.runtime.partition import OwnedPartition
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.topics import TopicNames
 from worker.settings import ModelSettings
@@ -125,7 +125,7 @@ class Flood:
         self.pool = LiveParserPool(int(config["DERENDER_MAX_LIVE_PARSERS"]))
         topics = TopicNames("in", "out", "state", "dlq")
         self.tasks = [
-            PartitionTask(
+            OwnedPartition(
                 TopicPartition("in", p),
                 EnvelopeProcessor(derenderer, live_parsers=self.pool),
                 _NullSink(),

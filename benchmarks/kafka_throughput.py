@@ -575,7 +575,7 @@ def observability_overhead(args: argparse.Namespace) -> None:
     from worker.runtime.kafka_client.base import TopicPartition as KafkaTopicPartition
     from worker.runtime.metrics import Metrics
     from worker.runtime.observer import RecordObserver
-    from worker.runtime.partition import PartitionTask
+    from worker.runtime.partition import OwnedPartition
     from worker.runtime.topics import TopicNames as Names
     from worker.settings import ModelSettings
 
@@ -618,7 +618,7 @@ def observability_overhead(args: argparse.Namespace) -> None:
     async def one(make: Any, headers: Any) -> float:
         metrics = Metrics()
         observer = make(metrics)
-        task = PartitionTask(
+        task = OwnedPartition(
             KafkaTopicPartition("in", 0),
             EnvelopeProcessor(observer.measured(derenderer)),
             NullSink(),

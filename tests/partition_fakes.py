@@ -1,4 +1,4 @@
-"""Broker-free stand-ins around one ``PartitionTask``: an input record, a sink that records what it is
+"""Broker-free stand-ins around one ``OwnedPartition``: an input record, a sink that records what it is
 given, and a fresh task that writes to it. Shared by the core's boundary tests and the runtime's."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from aiokafka import TopicPartition
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.metrics import Metrics
-from worker.runtime.partition import PartitionTask
+from worker.runtime.partition import OwnedPartition
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.topics import TopicNames
 
@@ -51,9 +51,9 @@ class FakeRecord:
         self.timestamp = 0
 
 
-def partition_task(derenderer: Derenderer, sink: RecordingSink) -> PartitionTask:
+def owned_partition(derenderer: Derenderer, sink: RecordingSink) -> OwnedPartition:
     """A fresh partition-2 task with nothing persisted yet, writing to ``sink``."""
-    return PartitionTask(
+    return OwnedPartition(
         TopicPartition("in", 2),
         EnvelopeProcessor(derenderer),
         sink,

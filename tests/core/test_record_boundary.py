@@ -31,7 +31,7 @@ from worker.core.envelope_processor import (
 from worker.core.live_parsers import LIVE_PARSER_BYTES
 from worker.runtime import dead_letter_record
 from worker.runtime.metrics import Metrics
-from worker.runtime.partition import PartitionTask
+from worker.runtime.partition import OwnedPartition
 from worker.runtime.topics import TopicNames
 
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
@@ -436,7 +436,7 @@ class FakeRecord:
 def test_the_partition_sends_the_core_bytes() -> None:
     topics = TopicNames("in", "out", "state", "dlq")
     sink = RecordingSink()
-    task = PartitionTask(
+    task = OwnedPartition(
         TopicPartition("in", 0),
         _processor(require_key=True),
         sink,

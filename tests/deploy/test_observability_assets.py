@@ -66,7 +66,7 @@ def _metric_constants(node: ast.AST) -> Iterator[str]:
 
 
 # Recorded through a helper that builds the labelled key (the kind cannot be read off the call).
-INDIRECT = {metrics_names.RECORDS_PRODUCED: "increment"}  # PartitionTask._produced_key
+INDIRECT = {metrics_names.RECORDS_PRODUCED: "increment"}  # OwnedPartition._produced_key
 
 
 def _first_constant(call: ast.Call) -> str | None:

@@ -1,6 +1,6 @@
 """GenAI metrics: tokens by kind, requests by finish reason, TTFT / TPOT, error records, bounded labels.
 
-Records go through a real ``PartitionTask`` (recording sink) whose processor uses the observer's
+Records go through a real ``OwnedPartition`` (recording sink) whose processor uses the observer's
 measured derenderer, as in the worker; golden streams give real reasoning and tool-call output.
 """
 
@@ -25,7 +25,7 @@ from worker.runtime import metrics_names as m
 from worker.runtime.genai_metrics import REQUEST_START_HEADER, request_start_header
 from worker.runtime.metrics import Metrics
 from worker.runtime.observer import RecordObserver
-from worker.runtime.partition import PartitionTask
+from worker.runtime.partition import OwnedPartition
 from worker.runtime.prometheus_export import ExportedMetrics, build_registry, labelled
 
 CASES = {case.id: case for case in load_cases()}
@@ -52,7 +52,7 @@ def _run(
     metrics = metrics if metrics is not None else Metrics()
     observer = observer or RecordObserver("g", metrics=metrics)
     sink = RecordingSink()
-    task = PartitionTask(
+    task = OwnedPartition(
         TopicPartition("in", 0),
         EnvelopeProcessor(observer.measured(derenderer_for(config))),
         sink,

@@ -34,7 +34,7 @@ from worker.runtime.kafka_client.base import CommitTimings, Offsets, TopicPartit
 from worker.runtime.kafka_oauth import OidcClientCredentials
 from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
 from worker.runtime.metrics import Metrics
-from worker.runtime.partition import PartitionTask
+from worker.runtime.partition import OwnedPartition
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.worker import Worker, refused_as_too_large
 from worker.settings import KafkaSettings, ModelSettings, load_kafka
@@ -219,7 +219,7 @@ class _Consumer:
         return set()
 
 
-def _per_worker(producer: FakeTransactionalProducer) -> tuple[Worker, list[PartitionTask]]:
+def _per_worker(producer: FakeTransactionalProducer) -> tuple[Worker, list[OwnedPartition]]:
     settings = _settings("--transactional-id-mode", "per-worker", "--kafka-client", "confluent")
     worker = Worker(
         settings, derenderer_for(QWEN3_CONFIG), model=ModelSettings(tokenizer="x", max_record_bytes=1 << 20)
@@ -228,7 +228,7 @@ def _per_worker(producer: FakeTransactionalProducer) -> tuple[Worker, list[Parti
     tasks = []
     for partition in (1, 2):
         tp = TopicPartition("in", partition)
-        task = PartitionTask(
+        task = OwnedPartition(
             tp, EnvelopeProcessor(worker.derenderer), SharedSink(worker._shared), TOPICS, Metrics(),
             position=0,
         )  # fmt: skip
@@ -238,7 +238,7 @@ def _per_worker(producer: FakeTransactionalProducer) -> tuple[Worker, list[Parti
     return worker, tasks
 
 
-def _handle(task: PartitionTask, offset: int, envelope: dict[str, Any]) -> None:
+def _handle(task: OwnedPartition, offset: int, envelope: dict[str, Any]) -> None:
     record = FakeRecord(offset, envelope)
     record.partition = task.tp.partition
     asyncio.run(task.handle(record))

@@ -20,7 +20,7 @@ from worker.core.live_parsers import LIVE_PARSER_BYTES, LiveParserPool
 from worker.core.sequence_state import SequenceState
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
-from worker.runtime.partition import PartitionTask
+from worker.runtime.partition import OwnedPartition
 from worker.settings import ModelSettings
 
 # The estimate must stay within this factor of what the requests really allocate.
@@ -219,7 +219,7 @@ def test_the_budget_never_passes_its_cap_under_a_flood() -> None:
     for p, sink in enumerate(sinks):
         processor = _processor(True, pool)
         tasks.append(
-            PartitionTask(
+            OwnedPartition(
                 TopicPartition("in", p),
                 processor,
                 sink,

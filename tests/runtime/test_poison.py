@@ -13,7 +13,7 @@ import pytest
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, partition_task
+from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, owned_partition
 from worker.cli import build_parser
 from worker.core.envelope_processor import ProcessResult
 from worker.errors import ConfigurationError, DeliveryFailedError, KafkaClientError, RecordTooLargeError
@@ -22,7 +22,7 @@ from worker.runtime.delivery import MAX_RECORD_BYTES
 from worker.runtime.kafka_client.aiokafka_backend import parse_max_message_bytes
 from worker.runtime.kafka_client.base import TopicPartition
 from worker.runtime.observer import RecordObserver
-from worker.runtime.partition import PartitionTask
+from worker.runtime.partition import OwnedPartition
 from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_record_limits
 from worker.runtime.records import OutgoingRecord
@@ -64,12 +64,12 @@ def test_a_failed_commit_isolates_its_range() -> None:
         ResetTracker(0)
 
 
-def test_the_partition_task_dead_letters_a_poison_record() -> None:
+def test_the_owned_partition_dead_letters_a_poison_record() -> None:
     derenderer = derenderer_for(QWEN3_CONFIG)
     (seq,) = generate_sequences(1, seed=2, prefix="poison")
     sink = RecordingSink()
     resets = ResetTracker(max_retries=1)
-    task = partition_task(derenderer, sink)
+    task = owned_partition(derenderer, sink)
     task.resets = resets
     resets.record_failed(2, 0, "TypeError('Integer exceeds 64-bit range')")
 
@@ -95,7 +95,7 @@ def test_a_poison_dead_letter_that_failed_is_cut_and_still_describes_the_whole_r
     (seq,) = generate_sequences(1, seed=3, prefix="poison")
     sink = RecordingSink()
     resets = ResetTracker(max_retries=1)
-    task = partition_task(derenderer, sink)
+    task = owned_partition(derenderer, sink)
     task.resets = resets
     big = {**seq.envelopes[0], "pad": "x" * (400 * 1024)}  # over the cut's 256 KiB
     for _ in range(2):  # its first dead letter failed to send as well
@@ -246,13 +246,13 @@ def test_a_poison_skip_is_counted_once_it_is_sent() -> None:
     (seq,) = generate_sequences(1, seed=4, prefix="poison")
     resets = ResetTracker(max_retries=1)
     resets.record_failed(2, 0, "TypeError('x')")
-    first = partition_task(derenderer, _FlakySink(RuntimeError("the dead-letter topic refused it")))
+    first = owned_partition(derenderer, _FlakySink(RuntimeError("the dead-letter topic refused it")))
     first.resets = resets
     with pytest.raises(RuntimeError):
         asyncio.run(first.handle(FakeRecord(0, seq.envelopes[0])))
     assert first.metrics.counters.get("derender.records.poison_skipped", 0) == 0
     resets.record_failed(2, 0, "RuntimeError('the dead-letter topic refused it')")
-    second = partition_task(derenderer, RecordingSink())
+    second = owned_partition(derenderer, RecordingSink())
     second.resets, second.metrics = resets, first.metrics  # the worker's, across the reset
     asyncio.run(second.handle(FakeRecord(0, seq.envelopes[0])))
     assert second.metrics.counters["derender.records.poison_skipped"] == 1
@@ -276,7 +276,7 @@ class _PollingConsumer(_StubConsumer):
         return None
 
 
-def _worker(sink: RecordingSink, limits: DeadLetterLimits, retries: int = 3) -> tuple[Worker, PartitionTask]:
+def _worker(sink: RecordingSink, limits: DeadLetterLimits, retries: int = 3) -> tuple[Worker, OwnedPartition]:
     """A worker owning partition 2 through a task that writes to ``sink`` (no broker)."""
     worker = Worker(
         _settings("--commit-interval-ms", "60000", "--mode", "at-least-once"),
@@ -285,7 +285,7 @@ def _worker(sink: RecordingSink, limits: DeadLetterLimits, retries: int = 3) -> 
         dead_letters=DeadLetterPolicy(limits),
         resets=ResetTracker(max_retries=retries),
     )
-    task = partition_task(worker.derenderer, sink)
+    task = owned_partition(worker.derenderer, sink)
     task.dead_letters, task.resets, task.metrics = worker.dead_letters, worker.resets, worker.metrics
     worker.tasks[task.tp] = task
     return worker, task
@@ -317,7 +317,7 @@ def test_a_failing_observer_never_stops_a_partition() -> None:
     (seq,) = generate_sequences(1, seed=6, prefix="traced")
     sink = RecordingSink()
     resets = ResetTracker(max_retries=1)
-    task = partition_task(derenderer, sink)
+    task = owned_partition(derenderer, sink)
     task.resets, task.observer = resets, _BrokenObserver()
     parent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     resets.record_failed(2, 0, "TypeError('x')")  # offset 0 is a poison record: its skip is observed too
@@ -336,7 +336,7 @@ def test_a_failing_observer_never_stops_a_partition() -> None:
     # Unobserved, the records still carry the input's trace context on.
     assert letter.headers == gap.headers == (("traceparent", parent),)
     assert task.position == 2 and task.metrics.counters["derender.observer.errors"] == 2
-    opened = partition_task(derenderer, sink)
+    opened = owned_partition(derenderer, sink)
     opened.observer = task.observer
     asyncio.run(opened.handle(FakeRecord(0, seq.envelopes[0])))
     assert asyncio.run(opened.expire(0.0)) == 1  # the 408 of an expired request goes out unobserved
@@ -394,7 +394,7 @@ def test_a_range_replayed_after_a_reset_is_observed_by_the_breaker_once() -> Non
     asyncio.run(worker._step())  # 0 and 1 go through, 2 resets the partition
     breaker = worker.dead_letters.breaker(2)
     assert task.tp not in worker.tasks and (breaker.window_size, breaker.invalid_in_window) == (3, 1)
-    reopened = partition_task(worker.derenderer, RecordingSink())
+    reopened = owned_partition(worker.derenderer, RecordingSink())
     reopened.dead_letters, reopened.resets, reopened.metrics = (
         worker.dead_letters,
         worker.resets,
@@ -438,10 +438,10 @@ def test_a_record_a_topic_refuses_as_too_large_is_named_by_isolation_and_dead_le
     sink = _TopicRefusingSink(refused.request_id.encode())
     worker, task = _worker(sink, DeadLetterLimits(max_ratio=None, max_consecutive=None))
 
-    def step(position: int) -> PartitionTask:
+    def step(position: int) -> OwnedPartition:
         current = worker.tasks.get(task.tp)
         if current is None:  # reopen it, as _heal would, at its committed offset
-            current = partition_task(worker.derenderer, sink)
+            current = owned_partition(worker.derenderer, sink)
             current.dead_letters, current.resets = worker.dead_letters, worker.resets
             current.metrics = worker.metrics
             current.position = current.committed_position = position

@@ -36,7 +36,7 @@ from worker.runtime.kafka_client.base import (
 )
 from worker.runtime.lifecycle import WorkerState
 from worker.runtime.metrics import Metrics
-from worker.runtime.partition import PartitionTask
+from worker.runtime.partition import OwnedPartition
 from worker.runtime.worker import Worker
 from worker.settings import ModelSettings, pod_name
 
@@ -268,7 +268,7 @@ def test_a_partial_revocation_commits_only_the_revoked_partitions_transactions()
         tp = TopicPartition(TOPIC, partition)
         producers[partition] = FakeTransactionalProducer()
         sink = TransactionalSink(producers[partition], lambda: "group-metadata", Metrics())
-        worker.tasks[tp] = PartitionTask(
+        worker.tasks[tp] = OwnedPartition(
             tp, worker.model.processor_for(worker.derenderer), sink, settings.topics, Metrics(), position=0
         )
     worker._consumer = _Consumer(set(worker.tasks))

@@ -1,6 +1,6 @@
 """W3C trace context from input records to every record they cause, and the optional span per request.
 
-Header propagation is tested through a real ``PartitionTask`` (recording sink) and end to end
+Header propagation is tested through a real ``OwnedPartition`` (recording sink) and end to end
 through a worker process on the real broker; spans with the OpenTelemetry SDK's in-memory exporter.
 """
 
@@ -29,7 +29,7 @@ from tests.paths import REPO_ROOT
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.metrics import Metrics
 from worker.runtime.observer import RecordObserver
-from worker.runtime.partition import PartitionTask
+from worker.runtime.partition import OwnedPartition
 from worker.runtime.tracing import (
     MAX_BAGGAGE_BYTES,
     MAX_TRACESTATE_BYTES,
@@ -106,8 +106,8 @@ class TracedRecord:
         self.timestamp = 0
 
 
-def _task(sink: RecordingSink, observer: RecordObserver) -> PartitionTask:
-    return PartitionTask(
+def _task(sink: RecordingSink, observer: RecordObserver) -> OwnedPartition:
+    return OwnedPartition(
         TopicPartition("in", 2),
         EnvelopeProcessor(derenderer_for(QWEN3_CONFIG)),
         sink,
@@ -124,7 +124,7 @@ def _records(envelopes: list[dict[str, Any]], headers: list[tuple[str, bytes]]) 
     ]
 
 
-def _feed(task: PartitionTask, records: list[TracedRecord]) -> None:
+def _feed(task: OwnedPartition, records: list[TracedRecord]) -> None:
     async def body() -> None:
         for record in records:
             await task.handle(record)
@@ -267,10 +267,10 @@ import worker.runtime.commands, worker.runtime.worker
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.metrics import Metrics
 from worker.runtime.observer import RecordObserver
-from worker.runtime.partition import PartitionTask
+from worker.runtime.partition import OwnedPartition
 from worker.runtime.tracing import build_spans
 sink = RecordingSink()
-task = PartitionTask(TopicPartition("in", 2), EnvelopeProcessor(derenderer_for(QWEN3_CONFIG)), sink, TOPICS,
+task = OwnedPartition(TopicPartition("in", 2), EnvelopeProcessor(derenderer_for(QWEN3_CONFIG)), sink, TOPICS,
                      Metrics(), position=0, observer=RecordObserver("g", build_spans(None)))
 [s] = generate_sequences(1, seed=1, prefix="x")
 async def main():

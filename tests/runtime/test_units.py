@@ -11,13 +11,13 @@ from aiokafka import TopicPartition
 
 from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, partition_task
+from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, owned_partition
 from worker.cli import build_parser
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import ConfigurationError, IllegalTransitionError
 from worker.runtime.lifecycle import Lifecycle, WorkerState
 from worker.runtime.metrics import Metrics
-from worker.runtime.partition import PartitionTask
+from worker.runtime.partition import OwnedPartition
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.state_changelog import (
     StateChangelog,
@@ -32,7 +32,7 @@ from worker.runtime.state_changelog import (
 from worker.runtime.topics import check_layout
 from worker.settings import DEFAULT_GROUP_ID, DeliveryMode, KafkaSettings, load_kafka
 
-KEYS = StateKeys(DEFAULT_GROUP_ID)  # the namespace of ``partition_task``'s state keys
+KEYS = StateKeys(DEFAULT_GROUP_ID)  # the namespace of ``owned_partition``'s state keys
 
 
 def _settings(argv: list[str]) -> KafkaSettings:
@@ -111,7 +111,7 @@ def test_state_is_batched_per_commit_and_restorable() -> None:
     derenderer = derenderer_for(QWEN3_CONFIG)
     a, b = generate_sequences(2, seed=1, prefix="unit")
     sink = RecordingSink()
-    task = partition_task(derenderer, sink)
+    task = owned_partition(derenderer, sink)
     tp = task.tp
 
     async def body() -> None:
@@ -184,7 +184,7 @@ def test_context_is_written_once_then_progress_only() -> None:
     (a,) = [s for s in generate_sequences(40, seed=3, prefix="once") if len(s.envelopes) >= 5][:1]
     rid = a.request_id
     sink = RecordingSink()
-    task = partition_task(derenderer, sink)
+    task = owned_partition(derenderer, sink)
 
     async def body() -> None:
         for offset, envelope in enumerate(a.envelopes[:-1]):
@@ -226,7 +226,7 @@ def test_a_changed_context_rewrites_the_context_record() -> None:
     envelopes[2]["body"]["prompt_token_ids"] = [*first["prompt_token_ids"], 13]
     envelopes[2]["body"]["prompt_tokens"] = len(first["prompt_token_ids"]) + 1
     sink = RecordingSink()
-    task = partition_task(derenderer, sink)
+    task = owned_partition(derenderer, sink)
 
     async def body() -> None:
         for offset, envelope in enumerate(envelopes[:3]):
@@ -328,7 +328,7 @@ def test_deferred_checkpoints_restore_by_re_reading_the_input() -> None:
     now = [0.0]
     changelog = StateChangelog("state", 2, KEYS, checkpoint_interval_s=1.0, clock=lambda: now[0])
     sink = RecordingSink()
-    task = PartitionTask(
+    task = OwnedPartition(
         TopicPartition("in", 2),
         EnvelopeProcessor(derenderer),
         sink,

@@ -2,7 +2,7 @@
 
 Security kwargs reaching every aiokafka client (the classes are replaced by recorders here, in
 a unit test only; the integration tests in ``tests/kafka/test_operations.py`` use the real broker), the
-memory caps and the dead-letter breaker inside ``PartitionTask``, fatal group errors as
+memory caps and the dead-letter breaker inside ``OwnedPartition``, fatal group errors as
 configuration errors.
 """
 
@@ -34,7 +34,7 @@ from worker.runtime.kafka_client import aiokafka_backend
 from worker.runtime.kafka_client.base import TopicPartition
 from worker.runtime.memory import OPENING_FACTOR, REQUEST_BASE_BYTES, MemoryBudget
 from worker.runtime.metrics import Metrics
-from worker.runtime.partition import PartitionTask
+from worker.runtime.partition import OwnedPartition
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.topics import TopicNames
 from worker.runtime.worker import Worker, configuration_error
@@ -201,11 +201,11 @@ def test_fatal_group_errors_are_configuration_errors() -> None:
     assert configuration_error(RuntimeError(), settings) is None
 
 
-# --- PartitionTask: breaker and memory caps ---------------------------------------------------
+# --- OwnedPartition: breaker and memory caps ---------------------------------------------------
 
 
-def _task(budget: MemoryBudget | None = None, policy: DeadLetterPolicy | None = None) -> PartitionTask:
-    return PartitionTask(
+def _task(budget: MemoryBudget | None = None, policy: DeadLetterPolicy | None = None) -> OwnedPartition:
+    return OwnedPartition(
         TopicPartition("in", 2),
         EnvelopeProcessor(derenderer_for(QWEN3_CONFIG)),
         RecordingSink(),
@@ -217,7 +217,7 @@ def _task(budget: MemoryBudget | None = None, policy: DeadLetterPolicy | None = 
     )
 
 
-def _outputs(task: PartitionTask) -> list[dict[str, Any]]:
+def _outputs(task: OwnedPartition) -> list[dict[str, Any]]:
     assert isinstance(task.sink, RecordingSink)
     return [orjson.loads(r.value) for r in task.sink.sent if r.topic == "out" and r.value is not None]
 

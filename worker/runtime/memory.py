@@ -4,8 +4,8 @@ What is counted (``--max-state-bytes``): the *live* bytes of every open streamed
 core's estimate of what it holds in memory (``RequestContext.live_bytes``: its prompt ids as Python
 ints, its request, each choice's decode window and output ids), plus each processor's memory of
 closed requests (``EnvelopeProcessor.closed_live_bytes``). Serialized sizes undercount these
-several times (a prompt id is ~7 bytes of JSON but ~36 bytes of Python int and list slot). A
-partition task updates its requests' share after every record (``PartitionTask``).
+several times (a prompt id is ~7 bytes of JSON but ~36 bytes of Python int and list slot). An
+owned partition updates its requests' share after every record (``OwnedPartition``).
 
 Live parser sessions (~32 KB each, ``LIVE_PARSER_BYTES``) are capped by count instead, in the
 worker-wide pool (``--max-live-parsers``, ``worker.core.live_parsers``): past the cap the least
@@ -39,7 +39,7 @@ OPENING_FACTOR = 6
 
 
 class MemoryBudget:
-    """The worker-wide tally the partition tasks add to and release from; 0 turns a cap off."""
+    """The worker-wide tally the owned partitions add to and release from; 0 turns a cap off."""
 
     def __init__(self, max_open_requests: int = 0, max_state_bytes: int = 0) -> None:
         self.max_open_requests = max_open_requests

@@ -1,6 +1,6 @@
 """The per-record observability hook of a partition: trace context, spans, GenAI metrics.
 
-``PartitionTask`` calls ``observe(record, result)`` once per processed record and sends the
+``OwnedPartition`` calls ``observe(record, result)`` once per processed record and sends the
 returned headers with every record the result causes; ``expired(result)`` for a request closed
 by its TTL. One observer serves a worker's partitions (one event loop, no locking). The GenAI
 metrics need the worker's ``Derenderer`` wrapped by ``measured`` (``Worker`` does that).

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 _FALLBACK_DEAD_LETTER = 256 * 1024
 
 
-class PartitionTask:
+class OwnedPartition:
     def __init__(
         self,
         tp: TopicPartition,

@@ -20,7 +20,7 @@ partition and offset, in a row, and tells the partition to skip the record after
 
 Counts are per record (several poison records may wait in one uncommitted range) and are
 forgotten once the partition commits past them; a skipped record is committed at once.
-The count lives in the worker (not in the partition task, which a reset drops) and survives a
+The count lives in the worker (not in the owned partition, which a reset drops) and survives a
 revocation: if the partition comes back, its committed offset decides whether the count still
 applies. The skip itself is an ordinary dead letter whose reason names the resets and the last
 error; should even that fail to send (the original is too large for the dead-letter topic), the

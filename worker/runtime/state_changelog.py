@@ -291,7 +291,7 @@ class StateChangelog:
     def records(self, requests: Mapping[str, RequestContext]) -> list[OutgoingRecord]:
         """The state records of this commit: for each changed request, its context record if not
         written yet (or changed), its progress record when its checkpoint is due, or tombstones
-        for a closed one. Called once per commit; a failed commit drops the whole partition task."""
+        for a closed one. Called once per commit; a failed commit drops the whole owned partition."""
         now = self._clock()
         out: list[OutgoingRecord] = []
         next_due = math.inf

@@ -1,6 +1,6 @@
 """The worker: poll a bounded batch, process it, commit at the interval; rebalances; shutdown.
 
-One asyncio lock serialises the three things that touch partition tasks: a loop step
+One asyncio lock serialises the three things that touch owned partitions: a loop step
 (poll + process + maybe commit), the rebalance listener and shutdown. A revocation thus
 waits for the current step (at most one poll timeout plus one batch) and then finds no
 half-processed batch, only committed or committable work.
@@ -63,7 +63,7 @@ from worker.runtime.lifecycle import Lifecycle, WorkerState
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.observer import RecordObserver
-from worker.runtime.partition import PartitionTask
+from worker.runtime.partition import OwnedPartition
 from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_record_limits
 from worker.runtime.prometheus_export import labelled
@@ -151,7 +151,7 @@ class Worker:
         # One pool for every partition's processor: --max-live-parsers is worker-wide.
         self.parsers = LiveParserPool(model.max_live_parsers)
         self._parser_evictions = 0
-        self.tasks: dict[TopicPartition, PartitionTask] = {}
+        self.tasks: dict[TopicPartition, OwnedPartition] = {}
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._consumer: Any = None  # a GroupConsumer once started
@@ -360,7 +360,7 @@ class Worker:
             await self._heal()
         self._maybe_log_metrics()
 
-    def _pause_tripped(self, task: PartitionTask) -> None:
+    def _pause_tripped(self, task: OwnedPartition) -> None:
         """Stop consuming a partition whose breaker tripped; its processed records still commit.
 
         Records already fetched for a paused partition are skipped by ``_step``, so nothing past the
@@ -443,7 +443,7 @@ class Worker:
             else:
                 self.resets.committed(task.tp.partition, task.position)
 
-    async def _commit_shared(self, tasks: list[PartitionTask], *, raise_errors: bool = False) -> None:
+    async def _commit_shared(self, tasks: list[OwnedPartition], *, raise_errors: bool = False) -> None:
         """Per-worker transactions: every task with work commits in one transaction.
 
         ``tasks`` must hold at least one task; all others with work join, since the transaction
@@ -641,7 +641,7 @@ class Worker:
             changelog.restored(restores[tp], replayed)
             restored += len(checkpoints)
             replayed_records += len(replay)
-            self.tasks[tp] = PartitionTask(
+            self.tasks[tp] = OwnedPartition(
                 tp,
                 processor,
                 sinks[tp],
@@ -735,7 +735,7 @@ class Worker:
     async def _commit_offsets(self, offsets: Offsets) -> None:
         await self._consumer.commit(offsets)
 
-    async def _close_task(self, task: PartitionTask) -> None:
+    async def _close_task(self, task: OwnedPartition) -> None:
         self.observer.partition_closed(task.tp.partition)  # observability
         task.release()
         self.parsers.drop_owner(task.processor)
