@@ -749,8 +749,10 @@ def _too_deep_error() -> RequestError:
 
 
 def _set_fields(model: BaseModel, values: JsonDict) -> None:
-    for name, value in values.items():
-        setattr(model, name, value)
+    """Set already validated field values, as pydantic's own ``__setattr__`` does for a model
+    without assignment validation, without its per-call dispatch (~1 µs a field)."""
+    model.__dict__.update(values)
+    model.__pydantic_fields_set__.update(values)
 
 
 def _validate(model_cls: type[ModelT], body: JsonDict) -> ModelT:
