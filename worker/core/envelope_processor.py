@@ -93,6 +93,9 @@ class RequestContext:
     last_choice_index: int = 0
     last_seen: float = 0.0
     """This process's clock at the last record; not persisted (another process's clock means nothing)."""
+    inherited_validated: bool = False
+    """``inherited`` holds the values a validated body gave them (not as read from a state record),
+    so later records take them as they are instead of validating the prompt ids again."""
     context_bytes: int = 0
     """Size of the encoded context (endpoint, inherited fields, request), checked when it is set."""
     request_bytes: int = 0
@@ -532,14 +535,20 @@ class EnvelopeProcessor:
         source: JsonDict | None,
     ) -> ProcessResult:
         given = {name: body[name] for name in _INHERITED_FIELDS if name in body}
-        for name in _INHERITED_FIELDS:
-            if name not in given and name in ctx.inherited:
-                body[name] = ctx.inherited[name]
+        # What earlier records gave: already validated (reused as is, so a later record costs
+        # nothing per prompt id), else as a state record held it (validated with this body).
+        carried = {name: v for name, v in ctx.inherited.items() if name not in given}
+        if not ctx.inherited_validated:
+            body.update(carried)
+            carried = {}
         request_field = _REQUEST_FIELD[endpoint]
         raw_request = body.pop(request_field, None)
 
+        validated: DerenderChatStreamRequest | DerenderCompletionStreamRequest
         if endpoint == "chat":
             chat = _validate(DerenderChatStreamRequest, body)
+            _set_fields(chat, carried)
+            validated = chat
             chat.chat_request = self._request_for(ctx, raw_request, ChatCompletionRequest, given)  # type: ignore[assignment]
             index = self._choice_index(ctx, chat.generate_chunk.choices)
             state = self._state_for(ctx, index, chat.stream_state)
@@ -548,6 +557,8 @@ class EnvelopeProcessor:
             has_usage = chat.generate_chunk.usage is not None
         else:
             completion = _validate(DerenderCompletionStreamRequest, body)
+            _set_fields(completion, carried)
+            validated = completion
             completion.completion_request = self._request_for(  # type: ignore[assignment]
                 ctx, raw_request, CompletionRequest, given
             )
@@ -557,7 +568,9 @@ class EnvelopeProcessor:
             choices = completion.generate_chunk.choices
             has_usage = completion.generate_chunk.usage is not None
 
-        ctx.inherited.update(given)
+        for name in (*given, *ctx.inherited):
+            ctx.inherited[name] = getattr(validated, name)
+        ctx.inherited_validated = True
         ctx.sequences[index] = state
         self._track_live_parser(rid, index, state)
         ctx.last_choice_index = index
@@ -733,6 +746,13 @@ def _too_deep_error() -> RequestError:
     return RequestError(
         f"the record nests arrays and objects deeper than {MAX_JSON_DEPTH} levels", param="body"
     )
+
+
+def _set_fields(model: BaseModel, values: JsonDict) -> None:
+    """Set already validated field values, as pydantic's own ``__setattr__`` does for a model
+    without assignment validation, without its per-call dispatch (~1 µs a field)."""
+    model.__dict__.update(values)
+    model.__pydantic_fields_set__.update(values)
 
 
 def _validate(model_cls: type[ModelT], body: JsonDict) -> ModelT:
