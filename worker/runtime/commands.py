@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import threading
 
 from prometheus_client.registry import CollectorRegistry
 
@@ -135,8 +137,14 @@ def run_worker(config: RunConfig) -> int:
                 observer=RecordObserver(settings.group_id, spans, metrics=metrics),
             )
             loop = asyncio.get_running_loop()
+            deadline = ExitDeadline(settings.shutdown_timeout_s + EXIT_GRACE_S)
+
+            def stop() -> None:
+                worker.request_stop()
+                deadline.start()
+
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, worker.request_stop)
+                loop.add_signal_handler(sig, stop)
             if early_stop.requested:
                 return 0
             return await worker.run()
@@ -145,6 +153,35 @@ def run_worker(config: RunConfig) -> int:
     finally:
         early_stop.restore()
         server.stop()
+
+
+# Beyond --shutdown-timeout-s: the worker's own timed-out shutdown (exit 1) comes first.
+EXIT_GRACE_S = 5.0
+
+
+class ExitDeadline:
+    """A stop request ends the process within ``seconds``, whatever is blocked.
+
+    A Kafka client call can hold a thread for its whole timeout (a coordinator that does not answer),
+    and the interpreter joins those threads before it exits; a pod past its grace period is killed
+    anyway. Exiting is safe at any point: uncommitted work is aborted with the transaction, and the
+    next owner starts from the committed offsets and state.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._timer: threading.Timer | None = None
+
+    def start(self) -> None:
+        if self._timer is None:
+            self._timer = threading.Timer(self.seconds, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _expire(self) -> None:
+        log.error("still running %.0f s after the stop request: exiting", self.seconds)
+        logging.shutdown()
+        os._exit(1)
 
 
 class _EarlyStop:

@@ -1,0 +1,37 @@
+"""A stop request ends the process even when a thread stays blocked (a Kafka call that never returns)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from tests.paths import REPO_ROOT
+
+BLOCKED = textwrap.dedent(
+    """
+    import threading
+    from worker.runtime.commands import ExitDeadline
+
+    # A non-daemon thread the interpreter would join at exit forever, as it joins an executor
+    # thread stuck in a client call.
+    threading.Thread(target=threading.Event().wait).start()
+    ExitDeadline(0.2).start()
+    """
+)
+
+
+def test_the_deadline_exits_a_process_whose_threads_never_finish() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1, done.stderr
+    assert "exiting" in done.stderr
+
+
+def test_the_deadline_is_started_once() -> None:
+    script = BLOCKED.replace("ExitDeadline(0.2).start()", "d = ExitDeadline(0.2)\nd.start()\nd.start()")
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and done.stderr.count("exiting") == 1, done.stderr
