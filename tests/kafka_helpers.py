@@ -238,7 +238,15 @@ class WorkerGroup:
     def stop_all(self) -> list[int]:
         """SIGTERM every running worker; their exit statuses. Fails on an earlier crash."""
         self.check_no_unexpected_exit()
-        return [w.terminate() for w in self.alive]
+        statuses, failures = [], []
+        for w in self.alive:  # every one, even after one fails: none is left running
+            try:
+                statuses.append(w.terminate())
+            except AssertionError as exc:
+                failures.append(str(exc))
+        if failures:
+            raise AssertionError("\n".join(failures))
+        return statuses
 
     def kill_all(self) -> None:
         for w in self.alive:

@@ -20,6 +20,7 @@ from worker.cli import build_parser, main
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import (
     ConfigurationError,
+    DeliveryFailedError,
     DerenderWorkerError,
     GroupRejectedError,
     KafkaClientError,
@@ -352,3 +353,25 @@ def test_a_shared_producer_that_cannot_begin_is_replaced() -> None:
     asyncio.run(worker._reset_partition(one.tp, None, KafkaClientError("_CONFLICT")))
     assert worker._shared is not None and worker._shared.producer is client.made[0]
     assert client.made[0].calls == ["start"]
+
+
+def test_a_send_gives_up_when_the_queue_stays_full() -> None:
+    # librdkafka (no broker to take anything) with room for one record: the second send meets a
+    # full queue. Backpressure waits for room, but not forever: the partition resets instead, and a
+    # stop request is not kept waiting behind a send that can never finish.
+    producer = confluent_backend._ProducerBase(
+        {"bootstrap.servers": "127.0.0.1:9", "request.timeout.ms": 300, "queue.buffering.max.messages": 1},
+        "test-produce",
+    )
+    record = OutgoingRecord("t", b"k", b"v")
+
+    async def two_sends() -> None:
+        await producer.send(record)
+        with pytest.raises(DeliveryFailedError, match="queue stayed full"):
+            await asyncio.wait_for(producer.send(record), 30)
+
+    try:
+        asyncio.run(two_sends())
+    finally:
+        producer._producer.purge()
+        producer._thread.shutdown()

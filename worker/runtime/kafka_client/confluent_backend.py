@@ -476,8 +476,12 @@ class _ProducerBase:
         self._deliveries = _Deliveries()
         self._producer = confluent_kafka.Producer({**settings, "on_delivery": self._deliveries.failed})
         self._thread = _Thread(name)
+        # How long a full queue may hold a send: past it, the broker is not taking records (an
+        # outage, a producer in an error state) and the caller's reset beats waiting forever.
+        self._queue_full_s = settings["request.timeout.ms"] / 1000
 
     async def send(self, record: OutgoingRecord) -> None:
+        waited_until: float | None = None
         while True:
             try:
                 self._producer.produce(
@@ -490,6 +494,13 @@ class _ProducerBase:
                 return
             except BufferError:
                 # The client's queue is full: wait for the broker to take some (backpressure).
+                now = time.monotonic()
+                if waited_until is None:
+                    waited_until = now + self._queue_full_s
+                elif now > waited_until:
+                    raise DeliveryFailedError(
+                        f"the client's queue stayed full for {self._queue_full_s:.0f} s"
+                    ) from None
                 await self._thread.run(self._producer.poll, 0.05)
             except KafkaException as exc:
                 raise _translated(exc) from exc
