@@ -109,6 +109,7 @@ class _Scalar:
         "kind",
         "quote",
         "quote_last",
+        "quotes_checked",
         "start",
         "string",
         "taken",
@@ -126,6 +127,7 @@ class _Scalar:
         self.quote_last = True  # strings: the last of '"[]{}' in its text so far is a quote
         self.checked = start  # strings: where that search stopped
         self.quote = start  # strings: where the completion starts reading it
+        self.quotes_checked = start + 1  # strings: where the search for an escaped quote stopped
 
 
 class View:
@@ -159,6 +161,7 @@ class CallReader:
         self.args_seen = False  # the arguments' value has started
         self.dead = False  # the completion keeps text JSON rejects: every read fails for good
         self.complete = False  # the object closed
+        self.named = False  # the object has a "name" key (its value may still be in progress)
         self.stable = AppendOnlyText()
         self.closers = ""  # the open tracked containers' closers, innermost first
         self.last_nonblank = start  # end of the text less trailing blanks (str.isspace)
@@ -318,6 +321,7 @@ class CallReader:
                 frame.key = dump(key)
             elif len(self.frames) == 1:
                 self.args_pending = False
+                self.named = self.named or key == "name"
                 if key in _ARGS_KEYS:
                     if self.args_key is not None:
                         raise Unsupported("the arguments given twice")
@@ -405,6 +409,38 @@ class CallReader:
         size = self.stable.length
         short = size + len(volatile) <= 4
         return View(size, volatile, not short or self.stable.between(0, size) + volatile not in _FALSY)
+
+    def reads_unnamed(self, text: str) -> bool:
+        """Whether the read without incomplete strings (before the name is sent) surely succeeds.
+
+        Call after :meth:`feed`, before the object has a "name" key. The text is a JSON prefix
+        the completion keeps whole up to its last finished value; what is in progress is left
+        out or completed to valid JSON, except where this says False: a string holding an
+        escaped quote (the library cuts at that quote), a number or literal it cannot complete,
+        and a lone ``-`` after a string in an array followed by blanks.
+        """
+        if self.dead or self.complete or self.named or not self.frames:
+            return False
+        scalar = self.scalar
+        if scalar is None:
+            return True
+        if scalar.kind == "str":
+            # Inside a string every quote is escaped.
+            found = text.find('"', scalar.quotes_checked)
+            self.scanned += len(text) - scalar.quotes_checked
+            scalar.quotes_checked = found if found >= 0 else len(text)
+            return found < 0
+        token = text[scalar.start : len(text) if scalar.end < 0 else scalar.end]
+        self.scanned += len(token)
+        if token == "-":
+            frame = self.frames[-1]
+            return not (
+                frame.is_list and self.after_quote and not self.values_after_quote and scalar.end >= 0
+            )
+        try:
+            return _token_json(scalar.kind, token, partial=True) is not None
+        except Unsupported:
+            return False
 
     def _string_end(self, text: str, scalar: _Scalar, string_frame: _Frame) -> int:
         """Where the completion's copy of the string in progress ends.
