@@ -162,6 +162,9 @@ class CallReader:
         self.dead = False  # the completion keeps text JSON rejects: every read fails for good
         self.complete = False  # the object closed
         self.named = False  # the object has a "name" key (its value may still be in progress)
+        self.name_pending = False  # the value that comes next is the name's
+        self.name_values = 0  # values the "name" keys have begun
+        self.name_value_at = -1  # where the last of them starts
         self.stable = AppendOnlyText()
         self.closers = ""  # the open tracked containers' closers, innermost first
         self.last_nonblank = start  # end of the text less trailing blanks (str.isspace)
@@ -259,6 +262,10 @@ class CallReader:
 
     def _value(self, text: str, pos: int, char: str, frame: _Frame) -> None:
         args = self.args_pending and len(self.frames) == 1
+        if self.name_pending and len(self.frames) == 1:
+            self.name_pending = False
+            self.name_values += 1
+            self.name_value_at = pos
         tracked = frame.tracked or args
         frame.state = _AFTER
         if args:
@@ -322,6 +329,7 @@ class CallReader:
             elif len(self.frames) == 1:
                 self.args_pending = False
                 self.named = self.named or key == "name"
+                self.name_pending = key == "name"
                 if key in _ARGS_KEYS:
                     if self.args_key is not None:
                         raise Unsupported("the arguments given twice")
@@ -413,18 +421,28 @@ class CallReader:
     def reads_unnamed(self, text: str) -> bool:
         """Whether the read without incomplete strings (before the name is sent) surely succeeds.
 
-        Call after :meth:`feed`, before the object has a "name" key. The text is a JSON prefix
+        Call after :meth:`feed`, until the name's value closes (that read has the name; an
+        incomplete string is left out of this one). The text is a JSON prefix
         the completion keeps whole up to its last finished value; what is in progress is left
         out or completed to valid JSON, except where this says False: a string holding an
         escaped quote (the library cuts at that quote), a number or literal it cannot complete,
         and a lone ``-`` after a string in an array followed by blanks.
         """
-        if self.dead or self.complete or self.named or not self.frames:
+        if self.dead or self.complete or not self.frames:
             return False
         scalar = self.scalar
+        # After a "name" key's value began: only while that one value is a string in progress.
+        in_name = scalar is not None and scalar.start == self.name_value_at and scalar.kind == "str"
+        if self.name_values and not (self.name_values == 1 and in_name):
+            return False
         if scalar is None:
             return True
         if scalar.kind == "str":
+            string = scalar.string
+            if string is not None:  # decode what became final, so its close decodes only a tail
+                string.extend(text, len(text))
+                self.scanned += string.scanned
+                string.scanned = 0
             # Inside a string every quote is escaped.
             found = text.find('"', scalar.quotes_checked)
             self.scanned += len(text) - scalar.quotes_checked

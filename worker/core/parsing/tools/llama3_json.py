@@ -27,9 +27,12 @@ Finished objects are read once and kept, where vLLM re-reads them all. Once the
 call's name is sent, the call in progress is read incrementally
 (:mod:`._json_call_reader`): each record scans its own characters, and its
 arguments JSON is an append-only part plus a short volatile tail, so the diff
-costs O(the record). Text that reader does not model (a syntax error, a
-duplicate key, ...) and the name's own records re-read the call as vLLM does
-(their cost grows with that call's text, at most ``max_model_len`` tokens).
+costs O(the record). Before the name is sent, a record whose read surely
+succeeds without a name (the same scan tells, until the ``"name"`` key) sends
+nothing and skips the read; the read vLLM remembers is made once, when needed.
+Text that reader does not model (a syntax error, a duplicate key, ...) and the
+name's own records re-read the call as vLLM does (their cost grows with that
+call's text, at most ``max_model_len`` tokens).
 Llama has a structural tag, so with strict tool calling ``required``/named
 choices parse the native format like ``auto``.
 """
