@@ -9,7 +9,8 @@ diff the JSON of each call against what was sent) but keeps state across
 records: the bracket scan is incremental; calls that are finished and
 followed by a top-level comma are parsed once and then left out of every
 later parse, and so are the finished arguments of the call in progress (their
-JSON kept), so a parse sees that call's name and its last argument; while the
+JSON kept) and the finished elements of a list or dict argument in progress,
+so a parse sees that call's name and its last argument or element; while the
 call ends inside a plain string literal, a record without its quote costs only
 its own text plus a short tail (``_Fast``, on the shared ``StringTail`` scan).
 """
