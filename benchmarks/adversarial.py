@@ -15,8 +15,8 @@ ratio <= 4):
   of the last decile's records vs the first decile's (flat = O(delta)); for
   ``llama3_json`` and the pythonic parsers also calls of many short arguments,
   short strings, numbers, nested and deep containers and many calls, and the
-  shapes they still re-read whole (a ``llama3_json`` name after the
-  arguments, a duplicate key, pythonic list and dict arguments).
+  shapes they used to re-read whole (a ``llama3_json`` name after the
+  arguments, pythonic list and dict arguments) or still do (a duplicate key).
 
 ``python -m benchmarks adversarial [--rounds N] [--tokens N] [--shapes records|parsers]
 [--only TEXT]...`` (``--only``: the parser rows whose label holds TEXT, e.g. ``"list argument"``);
@@ -135,7 +135,7 @@ STRUCTURED_SHAPES: list[tuple[str, str, str, str, str]] = [
     ("numbers", "pythonic", "llama-3", "[f({})]", "n{0}=-{0}.5e3, "),
     ("many calls", "pythonic", "llama-3", "[{}]", "f{0}(k={0}), "),
     ("many args", "llama4_pythonic", "llama-3", "<|python_start|>[f({})]<|python_end|>", "k{0}={0}, "),
-    # Shapes the incremental readers leave to the whole re-read (see the README's threat model).
+    # Shapes the incremental readers left to the whole re-read; a duplicate key still is (README).
     (
         "name after the arguments",
         "llama3_json",
