@@ -244,6 +244,7 @@ class Llama3JsonToolParser(ToolParser):
                     return None  # vLLM's delta model rejects it: the record is skipped
                 delta = DeltaOut(tool_calls=[name_delta(self._index, name)])
                 self._name_sent = True
+                self._unnamed = None  # its scan is done: the call reader takes over
         else:
             args = current.get("arguments")
             if args:
