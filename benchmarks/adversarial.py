@@ -14,10 +14,13 @@ ratio <= 4):
 * long tool calls in 1-token records through each tool parser: the mean cost
   of the last decile's records vs the first decile's (flat = O(delta)); for
   ``llama3_json`` and the pythonic parsers also calls of many short arguments,
-  short strings, numbers, nested and deep containers and many calls.
+  short strings, numbers, nested and deep containers and many calls, and the
+  shapes they used to re-read whole (a ``llama3_json`` name after the
+  arguments, pythonic list and dict arguments) or still do (a duplicate key).
 
-``python -m benchmarks adversarial [--rounds N] [--shapes records|parsers]``; prints figures,
-asserts nothing.
+``python -m benchmarks adversarial [--rounds N] [--tokens N] [--shapes records|parsers]
+[--only TEXT]...`` (``--only``: the parser rows whose label holds TEXT, e.g. ``"list argument"``);
+prints figures, asserts nothing.
 """
 
 from __future__ import annotations
@@ -132,6 +135,30 @@ STRUCTURED_SHAPES: list[tuple[str, str, str, str, str]] = [
     ("numbers", "pythonic", "llama-3", "[f({})]", "n{0}=-{0}.5e3, "),
     ("many calls", "pythonic", "llama-3", "[{}]", "f{0}(k={0}), "),
     ("many args", "llama4_pythonic", "llama-3", "<|python_start|>[f({})]<|python_end|>", "k{0}={0}, "),
+    # Shapes the incremental readers left to the whole re-read; a duplicate key still is (README).
+    (
+        "name after the arguments",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"parameters": {{{}}}, "name": "f"}}',
+        '"k{0}": {0}, ',
+    ),
+    (
+        "a duplicate key first",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": "f", "parameters": {{"k0": -1, {}}}}}',
+        '"k{0}": {0}, ',
+    ),
+    ("a list argument", "pythonic", "llama-3", "[f(a=[{}])]", "'v{0}', "),
+    ("a dict argument", "pythonic", "llama-3", "[f(a={{{}}})]", "'k{0}': {0}, "),
+    (
+        "a list argument",
+        "llama4_pythonic",
+        "llama-3",
+        "<|python_start|>[f(a=[{}])]<|python_end|>",
+        "'v{0}', ",
+    ),
 ]
 FILLER = "Line of text, numbers 12345 and punctuation; café, 北京. "
 
@@ -268,10 +295,16 @@ def _deciles(costs: list[float]) -> tuple[float, float]:
     return statistics.mean(costs[:size]), statistics.mean(costs[-size:])
 
 
-def _parser_rows(rounds: int, tokens: int) -> list[tuple[str, list[float], list[float]]]:
+def _wanted(label: str, only: list[str]) -> bool:
+    return not only or any(text in label for text in only)
+
+
+def _parser_rows(rounds: int, tokens: int, only: list[str]) -> list[tuple[str, list[float], list[float]]]:
     rows = []
     words = " ".join(FILLER.split()[:6])
     for parser, model, shape in PARSER_SHAPES:
+        if not _wanted(f"{parser}: long argument", only):
+            continue
         body = (words + " ") * (tokens // 8)
         text = shape.format(body)
         firsts, lasts = [], []
@@ -281,6 +314,8 @@ def _parser_rows(rounds: int, tokens: int) -> list[tuple[str, list[float], list[
             lasts.append(last)
         rows.append((f"{parser}: long argument, last vs first decile", lasts, firsts))
     for label, parser, shape in XML_SHAPES:
+        if not _wanted(label, only):
+            continue
         if "many" in label:
             unit = (
                 "<arg_key>n</arg_key><arg_value>1</arg_value>\n"
@@ -297,6 +332,8 @@ def _parser_rows(rounds: int, tokens: int) -> list[tuple[str, list[float], list[
             lasts.append(last)
         rows.append((f"{label}: last vs first decile", lasts, firsts))
     for label, parser, model, shape, unit in STRUCTURED_SHAPES:
+        if not _wanted(f"{parser}, {label}", only):
+            continue
         if label == "deep nesting":  # 200 levels (vLLM's json fails near 1,000), then short items
             body = "".join(unit.format(i) for i in range(200)) + ", ".join(map(str, range(tokens // 3)))
         else:
@@ -315,12 +352,16 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=3500, help="tokens per long tool call")
     parser.add_argument("--shapes", choices=("all", "records", "parsers"), default="all")
+    parser.add_argument(
+        "--only", action="append", default=[], help="parser rows whose label holds this text (repeatable)"
+    )
     args = parser.parse_args(argv)
     print(f"adversarial shapes vs ordinary records of the same token count (median of {args.rounds} rounds)")
     print(f"{'shape':<66}{'adversarial':>16}{'ordinary':>16}{'ratio':>8}")
-    rows = _record_rows(args.rounds) if args.shapes in ("all", "records") else []
+    records = args.shapes in ("all", "records") and not args.only
+    rows = _record_rows(args.rounds) if records else []
     if args.shapes in ("all", "parsers"):
-        rows += _parser_rows(args.rounds, args.tokens)
+        rows += _parser_rows(args.rounds, args.tokens, args.only)
     for label, bad, good in rows:
         bad_m, bad_s = _median_spread(bad)
         good_m, good_s = _median_spread(good)

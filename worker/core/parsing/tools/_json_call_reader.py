@@ -109,6 +109,7 @@ class _Scalar:
         "kind",
         "quote",
         "quote_last",
+        "quotes_checked",
         "start",
         "string",
         "taken",
@@ -126,6 +127,7 @@ class _Scalar:
         self.quote_last = True  # strings: the last of '"[]{}' in its text so far is a quote
         self.checked = start  # strings: where that search stopped
         self.quote = start  # strings: where the completion starts reading it
+        self.quotes_checked = start + 1  # strings: where the search for an escaped quote stopped
 
 
 class View:
@@ -159,6 +161,10 @@ class CallReader:
         self.args_seen = False  # the arguments' value has started
         self.dead = False  # the completion keeps text JSON rejects: every read fails for good
         self.complete = False  # the object closed
+        self.named = False  # the object has a "name" key (its value may still be in progress)
+        self.name_pending = False  # the value that comes next is the name's
+        self.name_values = 0  # values the "name" keys have begun
+        self.name_value_at = -1  # where the last of them starts
         self.stable = AppendOnlyText()
         self.closers = ""  # the open tracked containers' closers, innermost first
         self.last_nonblank = start  # end of the text less trailing blanks (str.isspace)
@@ -256,6 +262,10 @@ class CallReader:
 
     def _value(self, text: str, pos: int, char: str, frame: _Frame) -> None:
         args = self.args_pending and len(self.frames) == 1
+        if self.name_pending and len(self.frames) == 1:
+            self.name_pending = False
+            self.name_values += 1
+            self.name_value_at = pos
         tracked = frame.tracked or args
         frame.state = _AFTER
         if args:
@@ -318,6 +328,8 @@ class CallReader:
                 frame.key = dump(key)
             elif len(self.frames) == 1:
                 self.args_pending = False
+                self.named = self.named or key == "name"
+                self.name_pending = key == "name"
                 if key in _ARGS_KEYS:
                     if self.args_key is not None:
                         raise Unsupported("the arguments given twice")
@@ -405,6 +417,48 @@ class CallReader:
         size = self.stable.length
         short = size + len(volatile) <= 4
         return View(size, volatile, not short or self.stable.between(0, size) + volatile not in _FALSY)
+
+    def reads_unnamed(self, text: str) -> bool:
+        """Whether the read without incomplete strings (before the name is sent) surely succeeds.
+
+        Call after :meth:`feed`, until the name's value closes (that read has the name; an
+        incomplete string is left out of this one). The text is a JSON prefix
+        the completion keeps whole up to its last finished value; what is in progress is left
+        out or completed to valid JSON, except where this says False: a string holding an
+        escaped quote (the library cuts at that quote), a number or literal it cannot complete,
+        and a lone ``-`` after a string in an array followed by blanks.
+        """
+        if self.dead or self.complete or not self.frames:
+            return False
+        scalar = self.scalar
+        # After a "name" key's value began: only while that one value is a string in progress.
+        in_name = scalar is not None and scalar.start == self.name_value_at and scalar.kind == "str"
+        if self.name_values and not (self.name_values == 1 and in_name):
+            return False
+        if scalar is None:
+            return True
+        if scalar.kind == "str":
+            string = scalar.string
+            if string is not None:  # decode what became final, so its close decodes only a tail
+                string.extend(text, len(text))
+                self.scanned += string.scanned
+                string.scanned = 0
+            # Inside a string every quote is escaped.
+            found = text.find('"', scalar.quotes_checked)
+            self.scanned += len(text) - scalar.quotes_checked
+            scalar.quotes_checked = found if found >= 0 else len(text)
+            return found < 0
+        token = text[scalar.start : len(text) if scalar.end < 0 else scalar.end]
+        self.scanned += len(token)
+        if token == "-":
+            frame = self.frames[-1]
+            return not (
+                frame.is_list and self.after_quote and not self.values_after_quote and scalar.end >= 0
+            )
+        try:
+            return _token_json(scalar.kind, token, partial=True) is not None
+        except Unsupported:
+            return False
 
     def _string_end(self, text: str, scalar: _Scalar, string_frame: _Frame) -> int:
         """Where the completion's copy of the string in progress ends.

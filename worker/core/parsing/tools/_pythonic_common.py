@@ -9,7 +9,8 @@ diff the JSON of each call against what was sent) but keeps state across
 records: the bracket scan is incremental; calls that are finished and
 followed by a top-level comma are parsed once and then left out of every
 later parse, and so are the finished arguments of the call in progress (their
-JSON kept), so a parse sees that call's name and its last argument; while the
+JSON kept) and the finished elements of a list or dict argument in progress,
+so a parse sees that call's name and its last argument or element; while the
 call ends inside a plain string literal, a record without its quote costs only
 its own text plus a short tail (``_Fast``, on the shared ``StringTail`` scan).
 """
@@ -20,6 +21,7 @@ import ast
 import json
 import re
 import warnings
+from bisect import bisect_right
 from typing import Any
 
 from worker.core.parsing.deltas import args_delta, name_delta
@@ -32,10 +34,16 @@ _CLOSE_LIST_RE = re.compile(r"\)\s*\]")
 _JSON_NAMES: dict[str, Any] = {"null": None, "true": True, "false": False}
 _CLOSING = {"[": "]", "(": ")", "{": "}", "'": "'", '"': '"'}
 _QUOTES = ("'", '"')
+#: An argument whose value is a list or dict: ``name=`` and the opening bracket.
+_CONTAINER_ARG = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*[\[{]")
 
 
 class _NotACall(Exception):
     """The text is not a list of calls with literal arguments."""
+
+
+class _Redo(Exception):
+    """The parse left out committed elements it needs (a repeated dict key): parse them too."""
 
 
 # -- one-shot --------------------------------------------------------------
@@ -169,6 +177,8 @@ class _Scanner:
         self.boundaries: list[int] = []  # offsets just after top-level commas
         self.parens: list[int] = []  # offsets of the '(' opened right inside the leading list
         self.arg_commas: list[tuple[int, int]] = []  # (index in parens, offset just after the comma)
+        self.inner_at = -1  # offset of the last '[' / '{' opened right inside a call of the leading list
+        self.elem_commas: list[int] = []  # offsets just after the commas right inside such a container
 
     def feed(self, text: str) -> None:
         stack = self.stack
@@ -183,6 +193,8 @@ class _Scanner:
             elif char in "[({":
                 if char == "(" and self.list_open and len(stack) == 1:
                     self.parens.append(pos)
+                elif char != "(" and self.list_open and len(stack) == 2 and stack[1] == "(":
+                    self.inner_at = pos
                 stack.append(char)
             elif char in "])}":
                 if not stack or stack.pop() != {"]": "[", ")": "(", "}": "{"}[char]:
@@ -196,6 +208,8 @@ class _Scanner:
                 self.boundaries.append(pos + 1)
             elif char == "," and self.list_open and len(stack) == 2 and stack[-1] == "(":
                 self.arg_commas.append((len(self.parens) - 1, pos + 1))
+            elif char == "," and self.list_open and len(stack) == 3 and stack[1] == "(" and stack[2] != "(":
+                self.elem_commas.append(pos + 1)
             # the counts see every char, strings included (as vLLM's do)
             if char == "(":
                 self.eq_before_paren, self.comma_before_paren = self.n_eq, self.n_comma
@@ -319,16 +333,18 @@ class _Fast(StringTail):
         return head + slice_parts((self.prefix, self.stable, tail, self.suffix), max(low - size, 0))
 
 
+def _after_members(rest: str) -> str:
+    """What follows committed JSON members (``{`` + members) for the JSON object ``rest`` of the others."""
+    return "}" if rest == "{}" else ", " + rest[1:]
+
+
 class _Args:
-    """A call's arguments JSON: the arguments committed before (``base``) and the parsed rest."""
+    """A call's arguments JSON: what was committed before (``base``) and the parsed ``rest`` after it."""
 
     def __init__(self, base: AppendOnlyText, rest: str) -> None:
         self.base = base
-        if not base.length:
-            self.rest = rest
-        else:  # base is '{' + members; rest is a JSON object
-            self.rest = "}" if rest == "{}" else ", " + rest[1:]
-        self.length = base.length + len(self.rest)
+        self.rest = rest
+        self.length = base.length + len(rest)
 
     def endswith(self, suffix: str) -> bool:
         if len(suffix) <= len(self.rest):
@@ -380,6 +396,17 @@ class PythonicStream:
         self._arg_json = AppendOnlyText()  # '{' + the committed arguments' JSON members
         self._arg_has_set = False
         self._arg_off = False  # an argument that is not one plain keyword: parse the call whole
+        # Elements of the list or dict that the argument in progress is (``name=[...``), each a comma
+        # follows parsed once and dropped from later parses (their JSON kept after the arguments').
+        self._elem_at = -1  # that container's bracket; -1: none
+        self._elem_off_at = -1  # a container with an element not modelled: parse it whole
+        self._elem_used = 0  # element commas looked at
+        self._elem_start = -1  # where its uncommitted elements start; -1: none committed
+        self._elem_head = ""  # the argument's text up to its bracket ("name=[")
+        self._elem_key = ""
+        self._elem_json = AppendOnlyText()  # the arguments JSON up to the committed elements
+        self._elem_keys: set[Any] = set()  # the dict's committed keys
+        self._elem_has_set = False
         self.scanned = 0  # characters handed to the parser, for the bounded-work tests
         #: False parses the call in progress at every record (the reference the tests compare with).
         self.incremental = True
@@ -403,22 +430,16 @@ class PythonicStream:
             return None
         if self.incremental:
             self._commit_args(text)
+            self._commit_elems(text)
         try:
-            completed = self._scanner.completion(text)
-            if completed is None:
+            try:
+                parsed = self._parse_calls(text)
+            except _Redo:
+                self._revert()
+                parsed = self._parse_calls(text)
+            if parsed is None:
                 return None
-            body, added = completed
-            head, start = self._region()
-            source = "[" + head + body[start:] + added
-            self.scanned += len(source)
-            module = _parse(source)
-            if not module.body:
-                return None
-            has_set = self._committed_has_set or self._arg_has_set
-            if "}" in added and (has_set or _contains_set(module)):
-                return None
-            # Only the first call can have committed arguments (the others follow it, unstreamed).
-            calls = [self._call(e, "" if i else head) for i, e in enumerate(_call_list(module))]
+            calls, added = parsed
             deltas = self._diff(calls, added)
         except Exception:  # vLLM skips the record on any failure
             return None
@@ -433,10 +454,31 @@ class PythonicStream:
             return DeltaOut(content="")  # vLLM's "all calls done" marker
         return None
 
+    def _parse_calls(self, text: str) -> tuple[list[tuple[str, _Args, str]], str] | None:
+        """(calls, added closers) of vLLM's parse of the completed ``text``; None when it gives none."""
+        completed = self._scanner.completion(text)
+        if completed is None:
+            return None
+        body, added = completed
+        head, start = self._region()
+        source = "[" + head + body[start:] + added
+        self.scanned += len(source)
+        module = _parse(source)
+        if not module.body:
+            return None
+        has_set = self._committed_has_set or self._arg_has_set or self._elem_has_set
+        if "}" in added and (has_set or _contains_set(module)):
+            return None
+        # Only the first call can have committed arguments (the others follow it, unstreamed).
+        return [self._call(e, "" if i else head) for i, e in enumerate(_call_list(module))], added
+
     # -- committed arguments of the call in progress ---------------------------
 
     def _region(self) -> tuple[str, int]:
         """(text standing for the committed part of the call in progress, where the rest starts)."""
+        if self._elem_start >= 0:
+            paren = self._scanner.parens[self._arg_paren]
+            return self._text[self._committed_at : paren + 1] + self._elem_head, self._elem_start
         if self._arg_start < 0:
             return "", self._committed_at
         paren = self._scanner.parens[self._arg_paren]
@@ -444,16 +486,151 @@ class PythonicStream:
 
     def _call(self, node: ast.expr, head: str) -> tuple[str, _Args, str]:
         """(name, arguments JSON, JSON of the parsed arguments only) of a parsed call."""
-        name, args = call_of(node)
         if not head:
+            name, args = call_of(node)
             return name, _Args(AppendOnlyText(), args), args
         assert isinstance(node, ast.Call)
         # What the whole call's parse would reject, with the committed arguments before these.
         if any(not isinstance(arg, ast.Starred) for arg in node.args):
             raise _NotACall("positional argument follows keyword argument")
         if any(keyword.arg in self._arg_names for keyword in node.keywords):
-            raise _NotACall("keyword argument repeated")
-        return name, _Args(self._arg_json, args), args
+            raise _Redo  # the last value in the first place: the JSON is not a concatenation
+        if self._elem_start >= 0:
+            self._check_elems(node)
+        name, args = call_of(node)
+        return name, _Args(self._base(), self._join(args)), args
+
+    def _base(self) -> AppendOnlyText:
+        return self._elem_json if self._elem_start >= 0 else self._arg_json
+
+    def _join(self, parsed: str) -> str:
+        """The arguments JSON after ``_base()``, from the JSON of the parsed arguments only."""
+        if self._elem_start < 0:
+            return _after_members(parsed) if self._arg_json.length else parsed
+        opener = "{" + json.dumps(self._elem_key, ensure_ascii=False) + ": " + self._elem_head[-1]
+        if not parsed.startswith(opener):
+            raise _NotACall("the container argument is not what was committed")
+        rest = parsed[len(opener) :]
+        return rest if rest.startswith(_CLOSING[self._elem_head[-1]]) else ", " + rest
+
+    def _check_elems(self, node: ast.Call) -> None:
+        """The parsed call holds only the container's uncommitted elements, as the text says it does.
+
+        The text after the committed elements lies inside the container, so the parse holds one
+        keyword, the container; where that parse alone is a list comprehension, a set or a dict
+        comprehension, the whole parse is a syntax error (raised here alike).
+        """
+        keywords = node.keywords
+        if node.args or len(keywords) != 1 or keywords[0].arg != self._elem_key:
+            raise _NotACall("not the container argument alone")
+        container = keywords[0].value
+        if self._elem_head[-1] == "[":
+            if not isinstance(container, ast.List):
+                raise _NotACall("not a list display")
+            return
+        if not isinstance(container, ast.Dict):
+            raise _NotACall("not a dict display")
+        for key in container.keys:
+            if isinstance(key, ast.Constant) and key.value in self._elem_keys:
+                raise _Redo  # a repeated key keeps its first place: the JSON is not a concatenation
+
+    def _commit_elems(self, text: str) -> None:
+        """Parse once each element of the container argument in progress that a comma follows."""
+        scanner = self._scanner
+        stack = scanner.stack
+        at = scanner.inner_at
+        paren = self._arg_paren
+        usable = (
+            not self._no_commit
+            and not self._arg_off
+            and paren >= 0
+            and paren == len(scanner.parens) - 1
+            and self._committed >= len(scanner.boundaries)
+            and len(stack) >= 3
+            and stack[1] == "("
+            and stack[2] in "[{"
+            and at > max(self._arg_start, scanner.parens[paren])
+        )
+        if not usable or at != self._elem_at:
+            if self._elem_at >= 0:
+                self._reset_elems()
+            if not usable or at == self._elem_off_at:
+                return
+            begin = self._arg_start if self._arg_start >= 0 else scanner.parens[paren] + 1
+            head = text[begin : at + 1]
+            self.scanned += len(head)
+            matched = _CONTAINER_ARG.fullmatch(head)
+            if matched is None:
+                self._elem_off_at = at  # not `name=` and the bracket: parse it whole
+                return
+            self._elem_at, self._elem_head, self._elem_key = at, head, matched.group(1)
+            self._elem_used = bisect_right(scanner.elem_commas, at)
+        commas = scanner.elem_commas
+        while self._elem_used < len(commas):
+            end = commas[self._elem_used]
+            if end > len(text):
+                return
+            self._elem_used += 1
+            start = self._elem_start if self._elem_start >= 0 else at + 1
+            if not self._commit_elem(text[start : end - 1]):
+                self._elem_off_at = at
+                self._reset_elems()
+                return
+            self._elem_start = end
+
+    def _commit_elem(self, piece: str) -> bool:
+        """Add one element's JSON; False for anything not modelled (the container is then parsed whole)."""
+        self.scanned += len(piece)
+        if "#" in piece or "'''" in piece or '"""' in piece:
+            return False  # comments, triple quotes: the scan may not split as Python does
+        is_list = self._elem_head[-1] == "["
+        try:
+            node = _parse(("[" if is_list else "{") + piece + ("]" if is_list else "}")).body[0]
+            display = getattr(node, "value", None)
+            if is_list:
+                if not isinstance(display, ast.List) or len(display.elts) != 1:
+                    return False
+                element = display.elts[0]
+                member = json.dumps([_value(element)], ensure_ascii=False)[1:-1]
+                key: Any = None
+            else:
+                if not isinstance(display, ast.Dict) or len(display.keys) != 1:
+                    return False
+                key_node, element = display.keys[0], display.values[0]
+                if not isinstance(key_node, ast.Constant) or key_node.value in self._elem_keys:
+                    return False
+                key = key_node.value
+                member = json.dumps({key: _value(element)}, ensure_ascii=False)[1:-1]
+        except Exception:
+            return False  # the whole parse decides (it fails alike, or tells what this missed)
+        if self._elem_start < 0:
+            members = self._arg_json.between(0, self._arg_json.length)
+            self._elem_json = AppendOnlyText()
+            self._elem_json.add(
+                (members + ", " if self._arg_names else "{")
+                + json.dumps(self._elem_key, ensure_ascii=False)
+                + ": "
+                + self._elem_head[-1]
+            )
+        self._elem_json.add((", " if self._elem_start >= 0 else "") + member)
+        if not is_list:
+            self._elem_keys.add(key)
+        self._elem_has_set = self._elem_has_set or _contains_set(element)
+        return True
+
+    def _revert(self) -> None:
+        """Parse the call in progress whole from now on, its committed arguments and elements too."""
+        at = self._elem_at
+        self._reset_args()
+        self._elem_off_at = at if at >= 0 else self._elem_off_at
+        self._arg_off = True
+
+    def _reset_elems(self) -> None:
+        self._elem_at = self._elem_start = -1
+        self._elem_head = self._elem_key = ""
+        self._elem_json = AppendOnlyText()
+        self._elem_keys = set()
+        self._elem_has_set = False
 
     def _commit_args(self, text: str) -> None:
         """Parse once each argument of the call in progress that a comma follows, and drop it."""
@@ -505,7 +682,7 @@ class PythonicStream:
             self._dead = True  # vLLM's whole parse fails on this argument from now on
             return False
         if keyword.arg in self._arg_names:
-            self._dead = True  # "keyword argument repeated", from now on
+            self._revert()  # ast keeps a repeated keyword; its value replaces the first one's in place
             return False
         member = json.dumps({keyword.arg: value}, ensure_ascii=False)[1:-1]
         self._arg_json.add(("{" if not self._arg_names else ", ") + member)
@@ -518,6 +695,7 @@ class PythonicStream:
         self._arg_names = set()
         self._arg_json = AppendOnlyText()
         self._arg_has_set = self._arg_off = False
+        self._reset_elems()
 
     # -- the string in progress ------------------------------------------------
 
@@ -556,13 +734,13 @@ class PythonicStream:
             before, after = located.split(_SENTINEL)
             if not after.endswith(withheld) or len(after) > _MAX_SUFFIX:
                 return None
-            base = self._arg_json if head else AppendOnlyText()
+            base = self._base() if head else AppendOnlyText()
             fast = _Fast(text, quote_at, len(text.rstrip()), base)
             tail_now = fast.tail(text)
             # The parse this record made must be what the model says it is.
             if not fast.valid or tail_now is None or args != before + fast.stable + tail_now + after:
                 return None
-            fast.prefix = _Args(base, before + "}").rest[:-1]
+            fast.prefix = self._join(before + "}")[:-1] if head else before
             fast.suffix = after[: len(after) - len(withheld)]
         except Exception:
             return None
@@ -639,6 +817,9 @@ class PythonicStream:
                 return
             try:
                 self._call(elements[0], head)
+            except _Redo:
+                self._revert()
+                continue
             except Exception:
                 self._dead = True
                 return

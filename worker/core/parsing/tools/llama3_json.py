@@ -27,9 +27,12 @@ Finished objects are read once and kept, where vLLM re-reads them all. Once the
 call's name is sent, the call in progress is read incrementally
 (:mod:`._json_call_reader`): each record scans its own characters, and its
 arguments JSON is an append-only part plus a short volatile tail, so the diff
-costs O(the record). Text that reader does not model (a syntax error, a
-duplicate key, ...) and the name's own records re-read the call as vLLM does
-(their cost grows with that call's text, at most ``max_model_len`` tokens).
+costs O(the record). Before the name is sent, a record whose read surely
+succeeds without a name (the same scan tells, until the ``"name"`` key) sends
+nothing and skips the read; the read vLLM remembers is made once, when needed.
+Text that reader does not model (a syntax error, a duplicate key, ...) and the
+name's own records re-read the call as vLLM does (their cost grows with that
+call's text, at most ``max_model_len`` tokens).
 Llama has a structural tag, so with strict tool calling ``required``/named
 choices parse the native format like ``auto``.
 """
@@ -88,6 +91,11 @@ class Llama3JsonToolParser(ToolParser):
         self._reader: CallReader | None = None
         self._view = View(-1, "", False)  # the reader's last successful read
         self._no_reader = -1  # the call the reader gave up on
+        # Before a call's name is sent: a reader that tells when the whole read would surely
+        # succeed without a name (nothing to send), so the record skips it.
+        self._unnamed: CallReader | None = None
+        self._no_unnamed = -1  # the call that reader gave up on
+        self._prev_stale = False  # _prev is the read of text[:_prev_len], not made yet
 
     # -- one-shot ------------------------------------------------------
 
@@ -140,9 +148,42 @@ class Llama3JsonToolParser(ToolParser):
                 except Unsupported:
                     self._no_reader = self._index
                 self._leave_reader()
+            elif self.incremental and not self._name_sent and self._skips_unnamed():
+                return None
+            self._rebuild_prev()
             return self._step()
         except Exception:  # vLLM skips the record on any failure
             return None
+
+    def _skips_unnamed(self) -> bool:
+        """True when this record's whole read surely succeeds and finds no name (it gives nothing).
+
+        Such a record only moves the read vLLM remembers (``_prev``) to the current text; that
+        read is made once, when something needs it.
+        """
+        index = self._index
+        if index < 0 or len(self._kept) != index or index == self._no_unnamed:
+            return False
+        reader = self._unnamed
+        if reader is None or reader.start != self._kept_end:
+            reader = self._unnamed = CallReader(self._kept_end)
+        try:
+            reader.feed(self._text)
+        except Unsupported:
+            self._unnamed, self._no_unnamed = None, index
+            return False
+        if not reader.reads_unnamed(self._text):
+            return False
+        self._prev_len = len(self._text)
+        self._prev_stale = True
+        return True
+
+    def _rebuild_prev(self) -> None:
+        if self._prev_stale:
+            self._prev_stale = False
+            read = self._read(self._text[: self._prev_len])
+            if read is not None:
+                self._prev = read[0]
 
     def _read(self, text: str) -> tuple[list[Any], list[bool], int] | None:
         """All objects so far, which are complete, and where the last one starts.
@@ -203,6 +244,7 @@ class Llama3JsonToolParser(ToolParser):
                     return None  # vLLM's delta model rejects it: the record is skipped
                 delta = DeltaOut(tool_calls=[name_delta(self._index, name)])
                 self._name_sent = True
+                self._unnamed = None  # its scan is done: the call reader takes over
         else:
             args = current.get("arguments")
             if args:
@@ -284,6 +326,7 @@ class Llama3JsonToolParser(ToolParser):
         return DeltaOut(tool_calls=[args_delta(self._index, diff)])
 
     def remaining_unstreamed_args(self) -> str:
+        self._rebuild_prev()
         self._leave_reader()
         if not self._prev:
             return ""

@@ -1,0 +1,187 @@
+"""The pythonic parsers' list and dict arguments: elements parsed once, output equal to the whole re-parse.
+
+Inside an argument that is a list or dict display (``name=[...`` / ``name={...``), each
+element a comma follows is parsed once and left out of later parses; anything not
+modelled (a repeated key, a set, a comprehension, ``*``/``**``, comments, a container
+that is only part of the value) parses the container whole, as vLLM does.
+``incremental = False`` is the reference: both read the same texts cut at random
+points, with and without llama4's end marker, and every record's delta (ids aside)
+and the end-of-stream remainder must be equal.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+from tests.parsing_helpers import (
+    delta_without_ids,
+    records,
+    sample_encode,
+    sample_tokenizer,
+    text_cuts,
+    tool_parsing,
+)
+from worker.core.parsing import ParseRequest
+from worker.core.parsing.tools import _pythonic_common as common
+from worker.core.parsing.tools._pythonic_common import PythonicStream
+from worker.core.parsing.tools.llama4_pythonic import END, START
+
+TOOLS = [{"type": "function", "function": {"name": "write_file", "parameters": {"type": "object"}}}]
+CORPUS = [
+    "[f(a=[1, 2.5, None, True, -3, 'x, y', \"q\"])]",
+    "[f(n=1, a=['one', 'two', 'three, with a comma', [4, 5], {'k': [6]}], b=2)]",
+    "[f(a={'k': 1, 'l': 'v', 'm': [1, 2], 'n': {'o': None}}), g(b=[1])]",
+    "[f(a={'k': 1, 'l': 2, 'k': 3, 'z': 4})]",  # a repeated key keeps its first place
+    "[f(a={'k': 1, 1: 2, True: 3, 1.0: 4, None: 5})]",  # keys equal in Python
+    "[f(a={1, 2, 3}, b=4)]",  # a set
+    "[f(a=[x for x in y], b=[1, *z, 2], c={**d, 'e': 1})]",
+    "[f(a=[1, lambda: 2, 3], b={'k': lambda x: x, 'l': 1})]",
+    "[f(a=[1, 2] + [3, 4], b=([5, 6]), c = [ 7 , 8 ] )]",
+    "[f(a=[1, # a comment\n 2, 3])]",
+    "[f(a=['''triple, quoted''', 'x'])]",
+    "[f(a=['a long string element, with commas, and more text', 'b'])]",
+    "[f(a=[1, 2, 3], a=[4, 5])]",  # a repeated keyword: ast keeps it, the last value wins in place
+    "[f(a=1, b=2, a=3, c=[1, 2], c=[3])]",
+    "[f(a={'k': 1, 'l'}), g(b=2)]",  # a set item after a dict item: a syntax error
+    "[f(a=[[1, 2], [3, 4], [5, [6, 7]]], b={'x': {'y': [1, 2]}, 'z': 3})]",
+    "[f(a=[1, 2, 3",
+    "[f(a={'k': 'v', 'l': 'unterminated",
+    "[f(a=[b'bytes', 2]), g(a={b'k': 1, 'l': 2})]",
+    "[f(a=[1e999, -0.0, 0x10, 1_000, 2j])]",
+]
+
+
+def _random_value(rng: random.Random, depth: int = 0) -> str:
+    roll = rng.random()
+    if depth < 2 and roll < 0.2:
+        return "[" + ", ".join(_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))) + "]"
+    if depth < 2 and roll < 0.35:
+        items = [f"{_random_key(rng)}: {_random_value(rng, depth + 1)}" for _ in range(rng.randint(0, 3))]
+        return "{" + ", ".join(items) + "}"
+    return rng.choice(
+        ["1", "-2.5e3", "None", "True", "null", "'s'", '"a, b"', "'x\\'y'", "(1, 2)", "{1}", "*x", "y"]
+    )
+
+
+def _random_key(rng: random.Random) -> str:
+    return rng.choice(["'k'", "'l'", "'m'", "1", "True", "1.0", "None", '"k"', "**z"])
+
+
+def _random_text(rng: random.Random) -> str:
+    calls = []
+    for _ in range(rng.randint(1, 2)):
+        items = [_random_value(rng, 1) for _ in range(rng.randint(0, 12))]
+        if rng.random() < 0.5:
+            container = "[" + ", ".join(items) + rng.choice(["]", "", ",]"])
+        else:
+            members = [f"{_random_key(rng)}: {item}" for item in items]
+            container = "{" + ", ".join(members) + rng.choice(["}", "", ",}"])
+        before = rng.choice(["", "n=1, ", "a=2, "])
+        after = rng.choice(["", ", b=3", " + [1]", ", s='t'"])
+        calls.append(
+            f"{rng.choice(['f', 'write_file'])}({before}a{rng.choice(['=', ' = '])}{container}{after})"
+        )
+    text = "[" + ", ".join(calls) + "]"
+    if rng.random() < 0.15:
+        cut = rng.randrange(len(text))
+        text = text[:cut] + rng.choice([",", "]", "}", ":", "'", " ", "#"]) + text[cut + rng.randint(0, 1) :]
+    return text
+
+
+def _run(pieces: list[str], marker: str | None, incremental: bool) -> tuple[list[Any], str, int]:
+    stream = PythonicStream(marker)
+    stream.incremental = incremental
+    out, dropped = [], 0
+    for piece in pieces:
+        out.append(delta_without_ids(stream.step(piece)))
+        dropped += stream._elem_start >= 0
+    return out, stream.remaining_args(), dropped
+
+
+def _same(pieces: list[str], marker: str | None) -> int:
+    got = _run(pieces, marker, True)
+    want = _run(pieces, marker, False)
+    assert want[2] == 0
+    assert got[:2] == want[:2], "".join(pieces)
+    return got[2]
+
+
+@pytest.mark.parametrize("marker", [None, END])
+def test_corpus_in_one_character_records(marker: str | None) -> None:
+    dropped = 0
+    for text in CORPUS:
+        dropped += _same(list(text + (marker or "")), marker)
+    assert dropped > 0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_splits_of_container_arguments(seed: int) -> None:
+    rng = random.Random(seed)
+    dropped = records = 0
+    for _ in range(200):
+        text = rng.choice(CORPUS) if rng.random() < 0.2 else _random_text(rng)
+        marker = rng.choice([None, END])
+        if marker and rng.random() < 0.8:
+            text += marker
+        if rng.random() < 0.2:
+            text = text[: rng.randrange(1, len(text) + 1)]
+        pieces = text_cuts(text, rng)
+        dropped += _same(pieces, marker)
+        records += len(pieces)
+    assert dropped > records // 20, (dropped, records)
+
+
+SHAPES = {
+    "a list of numbers": "[write_file(n=1, a=[" + ", ".join(str(i) for i in range(400)) + "])]",
+    "a list of strings": "[write_file(a=[" + ", ".join(f"'v{i}'" for i in range(250)) + "])]",
+    "a dict": "[write_file(a={" + ", ".join(f"'k{i}': {i}" for i in range(250)) + "})]",
+    "a list of lists": "[write_file(a=[" + ", ".join(f"[{i}, 'x']" for i in range(150)) + "], b=2)]",
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("name", "head", "tail"), [("pythonic", "", ""), ("llama4_pythonic", START, END)])
+def test_container_arguments_cost_each_record_its_own_characters(
+    monkeypatch: pytest.MonkeyPatch, name: str, head: str, tail: str, shape: str
+) -> None:
+    """Finished elements are parsed once: a record parses its own text plus a constant, never the list."""
+    parsed: list[int] = []
+    original = common._parse
+
+    def counting(source: str) -> Any:
+        parsed.append(len(source))
+        return original(source)
+
+    monkeypatch.setattr(common, "_parse", counting)
+    text = head + SHAPES[shape] + tail
+    ids = sample_encode("llama-3", text)
+    session = tool_parsing("llama-3", name).new_stream(
+        ParseRequest(tools=TOOLS, tool_choice="auto", parallel_tool_calls=None), [1]
+    )
+    parser = session._parser.tools
+    calls: dict[int, list[str]] = {}
+    inside = 0
+    for piece, chunk in records(sample_tokenizer("llama-3"), [[i] for i in ids]):
+        stream = getattr(parser, "_calls", None)
+        before = stream.scanned if stream is not None else 0
+        parsed.clear()
+        delta, _ = session.step(piece, chunk, None)
+        # The record that closes the container parses the argument whole, once.
+        if stream is not None and len(stream._scanner.stack) >= 3:
+            inside += 1
+            work = stream.scanned - before
+            assert work <= 3 * len(piece) + 80, (piece, work)
+            assert sum(parsed) <= 2 * len(piece) + 80, (piece, parsed)
+        for call in delta.tool_calls if delta else []:
+            entry = calls.setdefault(call.index, ["", ""])
+            entry[0] += (call.function.name or "") if call.function else ""
+            entry[1] += (call.function.arguments or "") if call.function else ""
+    expected = common.extract_calls(SHAPES[shape])
+    assert expected is not None
+    assert [tuple(calls[i]) for i in sorted(calls)] == [(call.name, call.arguments) for call in expected]
+    assert json.loads(calls[0][1])["a"]  # the container streamed in full
+    assert inside > len(ids) * 3 // 4
