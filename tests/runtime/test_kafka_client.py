@@ -7,6 +7,7 @@ in ``tests/kafka/test_worker.py`` and ``tests/kafka/test_poison.py``; here only 
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import aiokafka.errors as aioerrors
@@ -31,7 +32,7 @@ from worker.errors import (
 )
 from worker.runtime.delivery import SharedSink, Transaction
 from worker.runtime.kafka_client import aiokafka_backend, confluent_backend
-from worker.runtime.kafka_client.base import CommitTimings, Offsets, TopicPartition
+from worker.runtime.kafka_client.base import CommitTimings, Offsets, ProducerConfig, TopicPartition
 from worker.runtime.kafka_oauth import OidcClientCredentials
 from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
 from worker.runtime.metrics import Metrics
@@ -375,3 +376,32 @@ def test_a_send_gives_up_when_the_queue_stays_full() -> None:
     finally:
         producer._producer.purge()
         producer._thread.shutdown()
+
+
+def test_a_transactional_call_that_never_returns_gives_the_producer_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # librdkafka's send_offsets_to_transaction was seen to block for minutes past its timeout while
+    # the group rebalanced; waited for, it held the loop step, the consumer's poll and SIGTERM.
+    monkeypatch.setattr(confluent_backend, "STUCK_MARGIN_S", 0.2)
+    config = ProducerConfig(
+        bootstrap_servers="127.0.0.1:9", client_id="c", max_record_bytes=1 << 20, batch_bytes=16384,
+        linger_ms=5, request_timeout_ms=1000, retry_backoff_ms=10, transaction_timeout_ms=15000,
+    )  # fmt: skip
+    producer = confluent_backend.ConfluentTransactionalProducer(config, "g-in-worker-0")
+    release = threading.Event()
+
+    async def stuck_then_more() -> None:
+        with pytest.raises(KafkaClientError, match="did not return"):
+            await producer._txn_call(0.0, release.wait)
+        # Given up: every later call fails at once (no second wait behind the stuck thread).
+        with pytest.raises(KafkaClientError, match="never returned"):
+            await producer.abort()
+        with pytest.raises(KafkaClientError, match="never returned"):
+            await producer.begin()
+
+    try:
+        asyncio.run(stuck_then_more())
+    finally:
+        release.set()
+        asyncio.run(producer.stop())

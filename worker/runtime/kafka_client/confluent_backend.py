@@ -72,6 +72,7 @@ T = TypeVar("T")
 
 CALL_TIMEOUT_S = 30.0  # a coordinator call (committed offsets, offsets to a transaction, EndTxn)
 CLOSE_TIMEOUT_S = 10.0
+STUCK_MARGIN_S = 5.0  # past a call's own timeout: it is not coming back (see _txn_call)
 _NO_OFFSET = confluent_kafka.OFFSET_INVALID
 _FENCED = {LibKafkaError._FENCED, LibKafkaError.PRODUCER_FENCED, LibKafkaError.INVALID_PRODUCER_EPOCH}
 _TOO_LARGE = {LibKafkaError.MSG_SIZE_TOO_LARGE, LibKafkaError.RECORD_LIST_TOO_LARGE}
@@ -525,11 +526,38 @@ class ConfluentTransactionalProducer(_ProducerBase):
             "kafka-txn",
         )
         self.transactional_id = transactional_id
+        self._stuck = False
+
+    async def _txn_call(self, timeout_s: float, call: Callable[..., T], *args: Any) -> T:
+        """``call`` on the producer's thread, waited for at most ``timeout_s`` plus a margin.
+
+        librdkafka's transactional calls take a timeout, but one was seen not to keep it:
+        ``send_offsets_to_transaction`` blocked for minutes while the group rebalanced, holding the
+        worker's loop step, its consumer's poll and a stop request. Past the margin the call is
+        given up and the producer with it: every later call fails at once, so the worker replaces
+        the producer (per partition by reopening it; per worker, ``Transaction.needs_new_producer``),
+        and the new one's ``init_transactions`` fences the stuck one.
+        """
+        if self._stuck:
+            raise KafkaClientError(f"{self.transactional_id}: an earlier call never returned")
+        try:
+            return await asyncio.wait_for(self._thread.run(call, *args), timeout_s + STUCK_MARGIN_S)
+        except TimeoutError:
+            self._stuck = True
+            raise KafkaClientError(
+                f"{self.transactional_id}: a transactional call did not return within "
+                f"{timeout_s + STUCK_MARGIN_S:.0f} s; the producer is given up"
+            ) from None
 
     async def start(self) -> None:
-        await _call(self._thread, self._producer.init_transactions, CALL_TIMEOUT_S)
+        try:
+            await self._txn_call(CALL_TIMEOUT_S, self._producer.init_transactions, CALL_TIMEOUT_S)
+        except KafkaException as exc:
+            raise _translated(exc) from exc
 
     async def begin(self) -> None:
+        if self._stuck:
+            raise KafkaClientError(f"{self.transactional_id}: an earlier call never returned")
         try:
             self._producer.begin_transaction()  # local: no broker round trip
         except KafkaException as exc:
@@ -548,7 +576,7 @@ class ConfluentTransactionalProducer(_ProducerBase):
     async def commit(self, offsets: Offsets, group: object) -> CommitTimings:
         partitions = [_lib(tp, offset) for tp, offset in offsets.items()]
         try:
-            return await self._thread.run(self._commit, partitions, group)
+            return await self._txn_call(2 * CALL_TIMEOUT_S, self._commit, partitions, group)
         except KafkaException as exc:
             failed = self._deliveries.take()
             if failed is not None:
@@ -557,7 +585,10 @@ class ConfluentTransactionalProducer(_ProducerBase):
 
     async def abort(self) -> None:
         self._deliveries.take()
-        await _call(self._thread, self._producer.abort_transaction, CLOSE_TIMEOUT_S)
+        try:
+            await self._txn_call(CLOSE_TIMEOUT_S, self._producer.abort_transaction, CLOSE_TIMEOUT_S)
+        except KafkaException as exc:
+            raise _translated(exc) from exc
 
     async def stop(self) -> None:
         # Whatever is still queued belongs to a transaction that was aborted, fenced or never
