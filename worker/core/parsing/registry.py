@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from worker.core.parsing.base import ReasoningParser, ToolParser
 
@@ -20,28 +20,26 @@ _loaded = False
 
 R = TypeVar("R", bound=type[ReasoningParser])
 T = TypeVar("T", bound=type[ToolParser])
+C = TypeVar("C")
+
+
+def _registrar(table: dict[str, Any], names: tuple[str, ...]) -> Callable[[C], C]:
+    def register(cls: C) -> C:
+        for name in names:
+            table[name] = cls
+        return cls
+
+    return register
 
 
 def reasoning_parser(*names: str) -> Callable[[R], R]:
     """Class decorator: register a reasoning parser under ``names``."""
-
-    def register(cls: R) -> R:
-        for name in names:
-            _REASONING[name] = cls
-        return cls
-
-    return register
+    return _registrar(_REASONING, names)
 
 
 def tool_parser(*names: str) -> Callable[[T], T]:
     """Class decorator: register a tool parser under ``names``."""
-
-    def register(cls: T) -> T:
-        for name in names:
-            _TOOLS[name] = cls
-        return cls
-
-    return register
+    return _registrar(_TOOLS, names)
 
 
 def _load_all() -> None:

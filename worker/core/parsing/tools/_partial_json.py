@@ -106,9 +106,9 @@ def _complete_any(
     if char in "1234567890":
         return _complete_num(text, start, top_level)
     if char == "[":
-        return _complete_arr(text, start, allow_str)
+        return _complete_container(text, start, allow_str, "]")
     if char == "{":
-        return _complete_obj(text, start, allow_str)
+        return _complete_container(text, start, allow_str, "}")
     rest_len = len(text) - start
     for literal in _LITERALS:
         if text.startswith(literal, start):
@@ -128,63 +128,39 @@ def _complete_any(
     raise _Partial(f"unexpected character {char!r}")
 
 
-def _complete_arr(text: str, start: int, allow_str: bool) -> tuple[int, str | None]:
+def _complete_container(text: str, start: int, allow_str: bool, close: str) -> tuple[int, str | None]:
+    """An array (``close`` ``]``) or an object (``}``, each item a key and ``:`` before its value)."""
     i = j = start + 1
     try:
         while True:
             j = _skip_blank(text, j)
-            if _at(text, j) == "]":
+            if _at(text, j) == close:
                 return j + 1, None
+            if close == "}":
+                key = complete_str(text, j, allow_str)
+                if key is None or key[1] is not None:
+                    return i, close
+                j = _skip_blank(text, key[0])
+                if _at(text, j) != ":":
+                    raise _Partial("expected ':'")
+                j = _skip_blank(text, j + 1)
             result = _complete_any(text, j, allow_str)
             if result is None:
-                return i, "]"
+                return i, close
             end, closer = result
             if closer is not None:
-                return end, closer + "]"
+                return end, closer + close
             i = j = end
             j = _skip_blank(text, j)
             char = _at(text, j)
             if char == ",":
                 j += 1
-            elif char == "]":
+            elif char == close:
                 return j + 1, None
             else:
-                raise _Partial("expected ',' or ']'")
+                raise _Partial(f"expected ',' or {close!r}")
     except IndexError:
-        return i, "]"
-
-
-def _complete_obj(text: str, start: int, allow_str: bool) -> tuple[int, str | None]:
-    i = j = start + 1
-    try:
-        while True:
-            j = _skip_blank(text, j)
-            if _at(text, j) == "}":
-                return j + 1, None
-            key = complete_str(text, j, allow_str)
-            if key is None or key[1] is not None:
-                return i, "}"
-            j = _skip_blank(text, key[0])
-            if _at(text, j) != ":":
-                raise _Partial("expected ':'")
-            j = _skip_blank(text, j + 1)
-            result = _complete_any(text, j, allow_str)
-            if result is None:
-                return i, "}"
-            end, closer = result
-            if closer is not None:
-                return end, closer + "}"
-            i = j = end
-            j = _skip_blank(text, j)
-            char = _at(text, j)
-            if char == ",":
-                j += 1
-            elif char == "}":
-                return j + 1, None
-            else:
-                raise _Partial("expected ',' or '}'")
-    except IndexError:
-        return i, "}"
+        return i, close
 
 
 def _fix(text: str, allow_str: bool) -> tuple[str, str]:

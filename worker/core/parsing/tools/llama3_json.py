@@ -68,14 +68,8 @@ class Llama3JsonToolParser(ToolParser):
     #: False re-reads the call in progress at every record (the reference the tests compare with).
     incremental = True
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        tools: list[dict[str, Any]] | None,
-        chat_template_kwargs: dict[str, Any],
-    ) -> None:
-        super().__init__(tokenizer, tools, chat_template_kwargs)
-        if tokenizer.get_vocab().get(BOT) is None:
+    def setup(self) -> None:
+        if self.tokenizer.get_vocab().get(BOT) is None:
             raise ParserSetupError(f"the tokenizer has no {BOT!r} token")
         self._text = ""
         self._mode: bool | None = None  # None: undecided, True: calls, False: content

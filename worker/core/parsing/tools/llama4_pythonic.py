@@ -12,7 +12,6 @@ trailing ``<|python_end|>`` ignored. One-shot: a leading wrapper is removed
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from worker.core.parsing.base import ToolParser
 from worker.core.parsing.registry import tool_parser
@@ -25,13 +24,7 @@ END = "<|python_end|>"
 
 @tool_parser("llama4_pythonic")
 class Llama4PythonicToolParser(ToolParser):
-    def __init__(
-        self,
-        tokenizer: Any,
-        tools: list[dict[str, Any]] | None,
-        chat_template_kwargs: dict[str, Any],
-    ) -> None:
-        super().__init__(tokenizer, tools, chat_template_kwargs)
+    def setup(self) -> None:
         self._head = ""  # text while it may still become the start wrapper
         self._decided = False
         self._calls: PythonicStream | None = None

@@ -12,7 +12,6 @@ closers a completion of the partial text invented. No structural tag, so
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from worker.core.parsing.base import ToolParser
 from worker.core.parsing.registry import tool_parser
@@ -22,13 +21,7 @@ from worker.core.parsing.types import DeltaOut, ExtractedCalls, ParseRequest
 
 @tool_parser("pythonic")
 class PythonicToolParser(ToolParser):
-    def __init__(
-        self,
-        tokenizer: Any,
-        tools: list[dict[str, Any]] | None,
-        chat_template_kwargs: dict[str, Any],
-    ) -> None:
-        super().__init__(tokenizer, tools, chat_template_kwargs)
+    def setup(self) -> None:
         self._started = False  # seen any text (decides content vs calls for good)
         self._calls: PythonicStream | None = None
 
