@@ -30,6 +30,7 @@ from worker.errors import (
     ProducerFencedError,
     RecordTooLargeError,
 )
+from worker.runtime import worker as worker_module
 from worker.runtime.delivery import SharedSink, Transaction
 from worker.runtime.kafka_client import aiokafka_backend, confluent_backend
 from worker.runtime.kafka_client.base import CommitTimings, Offsets, ProducerConfig, TopicPartition
@@ -405,3 +406,46 @@ def test_a_transactional_call_that_never_returns_gives_the_producer_up(
     finally:
         release.set()
         asyncio.run(producer.stop())
+
+
+def test_a_stop_request_cancels_a_step_stuck_in_a_client_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The step waits on a commit whose coordinator does not answer; the stop request waits for it a
+    # grace period, then cancels it, and the shutdown then commits nothing (the step may have left a
+    # partition half-way through a record): every open transaction is aborted instead.
+    monkeypatch.setattr(worker_module, "STEP_GRACE_S", 0.05)
+    producer = FakeTransactionalProducer()
+    worker, (one, _two) = _per_worker(producer)
+    (a,) = generate_sequences(1, seed=8, prefix="shared")
+    _handle(one, 0, a.envelopes[0])
+    cancelled = []
+
+    async def stuck_step() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    monkeypatch.setattr(worker, "_step", stuck_step)
+
+    async def stop_while_stuck() -> None:
+        asyncio.get_running_loop().call_later(0.05, worker.request_stop)
+        await worker._step_unless_stopped()
+        await worker._shutdown()
+
+    asyncio.run(asyncio.wait_for(stop_while_stuck(), 30))
+    assert cancelled == [True] and worker._step_cancelled
+    assert producer.calls == ["begin", "abort", "stop"]  # aborted, never committed
+
+
+def test_a_step_that_finishes_is_not_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:
+    producer = FakeTransactionalProducer()
+    worker, _tasks = _per_worker(producer)
+    steps = []
+
+    async def quick_step() -> None:
+        steps.append(1)
+
+    monkeypatch.setattr(worker, "_step", quick_step)
+    asyncio.run(worker._step_unless_stopped())
+    assert steps == [1] and not worker._step_cancelled

@@ -22,6 +22,7 @@ resets (``poison``); input partitions without a state partition are not opened
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -75,6 +76,8 @@ from worker.settings import KafkaSettings, ModelSettings
 log = logging.getLogger(__name__)
 
 MAX_POLL_TIMEOUT_MS = 100
+# How long a stop request waits for the step in progress (a commit) before cancelling it.
+STEP_GRACE_S = 10.0
 HEAL_BACKOFF_S = 1.0
 # How soon a partition count change is seen (aiokafka's default is 5 minutes), and how often input
 # partitions without a state partition are checked again.
@@ -167,6 +170,7 @@ class Worker:
         self._layout_message: str | None = None
         self._next_metrics_log_at = 0.0
         self._epoch = 0  # bumped whenever partitions are opened; see _step
+        self._step_cancelled = False  # see _step_unless_stopped
 
     # --- public ------------------------------------------------------------------------------
 
@@ -189,7 +193,7 @@ class Worker:
                 ) from exc
             self.lifecycle.to(WorkerState.RUNNING)
             while not self._stop.is_set():
-                await self._step()
+                await self._step_unless_stopped()
         except BaseException as exc:
             self.lifecycle.to(WorkerState.FAILED)
             await self._close_clients()
@@ -268,9 +272,38 @@ class Worker:
             s.group_instance_id or "none",
         )
 
+    async def _step_unless_stopped(self) -> None:
+        """One ``_step``; a stop request gives it ``STEP_GRACE_S`` to finish, then cancels it.
+
+        A step can wait on a Kafka client call for that call's whole timeout (a coordinator that does
+        not answer), and a stop request must not wait with it. A cancelled step may leave a partition
+        half-way through a record, so nothing is committed after it: the shutdown aborts every open
+        transaction and the next owners start from the last commit (reprocessed, never duplicated).
+        """
+        step = asyncio.ensure_future(self._step())
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                await asyncio.wait({step}, timeout=STEP_GRACE_S)
+            if not step.done():
+                log.warning(
+                    "a step outlived the stop request by %.0f s: cancelled, nothing more commits",
+                    STEP_GRACE_S,
+                )
+                self._step_cancelled = True
+                step.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await step
+                return
+            step.result()
+        finally:
+            stop.cancel()
+
     async def _shutdown(self) -> None:
         async with self._lock:
-            await self._commit_all()
+            if not self._step_cancelled:
+                await self._commit_all()
             for task in list(self.tasks.values()):
                 await self._close_task(task)
             self.tasks.clear()

@@ -542,6 +542,9 @@ class ConfluentTransactionalProducer(_ProducerBase):
             raise KafkaClientError(f"{self.transactional_id}: an earlier call never returned")
         try:
             return await asyncio.wait_for(self._thread.run(call, *args), timeout_s + STUCK_MARGIN_S)
+        except asyncio.CancelledError:
+            self._stuck = True  # the call runs on; whether it ends the transaction is unknown
+            raise
         except TimeoutError:
             self._stuck = True
             raise KafkaClientError(
