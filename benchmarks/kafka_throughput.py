@@ -20,6 +20,11 @@ ids, ``sequences`` requests open at once, round-robin interleaved) to a fresh in
   every input record, which the worker copies to every output; beside it, in-process, the cost per
   record of the observability hook (trace headers, GenAI metrics, spans) against none.
 
+* compression (``--compression-types none,lz4,zstd``): each mode once per codec (the worker's
+  ``--compression-type``), with the bytes a ``read_committed`` librdkafka consumer fetched to read
+  the backlog's outputs (its brokers' ``rxbytes``: the batches as the worker produced them) beside
+  the outputs' own key + value bytes.
+
 * scale-out (``--scale-out``, ``benchmarks/kafka_scale_out.py``): the longest output gap on the
   partitions that stayed and on those that moved while a second worker joins, eager against
   cooperative-sticky.
@@ -234,6 +239,49 @@ class RunResult:
     p99_ms: float
     latency_rate: float
     cpu_us: float  # CPU per record of the worker process
+    wire_bytes: int | None = None  # fetched to read the backlog's outputs
+    payload_bytes: int | None = None  # their keys and values
+
+
+def output_wire_bytes(bootstrap: str, topic: str, count: int) -> tuple[int, int]:
+    """Bytes fetched (librdkafka's brokers' ``rxbytes``) to read ``count`` committed records of
+    ``topic`` from the start, and those records' key + value bytes."""
+    import json
+
+    import confluent_kafka as ck
+
+    received: list[int] = []
+
+    def stats(text: str) -> None:
+        brokers = json.loads(text)["brokers"].values()
+        received.append(sum(b["rxbytes"] for b in brokers if b["nodeid"] >= 0))
+
+    consumer = ck.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-wire-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "statistics.interval.ms": 100,
+            "stats_cb": stats,
+        }
+    )
+    consumer.subscribe([topic])
+    payload = seen = 0
+    try:
+        while seen < count:
+            for message in consumer.consume(10_000, 0.5):
+                if message.error() is None:
+                    seen += 1
+                    payload += len(message.key() or b"") + len(message.value() or b"")
+        # One more statistics report, taken after the last fetch.
+        reports = len(received)
+        while len(received) < reports + 2:
+            consumer.poll(0.1)
+    finally:
+        consumer.close()
+    return received[-1], payload
 
 
 @dataclass(frozen=True)
@@ -241,6 +289,11 @@ class Mode:
     """``delivery[+trace]/client/transactional-id-mode``."""
 
     name: str
+    compression: str | None = None  # the worker's --compression-type (None: its default)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.compression is None else f"{self.name} {self.compression}"
 
     @property
     def parts(self) -> list[str]:
@@ -261,6 +314,8 @@ class Mode:
             flags += ["--kafka-client", parts[1]]
         if len(parts) > 2:
             flags += ["--transactional-id-mode", parts[2]]
+        if self.compression is not None:
+            flags += ["--compression-type", self.compression]
         return flags
 
 
@@ -391,7 +446,7 @@ async def one_run(
     await produce(bootstrap, topics.input, load, headers)
     reader = Reader(bootstrap, topics.output, args.partitions)
     await reader.start()
-    log = log_dir / f"{mode.name.replace('/', '_')}-{run}.log"
+    log = log_dir / f"{mode.label.replace('/', '_').replace(' ', '_')}-{run}.log"
     worker = start_worker(bootstrap, topics, mode, args.commit_interval_ms, log)
     try:
         cpu_opened = asyncio.create_task(_cpu_when_opened(log, worker.pid))
@@ -401,6 +456,9 @@ async def one_run(
         # with exactly-once, outputs become visible in bursts, so the reader alone cannot tell.
         started_at = opened_at(log)
         throughput = len(load) / max(reader.last_wall - started_at, 1e-9)
+        wire = payload = None
+        if mode.compression is not None:
+            wire, payload = await asyncio.to_thread(output_wire_bytes, bootstrap, topics.output, len(load))
 
         # Latency at a steady rate below capacity (half the rate just measured), worker caught up.
         rate = args.latency_rate or throughput / 2
@@ -436,7 +494,7 @@ async def one_run(
             worker.kill()
         await reader.stop()
         await delete_topics(bootstrap, [topics.input, topics.output, topics.state, topics.dlq])
-    return RunResult(throughput, p50, p99, rate, cpu_us)
+    return RunResult(throughput, p50, p99, rate, cpu_us, wire, payload)
 
 
 async def delete_topics(bootstrap: str, names: list[str]) -> None:
@@ -470,6 +528,12 @@ def main(argv: list[str] | None = None) -> None:
         "exactly-once/confluent/per-worker",
         help="comma-separated delivery[+trace]/client/transactional-id-mode (also at-least-once/confluent)",
     )
+    parser.add_argument(
+        "--compression-types",
+        default="",
+        help="comma-separated codecs: each mode once per --compression-type, with the outputs' bytes "
+        "fetched (empty: the worker's default, bytes not measured)",
+    )
     parser.add_argument("--no-observability", action="store_true", help="skip the in-process hook figures")
     parser.add_argument(
         "--scale-out",
@@ -497,7 +561,8 @@ async def _run(args: argparse.Namespace) -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="derender-bench-"))
     print(f"broker {bootstrap}; worker logs in {log_dir}", flush=True)
     load = make_workload(args.sequences, args.tokens, "t")
-    modes = [Mode(name) for name in args.modes.split(",")]
+    codecs: list[str | None] = [c for c in args.compression_types.split(",") if c] or [None]
+    modes = [Mode(name, codec) for name in args.modes.split(",") for codec in codecs]
     results: dict[str, list[RunResult]] = {}
     ceilings: list[tuple[float, float]] = []
     for run in range(args.runs):
@@ -507,11 +572,11 @@ async def _run(args: argparse.Namespace) -> None:
               f"{cpu:5.1f} us CPU/record", flush=True)  # fmt: skip
         for mode in modes:
             result = await one_run(bootstrap, mode, args, run, log_dir, load)
-            results.setdefault(mode.name, []).append(result)
+            results.setdefault(mode.label, []).append(result)
             print(
-                f"  {mode.name:40s} run {run + 1}: {result.chunks_per_s:9.0f} chunks/s  "
+                f"  {mode.label:40s} run {run + 1}: {result.chunks_per_s:9.0f} chunks/s  "
                 f"{result.cpu_us:5.1f} us CPU/record  latency p50 {result.p50_ms:6.1f} ms  "
-                f"p99 {result.p99_ms:6.1f} ms  (at {result.latency_rate:.0f}/s)",
+                f"p99 {result.p99_ms:6.1f} ms  (at {result.latency_rate:.0f}/s){_bytes(result)}",
                 flush=True,
             )
     print()
@@ -534,6 +599,7 @@ async def _run(args: argparse.Namespace) -> None:
             f"{statistics.median(r.cpu_us for r in rs):5.1f} us CPU/record  "
             f"p50 {statistics.median(r.p50_ms for r in rs):6.1f} ms  "
             f"p99 {statistics.median(r.p99_ms for r in rs):6.1f} ms {_spread([r.p99_ms for r in rs])}"
+            f"{_bytes(rs[-1])}"
         )
 
 
@@ -544,6 +610,15 @@ async def _scale_out(args: argparse.Namespace) -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="derender-bench-"))
     print(f"broker {bootstrap}; worker logs in {log_dir}", flush=True)
     await scale_out(bootstrap, args, log_dir)
+
+
+def _bytes(result: RunResult) -> str:
+    if result.wire_bytes is None or not result.payload_bytes:
+        return ""
+    return (
+        f"  outputs {result.wire_bytes / 1e6:.1f} MB fetched for {result.payload_bytes / 1e6:.1f} MB "
+        f"(x{result.wire_bytes / result.payload_bytes:.2f})"
+    )
 
 
 def _spread(values: list[float]) -> str:

@@ -67,6 +67,7 @@ from worker.runtime.health_server import DEFAULT_METRICS_HOST, DEFAULT_METRICS_P
 from worker.runtime.kafka_client.base import (
     AssignmentStrategy,
     ClientKind,
+    CompressionType,
     GroupProtocol,
     TransactionalIdMode,
 )
@@ -560,6 +561,25 @@ class KafkaTopics(KafkaConnection, InputTopic, OutputTopic):
         return self
 
 
+class ProducerSettings(Section):
+    """Every producer of records: ``run``, ``dlq replay``, ``audit --emit``."""
+
+    GROUP: ClassVar[str] = "kafka"
+
+    # Chosen by `./run bench kafka --compression-types` (README, "Benchmarks"): the fewest bytes
+    # with either client, at no cost beyond the run-to-run spread of none.
+    compression_type: CompressionType = Field(
+        CompressionType.ZSTD,
+        description="the codec of every produced batch (zstd needs Kafka 2.1+ and readers that support it)",
+    )
+
+
+class ProducingTopics(ProducerSettings, KafkaTopics):
+    """The topics and the producer settings of a command that writes records."""
+
+    GROUP: ClassVar[str] = "topics"
+
+
 class DeliveryMode(enum.Enum):
     EXACTLY_ONCE = "exactly-once"
     AT_LEAST_ONCE = "at-least-once"
@@ -568,7 +588,7 @@ class DeliveryMode(enum.Enum):
 _CAPS = "memory caps (per worker; a new request past a cap gets a 503 error output; 0: off)"
 
 
-class KafkaSettings(KafkaTopics):
+class KafkaSettings(ProducingTopics):
     """``run``'s consumer group, commits and memory caps."""
 
     GROUP: ClassVar[str] = "processing"

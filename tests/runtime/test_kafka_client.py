@@ -11,7 +11,9 @@ import threading
 from typing import Any
 
 import aiokafka.errors as aioerrors
+import confluent_kafka
 import pytest
+from aiokafka import AIOKafkaProducer
 from confluent_kafka import KafkaError as LibKafkaError
 
 from tests.golden_cases import derenderer_for
@@ -31,9 +33,16 @@ from worker.errors import (
     RecordTooLargeError,
 )
 from worker.runtime import worker as worker_module
-from worker.runtime.delivery import SharedSink, Transaction
+from worker.runtime.delivery import SharedSink, Transaction, producer_config
+from worker.runtime.dlq_replay import ReplayOptions
 from worker.runtime.kafka_client import aiokafka_backend, confluent_backend
-from worker.runtime.kafka_client.base import CommitTimings, Offsets, ProducerConfig, TopicPartition
+from worker.runtime.kafka_client.base import (
+    CommitTimings,
+    CompressionType,
+    Offsets,
+    ProducerConfig,
+    TopicPartition,
+)
 from worker.runtime.kafka_oauth import OidcClientCredentials
 from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
 from worker.runtime.metrics import Metrics
@@ -140,6 +149,32 @@ def test_security_maps_to_librdkafka_settings() -> None:
     config = confluent_backend.security_config(msk)
     assert config["sasl.mechanism"] == "OAUTHBEARER" and callable(config["oauth_cb"])
     assert confluent_backend.security_config(KafkaSecurity()) == {"security.protocol": "PLAINTEXT"}
+
+
+# --- compression: --compression-type reaches both libraries' producers ----------------------------
+
+
+@pytest.mark.parametrize("codec", list(CompressionType), ids=lambda c: c.value)
+def test_compression_type_reaches_both_backends(codec: CompressionType) -> None:
+    config = producer_config(_settings("--compression-type", codec.value), "c")
+    assert config.compression is codec
+    aio = aiokafka_backend.producer_options(config, {})
+    assert aio["compression_type"] == (None if codec is CompressionType.NONE else codec.value)
+    librdkafka = confluent_backend.producer_config(config)
+    assert librdkafka["compression.type"] == codec.value
+
+    # Each library takes the codec (aiokafka refuses one whose codec library is missing, librdkafka
+    # an unknown name) when the producer is built; neither connects here.
+    async def build() -> None:
+        await AIOKafkaProducer(**aio).stop()
+
+    asyncio.run(build())
+    confluent_kafka.Producer(librdkafka).flush(0)
+
+
+def test_dlq_replay_produces_with_the_compression_type() -> None:
+    argv = ["dlq", "replay", "--bootstrap-servers", "k:9092", "--compression-type", "zstd"]
+    assert ReplayOptions.from_args(build_parser().parse_args(argv)).compression is CompressionType.ZSTD
 
 
 # --- modes: refused where they cannot work ------------------------------------------------------
@@ -388,6 +423,7 @@ def test_a_transactional_call_that_never_returns_gives_the_producer_up(
     config = ProducerConfig(
         bootstrap_servers="127.0.0.1:9", client_id="c", max_record_bytes=1 << 20, batch_bytes=16384,
         linger_ms=5, request_timeout_ms=1000, retry_backoff_ms=10, transaction_timeout_ms=15000,
+        compression=CompressionType.NONE,
     )  # fmt: skip
     producer = confluent_backend.ConfluentTransactionalProducer(config, "g-in-worker-0")
     release = threading.Event()

@@ -31,7 +31,15 @@ from worker.runtime.kafka_client.aiokafka_backend import AiokafkaClient, Aiokafk
 from worker.runtime.kafka_client.base import PartitionReader, TopicPartition
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.topics import partition_counts
-from worker.settings import KafkaConnection, KafkaTopics, SecuritySettings, add_arguments, load, load_kafka
+from worker.settings import (
+    KafkaConnection,
+    KafkaTopics,
+    ProducingTopics,
+    SecuritySettings,
+    add_arguments,
+    load,
+    load_kafka,
+)
 
 OUTPUT_LOOKBACK_MS = 5 * 60 * 1000
 EMIT_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000  # the broker's default transaction.max.timeout.ms
@@ -53,7 +61,7 @@ def _time(flag: str) -> Callable[[str], int]:
 
 def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
     """``audit``'s Kafka flags: the connection, topic and security flags of ``run``, and the range."""
-    add_arguments(parser, KafkaTopics, SecuritySettings)
+    add_arguments(parser, ProducingTopics, SecuritySettings)
     group = parser.add_argument_group("input range (Kafka)")
     start = group.add_mutually_exclusive_group()
     start.add_argument(
@@ -97,7 +105,7 @@ def audit_with_kafka(
 async def _audit(
     args: argparse.Namespace, new_processor: Callable[[], EnvelopeProcessor], err: TextIO
 ) -> int:
-    settings = load_kafka(KafkaTopics, args)
+    settings = load_kafka(ProducingTopics, args)
     if any(offset is not None and offset < 0 for offset in (args.from_offset, args.to_offset)):
         raise AuditUsageError("--from-offset and --to-offset must not be negative")
     security = settings.security.client_kwargs()
@@ -291,7 +299,7 @@ async def _read(
 class Emitter:
     """The backfill: one transactional producer, one transaction for the whole range."""
 
-    def __init__(self, settings: KafkaTopics, security: dict[str, Any], topic: str) -> None:
+    def __init__(self, settings: ProducingTopics, security: dict[str, Any], topic: str) -> None:
         self.topic = topic
         self.sent = 0
         config = producer_config(settings, f"{settings.client_id}-audit-emit", EMIT_TRANSACTION_TIMEOUT_MS)

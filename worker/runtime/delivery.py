@@ -38,7 +38,7 @@ from worker.runtime.metrics import Metrics
 from worker.runtime.records import OutgoingRecord
 
 if TYPE_CHECKING:
-    from worker.settings import KafkaConnection
+    from worker.settings import ProducingTopics
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ GroupMetadata = Callable[[], object]
 
 
 def producer_config(
-    settings: KafkaConnection, client_id: str, transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS
+    settings: ProducingTopics, client_id: str, transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS
 ) -> ProducerConfig:
     """Every producer's settings: the worker's, ``audit``'s and ``dlq replay``'s."""
     return ProducerConfig(
@@ -73,6 +73,7 @@ def producer_config(
         request_timeout_ms=PRODUCER_REQUEST_TIMEOUT_MS,
         retry_backoff_ms=PRODUCER_RETRY_BACKOFF_MS,
         transaction_timeout_ms=transaction_timeout_ms,
+        compression=settings.compression_type,
         security=settings.security,
     )
 

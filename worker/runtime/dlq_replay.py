@@ -51,11 +51,17 @@ from worker.runtime.delivery import (
     TRANSACTION_TIMEOUT_MS,
 )
 from worker.runtime.kafka_client.aiokafka_backend import AiokafkaProducer, AiokafkaReader
-from worker.runtime.kafka_client.base import ConsumedRecord, PartitionReader, ProducerConfig, TopicPartition
+from worker.runtime.kafka_client.base import (
+    CompressionType,
+    ConsumedRecord,
+    PartitionReader,
+    ProducerConfig,
+    TopicPartition,
+)
 from worker.runtime.kafka_security import KafkaSecurity
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.topics import partition_counts
-from worker.settings import KafkaTopics, SecuritySettings, add_arguments, load_kafka
+from worker.settings import ProducerSettings, ProducingTopics, SecuritySettings, add_arguments, load_kafka
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024  # as large as the worker's own producers send
 _POLL_MS = 500
@@ -128,6 +134,7 @@ class ReplayOptions:
     dlq_topic: str
     to_topic: str
     security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    compression: CompressionType = ProducerSettings.model_fields["compression_type"].default
     from_offset: int | None = None
     since_ms: int | None = None
     reason_contains: str | None = None
@@ -137,7 +144,7 @@ class ReplayOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ReplayOptions:
-        settings = load_kafka(KafkaTopics, args)
+        settings = load_kafka(ProducingTopics, args)
         if args.from_offset is not None and args.from_offset < 0:
             raise ConfigurationError("--from-offset must not be negative")
         if args.limit is not None and args.limit <= 0:
@@ -148,6 +155,7 @@ class ReplayOptions:
             dlq_topic=settings.topics.dlq,
             to_topic=args.to_topic or settings.topics.input,
             security=settings.security,
+            compression=settings.compression_type,
             from_offset=args.from_offset,
             since_ms=args.since,
             reason_contains=args.reason_contains,
@@ -223,6 +231,7 @@ async def replay_dead_letters(options: ReplayOptions, out: TextIO | None = None)
                 request_timeout_ms=PRODUCER_REQUEST_TIMEOUT_MS,
                 retry_backoff_ms=PRODUCER_RETRY_BACKOFF_MS,
                 transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+                compression=options.compression,
                 security=options.security,
             )
             # Idempotent: a retried send is not written twice.
@@ -323,7 +332,7 @@ def register_dlq(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_arguments(replay, KafkaTopics, SecuritySettings)
+    add_arguments(replay, ProducingTopics, SecuritySettings)
     group = replay.add_argument_group("replay")
     start = group.add_mutually_exclusive_group()
     start.add_argument("--from-offset", type=int, default=None, help="start every partition at this offset")

@@ -53,6 +53,7 @@ from worker.runtime.kafka_client.base import (
     AssignmentStrategy,
     ClientKind,
     CommitTimings,
+    CompressionType,
     ConsumedRecord,
     ConsumerConfig,
     Offsets,
@@ -159,6 +160,7 @@ def producer_options(config: ProducerConfig, security: Mapping[str, Any]) -> dic
         # The first request of the next transaction often meets CONCURRENT_TRANSACTIONS while the
         # broker writes the last one's markers; the 100 ms default backoff would add 100 ms per commit.
         "retry_backoff_ms": config.retry_backoff_ms,
+        "compression_type": None if config.compression is CompressionType.NONE else config.compression.value,
     }
 
 

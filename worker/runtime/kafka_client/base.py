@@ -101,6 +101,16 @@ class AssignmentStrategy(enum.Enum):
         return self is AssignmentStrategy.COOPERATIVE_STICKY
 
 
+class CompressionType(enum.Enum):
+    """A producer's batch codec; both backends take every one (aiokafka through cramjam)."""
+
+    NONE = "none"
+    GZIP = "gzip"
+    SNAPPY = "snappy"
+    LZ4 = "lz4"
+    ZSTD = "zstd"
+
+
 class GroupProtocol(enum.Enum):
     CLASSIC = "classic"  # JoinGroup/SyncGroup; the client assigns
     CONSUMER = "consumer"  # KIP-848: the broker assigns, always incrementally
@@ -132,6 +142,7 @@ class ProducerConfig:
     request_timeout_ms: int
     retry_backoff_ms: int
     transaction_timeout_ms: int
+    compression: CompressionType
     security: KafkaSecurity = field(default_factory=KafkaSecurity)
 
 

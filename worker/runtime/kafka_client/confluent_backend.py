@@ -445,6 +445,7 @@ def producer_config(config: ProducerConfig) -> dict[str, Any]:
         # The first produce of the next transaction can meet the last one's markers still being
         # written (CONCURRENT_TRANSACTIONS); retry it soon.
         "retry.backoff.ms": config.retry_backoff_ms,
+        "compression.type": config.compression.value,
         "delivery.report.only.error": True,
     }
 
