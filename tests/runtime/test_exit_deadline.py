@@ -35,3 +35,27 @@ def test_the_deadline_is_started_once() -> None:
         [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 1 and done.stderr.count("exiting") == 1, done.stderr
+
+
+STUCK_CALL = textwrap.dedent(
+    """
+    import asyncio
+    import threading
+    from worker.runtime.kafka_client.confluent_backend import _Thread
+
+    async def main() -> None:
+        thread = _Thread("stuck")
+        call = asyncio.ensure_future(thread.run(threading.Event().wait))  # never returns
+        await asyncio.sleep(0.1)
+        call.cancel()  # given up, as a timed-out transactional call is
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_client_call_given_up_does_not_keep_the_process_alive() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", STUCK_CALL], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr

@@ -7,7 +7,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 import threading
 
 from prometheus_client.registry import CollectorRegistry
@@ -96,13 +95,7 @@ def _start_health_server(
 
 
 def _run(args: argparse.Namespace) -> int:
-    status = run_worker(RunConfig.from_args(args))
-    # Exit at once: a Kafka client call given up after its timeout may still hold a thread, which the
-    # interpreter would join first (ExitDeadline). What matters is committed or aborted by now.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    return run_worker(RunConfig.from_args(args))
 
 
 def run_worker(config: RunConfig) -> int:

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import confluent_kafka
@@ -178,16 +179,37 @@ class _Record:
 
 
 class _Thread:
-    """A one-thread executor: the client's blocking calls, in order, off the event loop."""
+    """One daemon thread: the client's blocking calls, in order, off the event loop.
+
+    A daemon, unlike a ``ThreadPoolExecutor``'s worker, is not joined when the interpreter exits: a
+    call given up after its timeout (``ConfluentTransactionalProducer._txn_call``) may still be
+    inside librdkafka, and a stopped worker must not wait for it.
+    """
 
     def __init__(self, name: str) -> None:
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None]
+        self._calls = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def _serve(self) -> None:
+        while (item := self._calls.get()) is not None:
+            future, call, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = call(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
 
     async def run(self, call: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, call, *args)
+        future: Future[T] = Future()
+        self._calls.put((future, call, args))
+        return await asyncio.wrap_future(future)
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False)
+        self._calls.put(None)  # the thread ends after the calls already queued
 
 
 async def _call(thread: _Thread, call: Callable[..., T], *args: Any) -> T:
