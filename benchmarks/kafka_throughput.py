@@ -60,6 +60,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.kafka_helpers import fetched_bytes  # noqa: E402
 from worker.runtime.topics import TopicNames, create_topics  # noqa: E402
 
 MODEL_DIR = REPO / "samples" / "models" / "qwen3"
@@ -243,47 +244,6 @@ class RunResult:
     payload_bytes: int | None = None  # their keys and values
 
 
-def output_wire_bytes(bootstrap: str, topic: str, count: int) -> tuple[int, int]:
-    """Bytes fetched (librdkafka's brokers' ``rxbytes``) to read ``count`` committed records of
-    ``topic`` from the start, and those records' key + value bytes."""
-    import json
-
-    import confluent_kafka as ck
-
-    received: list[int] = []
-
-    def stats(text: str) -> None:
-        brokers = json.loads(text)["brokers"].values()
-        received.append(sum(b["rxbytes"] for b in brokers if b["nodeid"] >= 0))
-
-    consumer = ck.Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-wire-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "statistics.interval.ms": 100,
-            "stats_cb": stats,
-        }
-    )
-    consumer.subscribe([topic])
-    payload = seen = 0
-    try:
-        while seen < count:
-            for message in consumer.consume(10_000, 0.5):
-                if message.error() is None:
-                    seen += 1
-                    payload += len(message.key() or b"") + len(message.value() or b"")
-        # One more statistics report, taken after the last fetch.
-        reports = len(received)
-        while len(received) < reports + 2:
-            consumer.poll(0.1)
-    finally:
-        consumer.close()
-    return received[-1], payload
-
-
 @dataclass(frozen=True)
 class Mode:
     """``delivery[+trace]/client/transactional-id-mode``."""
@@ -458,7 +418,7 @@ async def one_run(
         throughput = len(load) / max(reader.last_wall - started_at, 1e-9)
         wire = payload = None
         if mode.compression is not None:
-            wire, payload = await asyncio.to_thread(output_wire_bytes, bootstrap, topics.output, len(load))
+            wire, payload = await asyncio.to_thread(fetched_bytes, bootstrap, topics.output, len(load))
 
         # Latency at a steady rate below capacity (half the rate just measured), worker caught up.
         rate = args.latency_rate or throughput / 2

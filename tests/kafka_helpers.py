@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import re
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -637,3 +639,45 @@ def duplicates(records: list[Any]) -> list[tuple[str, int]]:
             dups.append(ident)
         seen.add(ident)
     return dups
+
+
+def fetched_bytes(bootstrap: str, topic: str, count: int) -> tuple[int, int]:
+    """Bytes librdkafka received from the brokers to read ``count`` committed records of ``topic``
+    (the batches as stored: compressed as produced), and those records' key + value bytes."""
+    received: list[int] = []
+
+    def stats(text: str) -> None:
+        brokers = json.loads(text)["brokers"].values()
+        received.append(sum(b["rxbytes"] for b in brokers if b["nodeid"] >= 0))
+
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"derender-test-wire-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "statistics.interval.ms": 100,
+            "stats_cb": stats,
+        }
+    )
+    consumer.subscribe([topic])
+    seen = payload = 0
+    try:
+        for _ in range(600):  # 0.1 s polls; a bound, not a timing
+            if seen >= count:
+                break
+            for message in consumer.consume(1000, 0.1):
+                if message.error() is None:
+                    seen += 1
+                    payload += len(message.key() or b"") + len(message.value() or b"")
+        if seen < count:
+            raise AssertionError(f"read {seen} of {count} records of {topic}")
+        reports = len(received)
+        for _ in range(100):  # a statistics report taken after the last fetch
+            if len(received) >= reports + 2:
+                break
+            consumer.poll(0.1)
+    finally:
+        consumer.close()
+    return received[-1], payload

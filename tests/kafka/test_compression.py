@@ -4,10 +4,7 @@ whose records read back exactly as ``replay`` makes them."""
 from __future__ import annotations
 
 import asyncio
-import json
-import uuid
 
-import confluent_kafka
 import pytest
 
 from tests.golden_cases import derenderer_for
@@ -17,6 +14,7 @@ from tests.kafka_helpers import (
     TopicReader,
     WorkerGroup,
     assert_identical,
+    fetched_bytes,
     generate_sequences,
     interleave,
     make_worker_topics,
@@ -25,47 +23,6 @@ from tests.kafka_helpers import (
 )
 
 pytestmark = pytest.mark.kafka
-
-
-def fetched_bytes(bootstrap: str, topic: str, count: int) -> tuple[int, int]:
-    """Bytes librdkafka received from the brokers to read ``count`` committed records of ``topic``
-    (the batches as stored: compressed as produced), and those records' key + value bytes."""
-    received: list[int] = []
-
-    def stats(text: str) -> None:
-        brokers = json.loads(text)["brokers"].values()
-        received.append(sum(b["rxbytes"] for b in brokers if b["nodeid"] >= 0))
-
-    consumer = confluent_kafka.Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"derender-test-wire-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "statistics.interval.ms": 100,
-            "stats_cb": stats,
-        }
-    )
-    consumer.subscribe([topic])
-    seen = payload = 0
-    try:
-        for _ in range(600):  # 0.1 s polls; a bound, not a timing
-            if seen >= count:
-                break
-            for message in consumer.consume(1000, 0.1):
-                if message.error() is None:
-                    seen += 1
-                    payload += len(message.key() or b"") + len(message.value() or b"")
-        assert seen == count, f"read {seen} of {count} records of {topic}"
-        reports = len(received)
-        for _ in range(100):  # a statistics report taken after the last fetch
-            if len(received) >= reports + 2:
-                break
-            consumer.poll(0.1)
-    finally:
-        consumer.close()
-    return received[-1], payload
 
 
 @pytest.mark.parametrize(("client", "codec"), [("aiokafka", "lz4"), ("confluent", "zstd")])
