@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -33,6 +33,7 @@ from worker.core.parsing import (
     TokenizerAdapter,
     adapter_for,
 )
+from worker.core.parsing.tools._pythonic_common import PythonicStream
 
 # -- tokenizers and records ------------------------------------------------------
 
@@ -360,3 +361,31 @@ def delta_without_ids(delta: Any) -> Any:
     for call in out["tool_calls"]:
         call["id"] = None
     return out
+
+
+def pythonic_matches_whole_reparse(
+    pieces: list[str],
+    marker: str | None,
+    *,
+    before: Callable[[PythonicStream, str], bool] | None = None,
+    after: Callable[[PythonicStream, str], bool] | None = None,
+) -> int:
+    """Feed ``pieces`` to an incremental ``PythonicStream`` and to the whole re-parse (the
+    reference) and require every record's delta (ids aside) and the remainder to be equal; the
+    records of the incremental run that ``before`` (ahead of the step) or ``after`` counted."""
+
+    def run(incremental: bool) -> tuple[list[Any], str, int]:
+        stream = PythonicStream(marker)
+        stream.incremental = incremental
+        out: list[Any] = []
+        counted = 0
+        for piece in pieces:
+            counted += before is not None and before(stream, piece)
+            out.append(delta_without_ids(stream.step(piece)))
+            counted += after is not None and after(stream, piece)
+        return out, stream.remaining_args(), counted
+
+    got, want = run(True), run(False)
+    assert want[2] == 0
+    assert got[:2] == want[:2], "".join(pieces)
+    return got[2]

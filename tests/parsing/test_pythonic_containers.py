@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.parsing_helpers import (
-    delta_without_ids,
+    pythonic_matches_whole_reparse,
     records,
     sample_encode,
     sample_tokenizer,
@@ -27,7 +27,6 @@ from tests.parsing_helpers import (
 )
 from worker.core.parsing import ParseRequest
 from worker.core.parsing.tools import _pythonic_common as common
-from worker.core.parsing.tools._pythonic_common import PythonicStream
 from worker.core.parsing.tools.llama4_pythonic import END, START
 
 TOOLS = [{"type": "function", "function": {"name": "write_file", "parameters": {"type": "object"}}}]
@@ -92,22 +91,10 @@ def _random_text(rng: random.Random) -> str:
     return text
 
 
-def _run(pieces: list[str], marker: str | None, incremental: bool) -> tuple[list[Any], str, int]:
-    stream = PythonicStream(marker)
-    stream.incremental = incremental
-    out, dropped = [], 0
-    for piece in pieces:
-        out.append(delta_without_ids(stream.step(piece)))
-        dropped += stream._elem_start >= 0
-    return out, stream.remaining_args(), dropped
-
-
 def _same(pieces: list[str], marker: str | None) -> int:
-    got = _run(pieces, marker, True)
-    want = _run(pieces, marker, False)
-    assert want[2] == 0
-    assert got[:2] == want[:2], "".join(pieces)
-    return got[2]
+    return pythonic_matches_whole_reparse(
+        pieces, marker, after=lambda stream, _piece: stream._elem_start >= 0
+    )
 
 
 @pytest.mark.parametrize("marker", [None, END])
