@@ -19,7 +19,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.golden_cases import MODELS_DIR
 from worker.core.model_dir import LoadedTokenizer, load_tokenizer
@@ -34,6 +34,8 @@ from worker.core.parsing import (
     adapter_for,
 )
 from worker.core.parsing.tools._pythonic_common import PythonicStream
+
+P = TypeVar("P")
 
 # -- tokenizers and records ------------------------------------------------------
 
@@ -363,29 +365,39 @@ def delta_without_ids(delta: Any) -> Any:
     return out
 
 
-def pythonic_matches_whole_reparse(
+def matches_whole_reread(
+    make: Callable[[bool], P],
+    step: Callable[[P, str], Any],
+    remainder: Callable[[P], str],
     pieces: list[str],
-    marker: str | None,
     *,
-    before: Callable[[PythonicStream, str], bool] | None = None,
-    after: Callable[[PythonicStream, str], bool] | None = None,
+    before: Callable[[P, str], bool] | None = None,
+    after: Callable[[P, str], bool] | None = None,
 ) -> int:
-    """Feed ``pieces`` to an incremental ``PythonicStream`` and to the whole re-parse (the
+    """Feed ``pieces`` to an incremental reader and to its whole re-read (``make(False)``, the
     reference) and require every record's delta (ids aside) and the remainder to be equal; the
     records of the incremental run that ``before`` (ahead of the step) or ``after`` counted."""
 
     def run(incremental: bool) -> tuple[list[Any], str, int]:
-        stream = PythonicStream(marker)
-        stream.incremental = incremental
+        reader = make(incremental)
         out: list[Any] = []
         counted = 0
         for piece in pieces:
-            counted += before is not None and before(stream, piece)
-            out.append(delta_without_ids(stream.step(piece)))
-            counted += after is not None and after(stream, piece)
-        return out, stream.remaining_args(), counted
+            counted += before is not None and before(reader, piece)
+            out.append(delta_without_ids(step(reader, piece)))
+            counted += after is not None and after(reader, piece)
+        return out, remainder(reader), counted
 
     got, want = run(True), run(False)
     assert want[2] == 0
     assert got[:2] == want[:2], "".join(pieces)
     return got[2]
+
+
+def pythonic_stream(marker: str | None) -> Callable[[bool], PythonicStream]:
+    def make(incremental: bool) -> PythonicStream:
+        stream = PythonicStream(marker)
+        stream.incremental = incremental
+        return stream
+
+    return make

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.parsing_helpers import delta_without_ids, sample_tokenizer, text_cuts
+from tests.parsing_helpers import delta_without_ids, matches_whole_reread, sample_tokenizer, text_cuts
 from worker.core.parsing import ParseRequest, adapter_for
 from worker.core.parsing.tools import llama3_json
 from worker.core.parsing.tools.llama3_json import Llama3JsonToolParser
@@ -84,22 +84,23 @@ def tokenizer() -> Any:
     return adapter_for(sample_tokenizer("llama-3.1"))
 
 
-def _run(tokenizer: Any, pieces: list[str], incremental: bool) -> tuple[list[Any], str, int]:
-    parser = Llama3JsonToolParser(tokenizer, None, {})
-    parser.incremental = incremental
-    out, skipped = [], 0
-    for piece in pieces:
-        out.append(delta_without_ids(parser.stream(piece, [0], REQUEST)))
-        skipped += parser._prev_stale
-    return out, parser.remaining_unstreamed_args(), skipped
+def _skipped(parser: Llama3JsonToolParser, _piece: str) -> bool:
+    return bool(parser._prev_stale)  # the whole read skipped
 
 
 def _same(tokenizer: Any, pieces: list[str]) -> int:
-    got = _run(tokenizer, pieces, True)
-    want = _run(tokenizer, pieces, False)
-    assert want[2] == 0
-    assert got[:2] == want[:2], "".join(pieces)
-    return got[2]
+    def make(incremental: bool) -> Llama3JsonToolParser:
+        parser = Llama3JsonToolParser(tokenizer, None, {})
+        parser.incremental = incremental
+        return parser
+
+    return matches_whole_reread(
+        make,
+        lambda parser, piece: parser.stream(piece, [0], REQUEST),
+        Llama3JsonToolParser.remaining_unstreamed_args,
+        pieces,
+        after=_skipped,
+    )
 
 
 def test_corpus_in_one_character_records(tokenizer: Any) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from tests.parsing_helpers import (
-    pythonic_matches_whole_reparse,
+    matches_whole_reread,
+    pythonic_stream,
     records,
     sample_encode,
     sample_tokenizer,
@@ -27,6 +28,7 @@ from tests.parsing_helpers import (
 )
 from worker.core.parsing import ParseRequest
 from worker.core.parsing.tools import _pythonic_common as common
+from worker.core.parsing.tools._pythonic_common import PythonicStream
 from worker.core.parsing.tools.llama4_pythonic import END, START
 
 TOOLS = [{"type": "function", "function": {"name": "write_file", "parameters": {"type": "object"}}}]
@@ -91,9 +93,13 @@ def _random_text(rng: random.Random) -> str:
     return text
 
 
+def _dropped(stream: PythonicStream, _piece: str) -> bool:
+    return stream._elem_start >= 0  # an element left out of later parses
+
+
 def _same(pieces: list[str], marker: str | None) -> int:
-    return pythonic_matches_whole_reparse(
-        pieces, marker, after=lambda stream, _piece: stream._elem_start >= 0
+    return matches_whole_reread(
+        pythonic_stream(marker), PythonicStream.step, PythonicStream.remaining_args, pieces, after=_dropped
     )
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from tests.parsing_helpers import (
-    pythonic_matches_whole_reparse,
+    matches_whole_reread,
+    pythonic_stream,
     records,
     sample_encode,
     sample_tokenizer,
@@ -27,6 +28,7 @@ from tests.parsing_helpers import (
 )
 from worker.core.parsing import ParseRequest
 from worker.core.parsing.tools import _pythonic_common as common
+from worker.core.parsing.tools._pythonic_common import PythonicStream
 from worker.core.parsing.tools.llama4_pythonic import END, START
 
 TOOLS = [{"type": "function", "function": {"name": "write_file", "parameters": {"type": "object"}}}]
@@ -107,11 +109,13 @@ def _random_text(rng: random.Random) -> str:
     return text
 
 
+def _fast(stream: PythonicStream, piece: str) -> bool:
+    return stream._fast is not None and stream._fast.quote not in piece  # read in the fast path
+
+
 def _same(pieces: list[str], marker: str | None) -> int:
-    return pythonic_matches_whole_reparse(
-        pieces,
-        marker,
-        before=lambda stream, piece: stream._fast is not None and stream._fast.quote not in piece,
+    return matches_whole_reread(
+        pythonic_stream(marker), PythonicStream.step, PythonicStream.remaining_args, pieces, before=_fast
     )
 
 
