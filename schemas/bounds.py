@@ -23,3 +23,7 @@ PositiveInt64 = Annotated[int, Field(gt=0, le=INT64_MAX)]
 MAX_JSON_DEPTH = 128
 """Levels of arrays and objects a record may nest, counted from the envelope itself. Well under
 what orjson writes (254), so any value copied into an output or state record fits there too."""
+
+MAX_TOKEN_ID = 2**32 - 1
+"""The largest token id the ``tokenizers`` backend takes (a u32): larger or negative ids make it
+raise, in vLLM's tokenizer too."""

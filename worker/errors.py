@@ -14,8 +14,9 @@ here would turn its traceback into the CLI's one-line message.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from typing import Any
+
+from schemas.bounds import MAX_TOKEN_ID
 
 
 class DerenderWorkerError(Exception):
@@ -59,16 +60,6 @@ class TokenIdRangeError(RequestError):
     def __init__(self, token_id: int) -> None:
         super().__init__(f"token id {token_id} is outside the tokenizer's id range 0..{MAX_TOKEN_ID}")
         self.token_id = token_id
-
-
-#: the largest id the ``tokenizers`` backend takes (a u32)
-MAX_TOKEN_ID = 2**32 - 1
-
-
-def check_token_id_range(ids: Sequence[int]) -> None:
-    """Raise :class:`TokenIdRangeError` for the first id outside 0..MAX_TOKEN_ID."""
-    if ids and (min(ids) < 0 or max(ids) > MAX_TOKEN_ID):
-        raise TokenIdRangeError(next(i for i in ids if not 0 <= i <= MAX_TOKEN_ID))
 
 
 class ModelNotFoundError(RequestError):

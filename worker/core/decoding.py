@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from schemas.bounds import MAX_TOKEN_ID
 from worker.core.model_dir import LoadedTokenizer
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -177,7 +178,8 @@ class TextDecoder:
         try:
             text: str = self._backend_decode(list(token_ids), skip_special_tokens=False)
         except OverflowError:
-            text = self._backend_decode([t for t in token_ids if 0 <= t < 2**32], skip_special_tokens=False)
+            in_range = [t for t in token_ids if 0 <= t <= MAX_TOKEN_ID]
+            text = self._backend_decode(in_range, skip_special_tokens=False)
         if self._clean_up:
             text = _clean_up_tokenization(text)
         return text

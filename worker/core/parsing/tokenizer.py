@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 
+from schemas.bounds import MAX_TOKEN_ID
 from worker.core.model_dir import LoadedTokenizer
-from worker.errors import MAX_TOKEN_ID, check_token_id_range
+from worker.errors import TokenIdRangeError
+
+
+def check_token_id_range(ids: Sequence[int]) -> None:
+    """Raise :class:`TokenIdRangeError` (a 400) for the first id the tokenizer cannot take."""
+    if ids and (min(ids) < 0 or max(ids) > MAX_TOKEN_ID):
+        raise TokenIdRangeError(next(i for i in ids if not 0 <= i <= MAX_TOKEN_ID))
 
 
 class TokenizerAdapter:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from worker.core.parsing.tokenizer import check_token_id_range
 from worker.core.parsing.types import ParserTokenizer
-from worker.errors import check_token_id_range
 
 DROP = "__drop__"
 
