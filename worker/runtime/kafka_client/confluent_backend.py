@@ -561,10 +561,11 @@ class ConfluentTransactionalProducer(_ProducerBase):
         the producer (per partition by reopening it; per worker, ``Transaction.needs_new_producer``),
         and the new one's ``init_transactions`` fences the stuck one.
         """
-        if self._stuck:
-            raise KafkaClientError(f"{self.transactional_id}: an earlier call never returned")
+        self._refuse_if_given_up()
         try:
             return await asyncio.wait_for(self._thread.run(call, *args), timeout_s + STUCK_MARGIN_S)
+        except KafkaException as exc:
+            raise _translated(exc) from exc
         except asyncio.CancelledError:
             self._stuck = True  # the call runs on; whether it ends the transaction is unknown
             raise
@@ -575,15 +576,15 @@ class ConfluentTransactionalProducer(_ProducerBase):
                 f"{timeout_s + STUCK_MARGIN_S:.0f} s; the producer is given up"
             ) from None
 
-    async def start(self) -> None:
-        try:
-            await self._txn_call(CALL_TIMEOUT_S, self._producer.init_transactions, CALL_TIMEOUT_S)
-        except KafkaException as exc:
-            raise _translated(exc) from exc
-
-    async def begin(self) -> None:
+    def _refuse_if_given_up(self) -> None:
         if self._stuck:
             raise KafkaClientError(f"{self.transactional_id}: an earlier call never returned")
+
+    async def start(self) -> None:
+        await self._txn_call(CALL_TIMEOUT_S, self._producer.init_transactions, CALL_TIMEOUT_S)
+
+    async def begin(self) -> None:
+        self._refuse_if_given_up()
         try:
             self._producer.begin_transaction()  # local: no broker round trip
         except KafkaException as exc:
@@ -603,18 +604,15 @@ class ConfluentTransactionalProducer(_ProducerBase):
         partitions = [_lib(tp, offset) for tp, offset in offsets.items()]
         try:
             return await self._txn_call(2 * CALL_TIMEOUT_S, self._commit, partitions, group)
-        except KafkaException as exc:
-            failed = self._deliveries.take()
+        except KafkaClientError as exc:
+            failed = self._deliveries.take()  # the first failed send says why (too large, ...)
             if failed is not None:
                 raise failed from exc
-            raise _translated(exc) from exc
+            raise
 
     async def abort(self) -> None:
         self._deliveries.take()
-        try:
-            await self._txn_call(CLOSE_TIMEOUT_S, self._producer.abort_transaction, CLOSE_TIMEOUT_S)
-        except KafkaException as exc:
-            raise _translated(exc) from exc
+        await self._txn_call(CLOSE_TIMEOUT_S, self._producer.abort_transaction, CLOSE_TIMEOUT_S)
 
     async def stop(self) -> None:
         # Whatever is still queued belongs to a transaction that was aborted, fenced or never
