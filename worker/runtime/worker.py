@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, Literal
 
 from worker.core.derenderer import Derenderer
 from worker.core.live_parsers import LiveParserPool
@@ -171,6 +171,7 @@ class Worker:
         self._next_metrics_log_at = 0.0
         self._epoch = 0  # bumped whenever partitions are opened; see _step
         self._step_cancelled = False  # see _step_unless_stopped
+        self._stop_requested: asyncio.Task[Literal[True]] | None = None  # self._stop.wait() as a task
 
     # --- public ------------------------------------------------------------------------------
 
@@ -192,8 +193,12 @@ class Worker:
                     "KAFKA_BOOTSTRAP_SERVERS at a running one"
                 ) from exc
             self.lifecycle.to(WorkerState.RUNNING)
-            while not self._stop.is_set():
-                await self._step_unless_stopped()
+            try:
+                while not self._stop.is_set():
+                    await self._step_unless_stopped()
+            finally:
+                if self._stop_requested is not None:
+                    self._stop_requested.cancel()
         except BaseException as exc:
             self.lifecycle.to(WorkerState.FAILED)
             await self._close_clients()
@@ -280,25 +285,23 @@ class Worker:
         half-way through a record, so nothing is committed after it: the shutdown aborts every open
         transaction and the next owners start from the last commit (reprocessed, never duplicated).
         """
+        if self._stop_requested is None:  # one waiter for the whole run, not one per step
+            self._stop_requested = asyncio.ensure_future(self._stop.wait())
+        stop_requested = self._stop_requested
         step = asyncio.ensure_future(self._step())
-        stop = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
-            if not step.done():
-                await asyncio.wait({step}, timeout=STEP_GRACE_S)
-            if not step.done():
-                log.warning(
-                    "a step outlived the stop request by %.0f s: cancelled, nothing more commits",
-                    STEP_GRACE_S,
-                )
-                self._step_cancelled = True
-                step.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await step
-                return
-            step.result()
-        finally:
-            stop.cancel()
+        await asyncio.wait((step, stop_requested), return_when=asyncio.FIRST_COMPLETED)
+        if not step.done():
+            await asyncio.wait({step}, timeout=STEP_GRACE_S)
+        if not step.done():
+            log.warning(
+                "a step outlived the stop request by %.0f s: cancelled, nothing more commits", STEP_GRACE_S
+            )
+            self._step_cancelled = True
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await step
+            return
+        step.result()
 
     async def _shutdown(self) -> None:
         async with self._lock:
