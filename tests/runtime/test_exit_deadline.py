@@ -30,11 +30,16 @@ def test_the_deadline_exits_a_process_whose_threads_never_finish() -> None:
 
 
 def test_the_deadline_is_started_once() -> None:
-    script = BLOCKED.replace("ExitDeadline(0.2).start()", "d = ExitDeadline(0.2)\nd.start()\nd.start()")
+    # SIGTERM twice must not start a second timer (whose own countdown would begin later).
+    script = BLOCKED.replace(
+        "ExitDeadline(0.2).start()",
+        "d = ExitDeadline(0.2)\nd.start()\nfirst = d._timer\nd.start()\n"
+        "print('same' if d._timer is first else 'another', flush=True)",
+    )
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
     )
-    assert done.returncode == 1 and done.stderr.count("exiting") == 1, done.stderr
+    assert done.stdout.strip() == "same" and done.returncode == 1, done.stderr
 
 
 STUCK_CALL = textwrap.dedent(
