@@ -370,8 +370,18 @@ class ConfluentConsumer:
             self._consumer.resume(ready)
 
     def _consume(self, max_records: int, timeout_s: float) -> dict[TopicPartition, list[ConsumedRecord]]:
+        # librdkafka's batch call waits out its whole timeout unless it fills the batch, holding
+        # records that are already here for up to a poll timeout: take what is queued at once,
+        # and when nothing is, wait for the first record only.
+        messages = self._consumer.consume(max_records, 0)
+        if not messages and timeout_s > 0:
+            first = self._consumer.poll(timeout_s)
+            if first is not None:
+                messages = [first]
+                if max_records > 1:
+                    messages += self._consumer.consume(max_records - 1, 0)
         batches: dict[TopicPartition, list[ConsumedRecord]] = {}
-        for message in self._consumer.consume(max_records, timeout_s):
+        for message in messages:
             error = message.error()
             if error is not None:
                 if error.code() in _GROUP_REJECTIONS or error.fatal():

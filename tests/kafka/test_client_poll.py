@@ -1,0 +1,70 @@
+"""The client layer's ``poll`` against a real broker: a record that is there is handed over at once.
+
+A poll's timeout bounds how long it waits for the *first* record, not for a full batch: the
+worker's latency budget is one commit interval, and a poll that held arrived records until its
+timeout (librdkafka's batch call does, unless the batch fills) added up to that much again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from tests.kafka_broker import TopicFactory
+from worker.runtime.kafka_client import make_client
+from worker.runtime.kafka_client.base import ClientKind, ConsumerConfig, Partitions
+from worker.runtime.kafka_security import KafkaSecurity
+
+pytestmark = pytest.mark.kafka
+
+LONG_POLL_MS = 30_000
+
+
+async def _nothing(partitions: Partitions) -> None:
+    del partitions
+
+
+@pytest.mark.parametrize("kind", [ClientKind.AIOKAFKA, ClientKind.CONFLUENT])
+def test_poll_returns_what_is_there_before_its_timeout(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory, kind: ClientKind
+) -> None:
+    topic = kafka_topic_factory("poll")
+
+    async def body() -> None:
+        consumer = make_client(kind, KafkaSecurity()).consumer(
+            ConsumerConfig(
+                bootstrap_servers=kafka_bootstrap,
+                client_id="poll-test",
+                group_id=f"poll-{uuid.uuid4().hex[:8]}",
+                session_timeout_ms=10_000,
+                rebalance_timeout_ms=10_000,
+                heartbeat_interval_ms=1_000,
+                max_poll_records=500,
+                metadata_max_age_ms=5_000,
+            )
+        )
+        await consumer.start()
+        consumer.subscribe([topic], on_assign=_nothing, on_revoke=_nothing, on_lost=_nothing)
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            # Until the group is joined and the partition fetched (the empty topic gives nothing).
+            while not consumer.assignment():
+                await consumer.poll(200, 500)
+            await consumer.poll(500, 500)
+            await producer.send_and_wait(topic, b"one", key=b"k")
+            started = time.monotonic()
+            batches = await consumer.poll(LONG_POLL_MS, 500)
+            waited = time.monotonic() - started
+        finally:
+            await producer.stop()
+            await consumer.stop()
+        assert [r.value for records in batches.values() for r in records] == [b"one"]
+        # Not a speed target: a poll that waited for a full batch would take all of LONG_POLL_MS.
+        assert waited < LONG_POLL_MS / 1000 / 3, f"poll held a present record for {waited:.1f} s"
+
+    asyncio.run(asyncio.wait_for(body(), 120))
