@@ -13,13 +13,13 @@ record costs what the core costs (see README, "Benchmarks").
 
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import BinaryIO, TextIO
 
 from worker.assembly import Assembler, render_text
+from worker.core.cycle_collection import freeze_startup_objects
 from worker.core.envelope_processor import EnvelopeProcessor
 
 log = logging.getLogger(__name__)
@@ -114,10 +114,7 @@ def replay_file(
     err: TextIO | None = None,
 ) -> int:
     """The ``replay`` command after start-up: ``path`` (``-``: stdin) to ``out`` (stdout)."""
-    # Everything alive now (schemas, tokenizer tables, the parsers' vocabularies) lives until
-    # exit: frozen, the collector stops re-scanning it while records come and go.
-    gc.collect()
-    gc.freeze()
+    freeze_startup_objects()
     source = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115 - closed below
     try:
         batches = line_batches(source)

@@ -47,6 +47,13 @@ class _Paused(AbstractContextManager[None]):
 _PAUSED = _Paused()
 
 
+def freeze_startup_objects() -> None:
+    """Once start-up is done: what is alive now (schemas, tokenizer tables, parser vocabularies,
+    modules) lives until exit, so the collector stops re-scanning it while records come and go."""
+    gc.collect()
+    gc.freeze()
+
+
 def cycle_collection_paused() -> AbstractContextManager[None]:
     """Hold off automatic cycle collection for the block (nests, and across threads)."""
     return _PAUSED

@@ -11,6 +11,7 @@ import threading
 
 from prometheus_client.registry import CollectorRegistry
 
+from worker.core.cycle_collection import freeze_startup_objects
 from worker.errors import ConfigurationError
 from worker.runtime.dead_letter_policy import DeadLetterPolicy
 from worker.runtime.dlq_replay import register_dlq
@@ -121,6 +122,7 @@ def run_worker(config: RunConfig) -> int:
     server = _start_health_server(config.observability, build_registry(metrics), readiness)
     try:
         derenderer = model.build_derenderer()  # before joining: loading a tokenizer takes seconds
+        freeze_startup_objects()
         if early_stop.requested:
             log.info("stopped before joining the group")
             return 0
