@@ -84,6 +84,9 @@ class _SamplingFields(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
 
 
+_NAMED_TOOL_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+
+
 class ChatCompletionRequest(_SamplingFields):
     """The original (post ``adjust_request``) chat request from ``/render``."""
 
@@ -100,34 +103,49 @@ class ChatCompletionRequest(_SamplingFields):
     @model_validator(mode="before")
     @classmethod
     def _check_tool_usage(cls, data: Any) -> Any:
-        """vLLM's own rules for ``tools`` / ``tool_choice`` (``check_tool_usage``)."""
+        """vLLM's own rules for ``tools`` / ``tool_choice`` (``check_tool_usage``), in its order and
+        words. Where vLLM trips over a malformed ``tools`` (a 500), the fields' own validation
+        answers instead (a 400): this check only reads well-formed tools."""
         if not isinstance(data, dict):
             return data
-        if data.get("tools") == []:
+        tools = data.get("tools")
+        if tools == []:
             raise ValueError(
-                "`tools` must not be an empty array. Either provide at least one tool or omit it."
+                "`tools` must not be an empty array. Either provide at least one tool or omit the "
+                "field entirely."
             )
-        if "tool_choice" not in data and data.get("tools"):
+        if "tool_choice" not in data and tools:
             data = {**data, "tool_choice": "auto"}
         choice = data.get("tool_choice")
         if choice is None or choice == "none":
             return data
-        if not data.get("tools"):
+        if tools is None:
             raise ValueError("When using `tool_choice`, `tools` must be set.")
-        if isinstance(choice, dict):
-            function = choice.get("function")
-            if not isinstance(function, dict) or "name" not in function:
-                raise ValueError('tool_choice must look like {"type": "function", "function": {"name": ...}}')
-            names = {t.get("function", {}).get("name") for t in data["tools"] if isinstance(t, dict)}
-            if function["name"] not in names:
+        if not isinstance(choice, dict):
+            if choice not in ("auto", "required"):
                 raise ValueError(
-                    f"The tool specified in `tool_choice` ({function['name']}) is not in `tools`."
+                    f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" '
+                    'or "required" are supported.'
                 )
-        elif choice not in ("auto", "required"):
-            raise ValueError(
-                f'Invalid value for `tool_choice`: {choice}! Use a named tool, "none", "auto" or "required".'
-            )
-        return data
+            return data
+        usage = _NAMED_TOOL_USAGE
+        function = choice.get("function")
+        if not isinstance(function, dict):
+            raise ValueError(f"Invalid value for `function`: `{function}` in `tool_choice`! {usage}")
+        if "name" not in function:
+            raise ValueError(f"Expected field `name` in `function` in `tool_choice`! {usage}")
+        name = function["name"]
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"Invalid `name` in `function`: `{name}` in `tool_choice`! {usage}")
+        if not isinstance(tools, list):
+            return data
+        for tool in tools:
+            tool_function = tool.get("function") if isinstance(tool, dict) else None
+            if not isinstance(tool_function, dict) or "name" not in tool_function:
+                return data  # malformed: the field validation reports it
+            if tool_function["name"] == name:
+                return data
+        raise ValueError("The tool specified in `tool_choice` does not match any of the specified `tools`")
 
     @model_validator(mode="before")
     @classmethod

@@ -133,6 +133,30 @@ REJECTED: dict[str, tuple[bytes, int]] = {
         _record(_stream_body(chat_request={"model": "m", "messages": [], "tool_choice": "required"})),
         400,
     ),
+    **{
+        f"named tool_choice, {name}": (
+            _record(
+                _stream_body(
+                    chat_request={
+                        "model": "m",
+                        "messages": [],
+                        "tools": tools,
+                        "tool_choice": {"type": "function", "function": {"name": choice_name}},
+                    }
+                )
+            ),
+            400,
+        )
+        for name, tools, choice_name in (
+            # vLLM's check walks these and fails with a 500; the fields' validation answers 400.
+            ("tools not a list", 7, "f"),
+            ("a tool that is a string", ["x"], "f"),
+            ("a tool whose function is a list", [{"type": "function", "function": []}], "f"),
+            ("a tool whose name is a list", [{"type": "function", "function": {"name": []}}], "f"),
+            ("a name that is a list", [{"type": "function", "function": {"name": "f"}}], []),
+            ("an empty name", [{"type": "function", "function": {"name": "f"}}], ""),
+        )
+    },
     "output_mode text": (
         _record(_stream_body(generate_chunk={"request_id": "bad", "output_mode": "text", "choices": []})),
         400,
@@ -225,3 +249,39 @@ def test_a_rejected_later_record_keeps_the_request_going() -> None:
     last = results[2].output["body"]["chunk"]["choices"][0]
     assert last["finish_reason"] == "stop"
     assert results[2].closed
+
+
+@pytest.mark.parametrize(
+    ("tools", "tool_choice", "message"),
+    [
+        (
+            [{"type": "function", "function": {"name": "f"}}],
+            {"type": "function", "function": {"name": "g"}},
+            "The tool specified in `tool_choice` does not match any of the specified `tools`",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f"}}],
+            {"type": "function", "function": {"name": 3}},
+            "Invalid `name` in `function`: `3` in `tool_choice`!",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f"}}],
+            {"type": "function"},
+            "Invalid value for `function`: `None` in `tool_choice`!",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f"}}],
+            "sometimes",
+            'Invalid value for `tool_choice`: sometimes! Only named tools, "none", "auto" or "required"',
+        ),
+        ([], None, "`tools` must not be an empty array."),
+    ],
+)
+def test_tool_usage_errors_say_what_vllm_says(tools: Any, tool_choice: Any, message: str) -> None:
+    request: dict[str, Any] = {"model": "m", "messages": [], "tools": tools}
+    if tool_choice is not None:
+        request["tool_choice"] = tool_choice
+    (result,) = _outputs(_processor(), [_record(_stream_body(chat_request=request))])
+    error = result.output["error"]
+    assert error["code"] == 400
+    assert message in error["message"]
