@@ -15,7 +15,8 @@ ids, ``sequences`` requests open at once, round-robin interleaved) to a fresh in
   not counted; CPU µs per record of the worker process over the same span (``/proc``).
 * latency: with the worker caught up, chunks are produced at half the throughput just measured
   (or ``--latency-rate``) and each chunk's time from ``send`` to visible on the ``read_committed``
-  reader is taken.
+  reader is taken, split (p50/p99, per run) at its output's CreateTime, when the worker produced
+  it: the wait before processing (fetch, queue, processing) and processed to visible (commit).
 * ``exactly-once+trace``: the same with W3C ``traceparent`` / ``tracestate`` / ``baggage`` headers on
   every input record, which the worker copies to every output; beside it, in-process, the cost per
   record of the observability hook (trace headers, GenAI metrics, spans) against none.
@@ -175,6 +176,8 @@ class Reader:
         self.last = 0.0
         self.last_wall = 0.0
         self.arrivals: dict[bytes, float] = {}
+        # Wall clock: when the worker produced the output (its CreateTime) and when it was read.
+        self.produced_wall: dict[bytes, tuple[float, float]] = {}
         self.track = False
         self._task: asyncio.Task[None] | None = None
 
@@ -187,7 +190,7 @@ class Reader:
     async def _run(self) -> None:
         while True:
             batches = await self.consumer.getmany(timeout_ms=50, max_records=10_000)
-            now = time.monotonic()
+            now, wall = time.monotonic(), time.time()
             for records in batches.values():
                 if self.first is None:
                     self.first = now
@@ -198,7 +201,9 @@ class Reader:
                     for r in records:
                         # key + seq identify a chunk; seq sits right after request_id in the envelope
                         out = orjson.loads(r.value)
-                        self.arrivals[f"{out['request_id']}:{out['seq']}".encode()] = now
+                        key = f"{out['request_id']}:{out['seq']}".encode()
+                        self.arrivals[key] = now
+                        self.produced_wall[key] = (r.timestamp / 1000, wall)
 
     async def wait_for(self, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -242,6 +247,10 @@ class RunResult:
     cpu_us: float  # CPU per record of the worker process
     wire_bytes: int | None = None  # fetched to read the backlog's outputs
     payload_bytes: int | None = None  # their keys and values
+    # The latency split at the output's CreateTime (when the worker produced it): p50/p99 of the
+    # wait before processing (fetch, queue, processing) and of processed -> visible (commit).
+    before_ms: tuple[float, float] = (0.0, 0.0)
+    after_ms: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -427,6 +436,7 @@ async def one_run(
         )
         reader.track = True
         sent: dict[bytes, float] = {}
+        sent_wall: dict[bytes, float] = {}
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=1)
         await producer.start()
         try:
@@ -437,15 +447,18 @@ async def one_run(
                 if ahead > 0.002:
                     await asyncio.sleep(ahead)
                 env = orjson.loads(value)
-                sent[f"{env['request_id']}:{env['seq']}".encode()] = time.monotonic()
+                key = f"{env['request_id']}:{env['seq']}".encode()
+                sent[key], sent_wall[key] = time.monotonic(), time.time()
                 futures.append(await producer.send(topics.input, value=value, key=key, headers=headers))
             await asyncio.gather(*futures)
         finally:
             await producer.stop()
         await reader.wait_for(len(load) + len(lat_load), timeout=120)
         latencies = sorted((reader.arrivals[k] - t) * 1000 for k, t in sent.items() if k in reader.arrivals)
-        p50 = latencies[len(latencies) // 2]
-        p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+        p50, p99 = _quantiles(latencies)
+        split = [(reader.produced_wall[k], t) for k, t in sent_wall.items() if k in reader.produced_wall]
+        before = _quantiles(sorted((produced - t) * 1000 for (produced, _), t in split))
+        after = _quantiles(sorted((visible - produced) * 1000 for (produced, visible), _ in split))
     finally:
         worker.terminate()
         try:
@@ -454,7 +467,12 @@ async def one_run(
             worker.kill()
         await reader.stop()
         await delete_topics(bootstrap, [topics.input, topics.output, topics.state, topics.dlq])
-    return RunResult(throughput, p50, p99, rate, cpu_us, wire, payload)
+    return RunResult(throughput, p50, p99, rate, cpu_us, wire, payload, before, after)
+
+
+def _quantiles(values: list[float]) -> tuple[float, float]:
+    """p50 and p99 of sorted ``values``."""
+    return values[len(values) // 2], values[min(len(values) - 1, int(len(values) * 0.99))]
 
 
 async def delete_topics(bootstrap: str, names: list[str]) -> None:
@@ -536,7 +554,9 @@ async def _run(args: argparse.Namespace) -> None:
             print(
                 f"  {mode.label:40s} run {run + 1}: {result.chunks_per_s:9.0f} chunks/s  "
                 f"{result.cpu_us:5.1f} us CPU/record  latency p50 {result.p50_ms:6.1f} ms  "
-                f"p99 {result.p99_ms:6.1f} ms  (at {result.latency_rate:.0f}/s){_bytes(result)}",
+                f"p99 {result.p99_ms:6.1f} ms  (at {result.latency_rate:.0f}/s; before processing "
+                f"{result.before_ms[0]:.0f}/{result.before_ms[1]:.0f} ms, processed to visible "
+                f"{result.after_ms[0]:.0f}/{result.after_ms[1]:.0f} ms){_bytes(result)}",
                 flush=True,
             )
     print()
