@@ -27,12 +27,17 @@ Finished objects are read once and kept, where vLLM re-reads them all. Once the
 call's name is sent, the call in progress is read incrementally
 (:mod:`._json_call_reader`): each record scans its own characters, and its
 arguments JSON is an append-only part plus a short volatile tail, so the diff
-costs O(the record). Before the name is sent, a record whose read surely
+costs O(the record) (a duplicate key also costs one copy of the members after
+its first position). Before the name is sent, a record whose read surely
 succeeds without a name (the same scan tells, until the ``"name"`` key) sends
 nothing and skips the read; the read vLLM remembers is made once, when needed.
-Text that reader does not model (a syntax error, a duplicate key, ...) and the
-name's own records re-read the call as vLLM does (their cost grows with that
-call's text, at most ``max_model_len`` tokens).
+Once the call's reads fail for good (text JSON rejects, both ``parameters`` and
+``arguments``), every record gives nothing without reading; after a syntax
+error, a record whose read surely fails (:class:`_Broken`) does too.
+Text that reader does not model (whitespace JSON does not allow, ...), a
+syntax error the completion may still mend, and the name's own records
+re-read the call as vLLM does (their cost grows with that call's text, at most
+``max_model_len`` tokens).
 Llama has a structural tag, so with strict tool calling ``required``/named
 choices parse the native format like ``auto``.
 """
@@ -40,6 +45,7 @@ choices parse the native format like ``auto``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,7 +53,7 @@ from worker.core.parsing.base import ToolParser
 from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
 from worker.core.parsing.registry import tool_parser
-from worker.core.parsing.tools._json_call_reader import FAILED, CallReader, Unsupported, View
+from worker.core.parsing.tools._json_call_reader import FAILED, Broken, CallReader, Unsupported, View
 from worker.core.parsing.tools._partial_json import common_prefix_len, dump, is_json
 from worker.core.parsing.tools._partial_json import partial_loads as partial_loads  # tests patch it here
 from worker.core.parsing.types import (
@@ -60,6 +66,34 @@ from worker.errors import ParserSetupError
 
 BOT = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
+_TOKENS = re.compile(r'["\[\]{}]')  # what the library's bracket scan sees
+
+
+class _Broken:
+    """The call in progress after a syntax error (:class:`Broken`): does a record's read surely fail?
+
+    Every completion that keeps the error fails. It cuts before it only in the array tail after
+    a string (``quote``) while no bracket or quote follows the error, or, before the name is sent
+    (no incomplete strings), at the bracket or quote before a string opened after the error.
+    """
+
+    def __init__(self, index: int, error: Broken, text: str) -> None:
+        self.index = index
+        self.quote = error.quote
+        tokens = _TOKENS.findall(text, error.at)
+        self.count = len(tokens)  # brackets and quotes from the error on
+        self.first = tokens[0] if tokens else ""
+
+    def feed(self, delta: str) -> None:
+        if self.count < 2:
+            tokens = _TOKENS.findall(delta)
+            self.first = self.first or (tokens[0] if tokens else "")
+            self.count += len(tokens)
+
+    def fails(self, named: bool) -> bool:
+        if self.count == 0:
+            return not self.quote
+        return named or self.count >= 2 or self.first != '"'
 
 
 @tool_parser("llama3_json", "llama4_json")
@@ -90,6 +124,8 @@ class Llama3JsonToolParser(ToolParser):
         self._unnamed: CallReader | None = None
         self._no_unnamed = -1  # the call that reader gave up on
         self._prev_stale = False  # _prev is the read of text[:_prev_len], not made yet
+        self._stuck = False  # every later read fails (the call's text is dead for good)
+        self._broken: _Broken | None = None
 
     # -- one-shot ------------------------------------------------------
 
@@ -132,15 +168,21 @@ class Llama3JsonToolParser(ToolParser):
             self._kept_end = self._calls_at
         if not self._mode:
             return DeltaOut(content=delta_text)
+        if self.incremental and self._fails(delta_text):
+            return None  # the read fails: nothing changes, as vLLM skips the record
         try:
             reader = self._reader
             if reader is not None:
                 try:
                     reader.feed(self._text)
+                    if reader.dead:
+                        self._stuck = True
+                        return None
                     if not reader.complete:
                         return self._step_reader(reader)
-                except Unsupported:
+                except Unsupported as exc:
                     self._no_reader = self._index
+                    self._note(exc)
                 self._leave_reader()
             elif self.incremental and not self._name_sent and self._skips_unnamed():
                 return None
@@ -148,6 +190,23 @@ class Llama3JsonToolParser(ToolParser):
             return self._step()
         except Exception:  # vLLM skips the record on any failure
             return None
+
+    def _fails(self, delta_text: str) -> bool:
+        """Whether this record's read surely fails, without reading."""
+        if self._stuck:
+            return True
+        broken = self._broken
+        if broken is None:
+            return False
+        if broken.index != self._index:
+            self._broken = None
+            return False
+        broken.feed(delta_text)
+        return broken.fails(self._name_sent)
+
+    def _note(self, exc: Unsupported) -> None:
+        if isinstance(exc, Broken) and self.incremental:
+            self._broken = _Broken(self._index, exc, self._text)
 
     def _skips_unnamed(self) -> bool:
         """True when this record's whole read surely succeeds and finds no name (it gives nothing).
@@ -163,8 +222,9 @@ class Llama3JsonToolParser(ToolParser):
             reader = self._unnamed = CallReader(self._kept_end)
         try:
             reader.feed(self._text)
-        except Unsupported:
+        except Unsupported as exc:
             self._unnamed, self._no_unnamed = None, index
+            self._note(exc)
             return False
         if not reader.reads_unnamed(self._text):
             return False
@@ -272,8 +332,9 @@ class Llama3JsonToolParser(ToolParser):
         try:
             reader.feed(self._text)
             view = reader.read(self._text) if not reader.complete else FAILED
-        except Unsupported:
+        except Unsupported as exc:
             view = FAILED
+            self._note(exc)
         if view is not FAILED:
             if "arguments" in current:
                 expected: str | None = dump(current["arguments"])
@@ -297,11 +358,8 @@ class Llama3JsonToolParser(ToolParser):
             # Read first, as vLLM does: a record that began two calls at once left no entry (it fails).
             sent = len(self._streamed[self._index])
             if then.size >= 0 and then.truthy:
-                # The stable part only grows: compare what follows the earlier read's stable part.
-                grown = reader.stable.between(then.size, now.size) if now.size > then.size else ""
-                later = grown + now.volatile
-                if then.volatile != later:
-                    cut = then.size + common_prefix_len(then.volatile, later)
+                cut = _changed_at(reader, then, now)
+                if cut >= 0:
                     delta = self._args_delta(reader.text_of(now, sent, cut) if sent < cut else "")
         self._view = now
         self._prev_len = len(self._text)
@@ -332,3 +390,27 @@ class Llama3JsonToolParser(ToolParser):
             return ""
         actual = self._streamed[index] if index < len(self._streamed) else ""
         return expected[len(actual) :] if expected.startswith(actual) else ""
+
+
+def _changed_at(reader: CallReader, then: View, now: View) -> int:
+    """Where two reads' arguments JSON first differ (vLLM's common prefix); -1 when equal."""
+    suffix = now.suffix
+    if then.lost_at >= 0 or (then.suffix is not suffix and (then.suffix or suffix)):
+        # A duplicate key cut the stable part back, or its member began or ended: compare the texts
+        # from where they may differ (the copy of the members after it, once per such member).
+        at = then.lost_at if then.lost_at >= 0 else then.size
+        old = then.lost if then.lost_at >= 0 else then.volatile + then.suffix
+        new = reader.text_of(now, at)
+        return -1 if old == new else at + common_prefix_len(old, new)
+    # The stable part only grew: compare what follows the earlier read's stable part.
+    grown = reader.stable.between(then.size, now.size) if now.size > then.size else ""
+    later = grown + now.volatile
+    if then.volatile == later:
+        return -1
+    same = common_prefix_len(then.volatile, later)
+    if suffix and same == min(len(later), len(then.volatile)):
+        # One is a prefix of the other: the shared suffix follows the shorter.
+        rest = (later if len(later) > len(then.volatile) else then.volatile)[same:]
+        if rest[:1] == suffix[:1]:
+            same += common_prefix_len(rest + suffix, suffix)
+    return then.size + same
