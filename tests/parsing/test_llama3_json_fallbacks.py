@@ -17,6 +17,7 @@ import pytest
 from tests.parsing_helpers import matches_whole_reread, sample_tokenizer, text_cuts
 from worker.core.parsing import ParseRequest, adapter_for
 from worker.core.parsing.tools import llama3_json
+from worker.core.parsing.tools._partial_json import dump
 from worker.core.parsing.tools.llama3_json import Llama3JsonToolParser
 
 REQUEST = ParseRequest(tools=None, tool_choice="auto", parallel_tool_calls=None)
@@ -173,7 +174,7 @@ def test_errors_the_completion_mends_are_still_read(text: str, mended: str | Non
     read = parser._read(parser._text)
     assert read is not None  # the read succeeds: the parser must not skip it
     if mended is not None:
-        assert llama3_json.dump(read[0][-1]["arguments"]) == mended
+        assert dump(read[0][-1]["arguments"]) == mended
     _same(list(text))
 
 
