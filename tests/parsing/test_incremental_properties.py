@@ -135,6 +135,7 @@ _BREAKS = st.sampled_from([",", ",,", " x", "}", "]", "{", "[", '"', ":", " 1", 
     pairs=_PAIRS,
     nested=st.lists(st.tuples(st.sampled_from(["a", "b"]), _PAIRS), max_size=3),
     again=st.sampled_from(["", "parameters", "arguments"]),
+    name_last=st.booleans(),
     breaks=st.lists(st.tuples(st.floats(0.0, 1.0), _BREAKS), max_size=2),
     ascii_only=st.booleans(),
     tag=st.booleans(),
@@ -145,6 +146,7 @@ def test_llama3_json_duplicate_keys_and_syntax_errors_match_the_whole_reread(
     pairs: list[tuple[str, Any]],
     nested: list[tuple[str, list[tuple[str, Any]]]],
     again: str,
+    name_last: bool,
     breaks: list[tuple[float, str]],
     ascii_only: bool,
     tag: bool,
@@ -154,10 +156,10 @@ def test_llama3_json_duplicate_keys_and_syntax_errors_match_the_whole_reread(
     inner = [f"{json.dumps(k)}: {_members(members, ascii_only)}" for k, members in nested]
     args = _members(pairs, ascii_only)
     args = args[:-1] + (", " if pairs and inner else "") + ", ".join(inner) + "}"
-    text = '{"name": "f", "parameters": ' + args
+    text = '{"parameters": ' + args
     if again:  # the arguments key again: it restarts them, or both keys fail every read
         text += f', "{again}": ' + _members(pairs[::-1], ascii_only)
-    text += "}"
+    text = text + ', "name": "f"}' if name_last else '{"name": "f", ' + text[1:] + "}"
     for where, piece in breaks:
         cut = int(len(text) * where)
         text = text[:cut] + piece + text[cut:]

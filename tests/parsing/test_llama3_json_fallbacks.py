@@ -87,6 +87,8 @@ BROKEN = [
     HEAD + '{"a": 1}, "arguments": {"b": 2, "c": "more text after both keys"}}; {"name": "g"}',
     HEAD + '{"a": 1}, "arguments": -',
     '{"arguments": {"a": 1}, "parameters": [1, 2, 3], "name": "f"}',
+    '{"arguments": {"a": 1}, "parameters": "a string, then the name", "name": "f"}',
+    '{"arguments": {"a": 1}, "parameters": -12, "name": "f"}',
     HEAD + '{"a": 1 x, "b": "text after the error", "c": [1, 2]}}',
     HEAD + '{"a": 1,, "b": "text after the error"}}',
     HEAD + '{"a": 1, } "b": 2}}',
@@ -140,6 +142,15 @@ def test_both_argument_keys_stop_the_reads(reads: list[int]) -> None:
     text = HEAD + '{"a": 1}, "arguments": {' + ", ".join(f'"k{i}": {i}' for i in range(200)) + "}}"
     per_record = _reads_per_record(text, reads)
     assert not any(per_record[text.index('"arguments": {') + 15 :])
+    _same(list(text))
+
+
+@pytest.mark.parametrize("second", ["[1, 2, 3], ", '"a string value", ', "-5, "])
+def test_both_argument_keys_before_the_name_stop_the_reads(reads: list[int], second: str) -> None:
+    tail = ", ".join(f'"k{i}": {i}' for i in range(200))
+    text = '{"parameters": {"a": 1}, "arguments": ' + second + tail + ', "name": "f"}'
+    per_record = _reads_per_record(text, reads)
+    assert not any(per_record[text.index(second) + len(second) :])
     _same(list(text))
 
 

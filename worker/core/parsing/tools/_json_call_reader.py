@@ -201,9 +201,15 @@ FAILED = None
 
 
 class CallReader:
-    """Incremental partial-JSON read of one call object that starts at ``start`` in the text."""
+    """Incremental partial-JSON read of one call object that starts at ``start`` in the text.
 
-    def __init__(self, start: int) -> None:
+    ``partial_strings``: the reads complete a string in progress (vLLM's, once the name is sent);
+    without, they leave it out.
+    """
+
+    def __init__(self, start: int, partial_strings: bool = True) -> None:
+        self.partial_strings = partial_strings
+        self.failing = False  # both argument keys show: every read fails for good, whatever the flag
         self.pos = start  # next character to scan
         self.start = start
         self.frames: list[_Frame] = []
@@ -223,7 +229,7 @@ class CallReader:
         self.stable = AppendOnlyText()
         self.closers = ""  # the open tracked containers' closers, innermost first (to a duplicate's)
         self.suffix = ""  # from the innermost duplicate member on: the members after it and closers
-        self.again = ""  # the call object's next value: "same" (restarts) or "both" arguments keys
+        self.again = ""  # the call object's next value: "same" (restarts) or "both..." argument keys
         self.pending: _Frame | None = None  # a duplicate member's value that is a lone "-" so far
         self.last_view: View | None = None  # the last read given out
         self.last_nonblank = start  # end of the text less trailing blanks (str.isspace)
@@ -339,9 +345,12 @@ class CallReader:
             self.name_values += 1
             self.name_value_at = pos
         if root and self.again:
-            # The arguments key again: the completion leaves a lone "-" out (the old value stays).
+            # The arguments key again: the completion leaves a lone "-" out (the old value stays),
+            # and a string in progress when it does not complete strings.
             if char == "-":
                 self.pending = frame
+            elif char == '"' and self.again == "both" and not self.partial_strings:
+                self.again = "both, once the string closes"
             else:
                 self._present(frame)
         elif frame.dup >= 0:
@@ -384,8 +393,8 @@ class CallReader:
         self.pending = None
         if len(self.frames) == 1 and self.again:
             again, self.again = self.again, ""
-            if again == "both":
-                self.dead = True  # vLLM asserts on every read that has both keys
+            if again.startswith("both"):
+                self.dead = self.failing = True  # vLLM asserts on every read that has both keys
                 return
             self._mark_lost(0)  # the new arguments replace the old ones whole
             self.stable.truncate(0)
@@ -466,12 +475,15 @@ class CallReader:
                     if self.args_key is None:
                         self.args_key = key
                         self.args_pending = True
-                    elif key == self.args_key and self.again != "both":
+                    elif key == self.args_key and not self.again.startswith("both"):
                         self.again = "same"
                         self.args_pending = True
                     else:
                         self.again = "both"
             frame.state = _COLON
+            return
+        if len(self.frames) == 1 and self.again:
+            self._present(frame)  # the second arguments key's string closed
             return
         string = scalar.string
         assert string is not None
@@ -567,7 +579,7 @@ class CallReader:
         escaped quote (the library cuts at that quote), a number or literal it cannot complete,
         and a lone ``-`` after a string in an array followed by blanks.
         """
-        if self.dead or self.complete or not self.frames or self.again == "both":
+        if self.dead or self.complete or not self.frames or self.again.startswith("both"):
             return False
         scalar = self.scalar
         # After a "name" key's value began: only while that one value is a string in progress.

@@ -219,13 +219,16 @@ class Llama3JsonToolParser(ToolParser):
             return False
         reader = self._unnamed
         if reader is None or reader.start != self._kept_end:
-            reader = self._unnamed = CallReader(self._kept_end)
+            reader = self._unnamed = CallReader(self._kept_end, partial_strings=False)
         try:
             reader.feed(self._text)
         except Unsupported as exc:
             self._unnamed, self._no_unnamed = None, index
             self._note(exc)
             return False
+        if reader.failing:
+            self._stuck = True  # no read succeeds again, so no name is sent either
+            return True
         if not reader.reads_unnamed(self._text):
             return False
         self._prev_len = len(self._text)
