@@ -16,7 +16,8 @@ ratio <= 4):
   ``llama3_json`` and the pythonic parsers also calls of many short arguments,
   short strings, numbers, nested and deep containers and many calls, and the
   shapes they used to re-read whole (a ``llama3_json`` name after the
-  arguments, duplicate keys, both argument keys, a syntax error; pythonic
+  arguments, duplicate keys, both argument keys, a syntax error, a number
+  ending in a point before a delimiter; pythonic
   list and dict arguments) or still do (a syntax error in an array's tail after a
   string, which the completion may still mend).
 
@@ -173,6 +174,13 @@ STRUCTURED_SHAPES: list[tuple[str, str, str, str, str]] = [
         "llama-3.1",
         '<|python_tag|>{{"name": "f", "parameters": {{"k": 1 x, {}}}}}',
         '"k{0}": {0}, ',
+    ),
+    (
+        "a number ending in a point first",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": "f", "parameters": {{"k": 1., {}}}}}',
+        '"k{0}": [{0}, "v"], ',
     ),
     (
         "a syntax error in an array tail",

@@ -103,9 +103,19 @@ BROKEN = [
     HEAD + '{"a": 1}}}; {"name": "g", "parameters": {}}',
     HEAD + '{"a": "x"\u3000, "b": 2}}',
 ]
+#: Numbers ending in a sign, exponent or point before a delimiter: the completion cuts there.
+FROZEN = [
+    HEAD + '{"a": 1., "b": "text after the number", "c": [1, {"d": 2}], "e": "x"}}; {"name": "g"}',
+    HEAD + '{"a": [1, 2e+, "s", 3, ["t", 4]], "b": "x \\" y"}, "c": 1}',
+    HEAD + '{"a": ["s", 1.5e-, 2, "t"], "b": [3, "u"]}}',
+    HEAD + '{"a": {"b": -1.}, "c": "string", "d": [1]}}',
+    '{"name": "f", "x": 7e, "parameters": {"a": "b"}}',
+    HEAD + '{"a": -., "b": "signs only wrap to the end of the text"}}',
+    HEAD + '{"a": 01., "b": "the cut value is not JSON either"}}',
+]
 
 
-@pytest.mark.parametrize("text", DUPLICATES + BROKEN)
+@pytest.mark.parametrize("text", DUPLICATES + BROKEN + FROZEN)
 def test_one_character_records_match_the_whole_reread(text: str) -> None:
     _same(list(text))
 
@@ -114,7 +124,7 @@ def test_one_character_records_match_the_whole_reread(text: str) -> None:
 def test_random_cuts_match_the_whole_reread(seed: int) -> None:
     rng = random.Random(seed)
     for _ in range(60):
-        text = rng.choice(DUPLICATES + BROKEN)
+        text = rng.choice(DUPLICATES + BROKEN + FROZEN)
         if rng.random() < 0.3:
             text = text[: rng.randrange(1, len(text) + 1)]
         _same(text_cuts(text, rng))
@@ -186,6 +196,16 @@ def test_errors_the_completion_mends_are_still_read(text: str, mended: str | Non
     assert read is not None  # the read succeeds: the parser must not skip it
     if mended is not None:
         assert dump(read[0][-1]["arguments"]) == mended
+    _same(list(text))
+
+
+@pytest.mark.parametrize("number", ["1.", "-2e", "3.5e+"])
+def test_a_number_the_completion_cuts_reads_once(reads: list[int], number: str) -> None:
+    """After such a number every read fails or gives the value cut there: one more read at most."""
+    tail = ", ".join(f'"k{i}": [{i}, "v{i}", {{"w": {i}}}]' for i in range(60))
+    text = HEAD + '{"a": ' + number + ", " + tail + "}}"
+    per_record = _reads_per_record(text, reads)
+    assert sum(1 for n in per_record[text.index(number) + len(number) + 2 :] if n) <= 1
     _same(list(text))
 
 

@@ -26,8 +26,9 @@ object restarts the arguments; ``parameters`` and ``arguments`` both given
 fail every later read (vLLM asserts), as text JSON rejects does (``dead``).
 
 A syntax error raises :class:`Broken` (where, and what the completion could
-still mend there); whatever else it does not model (whitespace JSON does not
-allow, a number ending in a sign before a delimiter, nesting deeper than
+still mend there), a number ending in a sign, exponent or point before a
+delimiter :class:`Frozen` (the completion cuts there); whatever else it does
+not model (whitespace JSON does not allow, nesting deeper than
 :data:`MAX_DEPTH`) raises :class:`Unsupported`, and the parser re-reads that
 call as vLLM does.
 """
@@ -73,6 +74,23 @@ class Broken(Unsupported):
     def __init__(self, at: int, quote: bool, why: str) -> None:
         super().__init__(why)
         self.at = at
+        self.quote = quote
+
+
+class Frozen(Unsupported):
+    """A number ending in a sign, exponent or point, then a delimiter (``1.,``): the walk stops there.
+
+    The library's walk of any container holding it cuts it back to its digits and closes every
+    container there, so a read (with incomplete strings) either gives that one value or fails
+    (when the read keeps the number: see the parser's ``_Frozen``). ``openers``: the containers
+    open at the number, outermost first; ``quote``: the last bracket or quote before it closed a
+    string; ``end``: where the number ends.
+    """
+
+    def __init__(self, end: int, openers: str, quote: bool) -> None:
+        super().__init__("a number ending in a sign, exponent or point")
+        self.end = end
+        self.openers = openers
         self.quote = quote
 
 
@@ -502,7 +520,10 @@ class CallReader:
         token = text[scalar.start : scalar.end]
         if scalar.kind == "num" and token[-1] in ".-+eE":
             # The library walks back over it and cuts the container there, or keeps it and fails.
-            raise Unsupported("a number ending in a sign, exponent or point")
+            if token.rstrip(".-+eE"):  # a digit stops the walk back inside the token
+                openers = "".join("[" if frame.is_list else "{" for frame in self.frames)
+                raise Frozen(scalar.end, openers, self.after_quote)
+            raise Unsupported("a number of signs only: the library's walk back wraps to the text's end")
         value = _token_json(scalar.kind, token, partial=False)
         if value is None:
             self.dead = True  # the completion keeps it and JSON rejects it, from now on

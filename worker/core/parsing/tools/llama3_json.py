@@ -53,7 +53,7 @@ from worker.core.parsing.base import ToolParser
 from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
 from worker.core.parsing.registry import tool_parser
-from worker.core.parsing.tools._json_call_reader import FAILED, Broken, CallReader, Unsupported, View
+from worker.core.parsing.tools._json_call_reader import FAILED, Broken, CallReader, Frozen, Unsupported, View
 from worker.core.parsing.tools._partial_json import common_prefix_len, dump, is_json
 from worker.core.parsing.tools._partial_json import partial_loads as partial_loads  # tests patch it here
 from worker.core.parsing.types import (
@@ -96,6 +96,56 @@ class _Broken:
         return named or self.count >= 2 or self.first != '"'
 
 
+class _Frozen:
+    """The call in progress after a number that ends in a sign, exponent or point (:class:`Frozen`).
+
+    With incomplete strings (the name was sent) the library's bracket scan, kept here from the
+    number on, tells each read: it keeps the number (the read fails) when the text ends with a
+    closer, when the last open container or the array tail it reads starts after the number, or
+    when it completes a string in an array; else its walk reaches the number and gives the one
+    value cut there. So after the first read that gives it, no record needs to read.
+    """
+
+    def __init__(self, index: int, error: Frozen, text: str) -> None:
+        self.index = index
+        self.stack = [(char, True) for char in error.openers]  # (opener, opened before the number)
+        self.in_string = False
+        self.last = '"' if error.quote else "{"  # the last bracket or quote
+        self.last_after = False  # ... and it comes after the number
+        self.mismatched = False
+        self.seen = False  # a read gave the cut value
+        self.scan(text, error.end)
+
+    def scan(self, text: str, pos: int) -> None:
+        for found in _TOKENS.finditer(text, pos):
+            at, char = found.start(), found.group()
+            if self.mismatched:
+                return
+            self.last, self.last_after = char, True
+            if char == '"':
+                slash = at
+                while slash > 0 and text[slash - 1] == "\\":
+                    slash -= 1
+                if not self.in_string or (at - slash) % 2 == 0:
+                    self.in_string = not self.in_string
+            elif not self.in_string:
+                if char in "]}":
+                    opener = "[" if char == "]" else "{"
+                    if not self.stack or self.stack.pop()[0] != opener:
+                        self.mismatched = True
+                else:
+                    self.stack.append((char, False))
+
+    def reads_cut(self, text: str) -> bool:
+        """Whether a read of ``text`` gives the value cut at the number (else it fails)."""
+        if self.mismatched or not self.stack or (text[-1] in "]}" and not self.in_string):
+            return False
+        opener, before = self.stack[-1]
+        if self.last == '"' and opener == "[":
+            return not self.in_string and not self.last_after
+        return before
+
+
 @tool_parser("llama3_json", "llama4_json")
 class Llama3JsonToolParser(ToolParser):
     supports_required_and_named = False
@@ -126,6 +176,7 @@ class Llama3JsonToolParser(ToolParser):
         self._prev_stale = False  # _prev is the read of text[:_prev_len], not made yet
         self._stuck = False  # every later read fails (the call's text is dead for good)
         self._broken: _Broken | None = None
+        self._frozen: _Frozen | None = None
 
     # -- one-shot ------------------------------------------------------
 
@@ -195,6 +246,16 @@ class Llama3JsonToolParser(ToolParser):
         """Whether this record's read surely fails, without reading."""
         if self._stuck:
             return True
+        frozen = self._frozen
+        if frozen is not None:
+            if frozen.index != self._index:
+                self._frozen = None
+                return False
+            frozen.scan(self._text, len(self._text) - len(delta_text))
+            if not frozen.reads_cut(self._text) or frozen.seen:
+                return True  # it fails, or gives the value the last read gave: nothing changes
+            frozen.seen = True  # this record reads it once
+            return False
         broken = self._broken
         if broken is None:
             return False
@@ -205,8 +266,12 @@ class Llama3JsonToolParser(ToolParser):
         return broken.fails(self._name_sent)
 
     def _note(self, exc: Unsupported) -> None:
-        if isinstance(exc, Broken) and self.incremental:
+        if not self.incremental:
+            return
+        if isinstance(exc, Broken):
             self._broken = _Broken(self._index, exc, self._text)
+        elif isinstance(exc, Frozen) and self._name_sent:
+            self._frozen = _Frozen(self._index, exc, self._text)
 
     def _skips_unnamed(self) -> bool:
         """True when this record's whole read surely succeeds and finds no name (it gives nothing).
