@@ -72,9 +72,15 @@ _TOKENS = re.compile(r'["\[\]{}]')  # what the library's bracket scan sees
 class _Broken:
     """The call in progress after a syntax error (:class:`Broken`): does a record's read surely fail?
 
-    Every completion that keeps the error fails. It cuts before it only in the array tail after
-    a string (``quote``) while no bracket or quote follows the error, or, before the name is sent
-    (no incomplete strings), at the bracket or quote before a string opened after the error.
+    At the error ``e`` the text before is a JSON prefix and ``text[e]`` (not a blank) is rejected
+    there. A read is ``json.loads`` of a kept prefix plus closers (or ``raw_decode``, which needs
+    an object complete before ``e``: none), so it fails once the prefix reaches past ``e``. The
+    library keeps up to its last bracket or quote (the text ends with a closer; a string in
+    progress in an array), or up to where the walk of the last open container ends, and that
+    walk reaches ``e`` and raises there (its leniencies are not at ``e``). It keeps less only in
+    the array tail after a string (``quote``: re-read leniently until a bracket or quote follows
+    ``e``), and, without incomplete strings, when a single quote follows ``e`` (it cuts at the
+    token before). Brackets and quotes only accumulate, so a case once ruled out stays out.
     """
 
     def __init__(self, index: int, error: Broken, text: str) -> None:
