@@ -16,7 +16,10 @@ ratio <= 4):
   ``llama3_json`` and the pythonic parsers also calls of many short arguments,
   short strings, numbers, nested and deep containers and many calls, and the
   shapes they used to re-read whole (a ``llama3_json`` name after the
-  arguments, pythonic list and dict arguments) or still do (a duplicate key).
+  arguments, duplicate keys, both argument keys, a syntax error, a number
+  ending in a point before a delimiter; pythonic
+  list and dict arguments) or still do (a syntax error in an array's tail after a
+  string, which the completion may still mend).
 
 ``python -m benchmarks adversarial [--rounds N] [--tokens N] [--shapes records|parsers]
 [--only TEXT]...`` (``--only``: the parser rows whose label holds TEXT, e.g. ``"list argument"``);
@@ -85,6 +88,7 @@ XML_SHAPES: list[tuple[str, str, str]] = [
     ("qwen3_coder many args", "qwen3_coder", _QWEN_CALL + "{}</function>\n</tool_call>"),
     ("qwen3_coder open name", "qwen3_coder", _QWEN_CALL + "<parameter={}</tool_call>"),
 ]
+_FORTY_MEMBERS = "".join(f'"m{i}": {i}, ' for i in range(40))
 #: Calls of many short arguments, numbers, nested and deep containers, many calls: text mostly outside
 #: any string. (label, parser, model, call text with {} for the body, body unit with {} for a counter)
 STRUCTURED_SHAPES: list[tuple[str, str, str, str, str]] = [
@@ -135,7 +139,7 @@ STRUCTURED_SHAPES: list[tuple[str, str, str, str, str]] = [
     ("numbers", "pythonic", "llama-3", "[f({})]", "n{0}=-{0}.5e3, "),
     ("many calls", "pythonic", "llama-3", "[{}]", "f{0}(k={0}), "),
     ("many args", "llama4_pythonic", "llama-3", "<|python_start|>[f({})]<|python_end|>", "k{0}={0}, "),
-    # Shapes the incremental readers left to the whole re-read; a duplicate key still is (README).
+    # Shapes the incremental readers left to the whole re-read (README).
     (
         "name after the arguments",
         "llama3_json",
@@ -149,6 +153,41 @@ STRUCTURED_SHAPES: list[tuple[str, str, str, str, str]] = [
         "llama-3.1",
         '<|python_tag|>{{"name": "f", "parameters": {{"k0": -1, {}}}}}',
         '"k{0}": {0}, ',
+    ),
+    (
+        "one key repeated after 40 members",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": "f", "parameters": {{' + _FORTY_MEMBERS + "{}}}}}",
+        '"m5": {0}, ',
+    ),
+    (
+        "both argument keys",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": "f", "parameters": {{}}, "arguments": {{{}}}}}',
+        '"k{0}": {0}, ',
+    ),
+    (
+        "a syntax error first",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": "f", "parameters": {{"k": 1 x, {}}}}}',
+        '"k{0}": {0}, ',
+    ),
+    (
+        "a number ending in a point first",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": "f", "parameters": {{"k": 1., {}}}}}',
+        '"k{0}": [{0}, "v"], ',
+    ),
+    (
+        "a syntax error in an array tail",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": "f", "parameters": {{"k": ["x" {}]}}}}',
+        "{0} ",
     ),
     ("a list argument", "pythonic", "llama-3", "[f(a=[{}])]", "'v{0}', "),
     ("a dict argument", "pythonic", "llama-3", "[f(a={{{}}})]", "'k{0}': {0}, "),

@@ -6,7 +6,8 @@ records at arbitrary points:
 
 * the incremental reader gives every record the same delta as the whole
   re-read of vLLM's semantics (``incremental = False``, the reference), and the
-  same end-of-stream remainder;
+  same end-of-stream remainder, also with duplicate keys, both argument keys
+  and syntax errors at random places (``llama3_json``);
 * for one call, the deltas concatenate to the one-shot extraction's call (name
   and arguments JSON), the first record holding only the call's first character
   (vLLM drops a call that arrives whole in the record that starts it; with
@@ -116,6 +117,57 @@ def test_llama3_json_any_records_match_the_whole_reread(
     if len(calls) == 1 and stop >= 0.3 and not tag:
         extracted = Llama3JsonToolParser(TOKENIZER, None, {}).extract_tool_calls(text, REQUEST)
         assert _joined(*got) == [(call.name, call.arguments) for call in extracted.calls]
+
+
+def _members(pairs: list[tuple[str, Any]], ascii_only: bool) -> str:
+    """An object's text with its members as drawn: the same key may come again."""
+    members = (f"{json.dumps(k)}: {json.dumps(v, ensure_ascii=ascii_only)}" for k, v in pairs)
+    return "{" + ", ".join(members) + "}"
+
+
+_PAIRS = st.lists(st.tuples(st.sampled_from(["a", "b", "k"]), _VALUES), max_size=8)
+#: Text that breaks JSON where it lands; some of it the completion mends (array tails, blanks).
+_BREAKS = st.sampled_from([",", ",,", " x", "}", "]", "{", "[", '"', ":", " 1", " -", "\u3000", "1.", "\\"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pairs=_PAIRS,
+    nested=st.lists(st.tuples(st.sampled_from(["a", "b"]), _PAIRS), max_size=3),
+    again=st.sampled_from(["", "parameters", "arguments"]),
+    name_last=st.booleans(),
+    breaks=st.lists(st.tuples(st.floats(0.0, 1.0), _BREAKS), max_size=2),
+    ascii_only=st.booleans(),
+    tag=st.booleans(),
+    sizes=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    stop=st.floats(0.0, 1.0),
+)
+def test_llama3_json_duplicate_keys_and_syntax_errors_match_the_whole_reread(
+    pairs: list[tuple[str, Any]],
+    nested: list[tuple[str, list[tuple[str, Any]]]],
+    again: str,
+    name_last: bool,
+    breaks: list[tuple[float, str]],
+    ascii_only: bool,
+    tag: bool,
+    sizes: list[int],
+    stop: float,
+) -> None:
+    inner = [f"{json.dumps(k)}: {_members(members, ascii_only)}" for k, members in nested]
+    args = _members(pairs, ascii_only)
+    args = args[:-1] + (", " if pairs and inner else "") + ", ".join(inner) + "}"
+    text = '{"parameters": ' + args
+    if again:  # the arguments key again: it restarts them, or both keys fail every read
+        text += f', "{again}": ' + _members(pairs[::-1], ascii_only)
+    text = text + ', "name": "f"}' if name_last else '{"name": "f", ' + text[1:] + "}"
+    for where, piece in breaks:
+        cut = int(len(text) * where)
+        text = text[:cut] + piece + text[cut:]
+    text = ("<|python_tag|>" if tag else "") + text
+    if stop < 0.3:
+        text = text[: max(1, int(len(text) * stop / 0.3))]
+    pieces = _cuts(text, sizes)
+    assert _json_run(pieces, True) == _json_run(pieces, False)
 
 
 def _python_literal(value: Any) -> str:

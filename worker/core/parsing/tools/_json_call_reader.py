@@ -17,10 +17,20 @@ a scan position and a stack of open containers, takes each record's
 characters once, and gives that split; the parser diffs only the volatile
 parts and what became stable since.
 
-Whatever it does not model (a syntax error, a duplicate key, whitespace JSON
-does not allow, nesting deeper than :data:`MAX_DEPTH`, both ``parameters`` and
-``arguments``) raises :class:`Unsupported`, and the parser re-reads that call
-as vLLM does.
+A duplicate key (``json.loads`` keeps its first position and its last value)
+cuts the stable part back to that first position once its new value shows in
+the completion; the members after it wait in a fixed *suffix* (after the
+volatile part) until the member ends. That costs one copy of those members
+per duplicate member, not per record. The same key given twice in the call
+object restarts the arguments; ``parameters`` and ``arguments`` both given
+fail every later read (vLLM asserts), as text JSON rejects does (``dead``).
+
+A syntax error raises :class:`Broken` (where, and what the completion could
+still mend there), a number ending in a sign, exponent or point before a
+delimiter :class:`Frozen` (the completion cuts there); whatever else it does
+not model (whitespace JSON does not allow, nesting deeper than
+:data:`MAX_DEPTH`) raises :class:`Unsupported`, and the parser re-reads that
+call as vLLM does.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import json
 import re
 
 from worker.core.parsing.tools._partial_json import complete_str, dump
-from worker.core.parsing.tools._string_tail import AppendOnlyText, StringTail
+from worker.core.parsing.tools._string_tail import AppendOnlyText, StringTail, slice_parts
 
 MAX_DEPTH = 256
 _WS = " \t\n\r"
@@ -41,7 +51,7 @@ _LITERALS = ("null", "true", "false", "Infinity", "-Infinity", "NaN")
 _STRING_STOP = re.compile(r'["\\]')
 _HIGH_SURROGATE = re.compile(r"\\u[dD][89abAB]")
 _ARGS_KEYS = ("parameters", "arguments")
-#: ``json.dumps`` of the falsy values (vLLM sends nothing for falsy arguments).
+#: ``json.dumps`` of the falsy values (vLLM sends nothing for falsy arguments); at most 5 characters.
 _FALSY = frozenset(("{}", "[]", '""', "0", "0.0", "-0.0", "false", "null"))
 
 # Container states: what may come next.
@@ -50,6 +60,38 @@ _KEY_OR_END, _KEY, _COLON, _VALUE, _VALUE_OR_END, _AFTER = range(6)
 
 class Unsupported(Exception):
     """Text the reader does not model: the caller re-reads the call as vLLM does."""
+
+
+class Broken(Unsupported):
+    """The text stopped being a JSON prefix at ``at``, where the completion's walk rejects it too.
+
+    Every completion that keeps ``text[at]`` then fails. It can cut before ``at`` only in the
+    library's array tail (``quote``: in an array, the last bracket or quote before ``at`` closes a
+    string: it re-reads what follows leniently until a bracket or quote comes), and, without
+    incomplete strings, at the bracket or quote before one string opened after ``at``.
+    """
+
+    def __init__(self, at: int, quote: bool, why: str) -> None:
+        super().__init__(why)
+        self.at = at
+        self.quote = quote
+
+
+class Frozen(Unsupported):
+    """A number ending in a sign, exponent or point, then a delimiter (``1.,``): the walk stops there.
+
+    The library's walk of any container holding it cuts it back to its digits and closes every
+    container there, so a read (with incomplete strings) either gives that one value or fails
+    (when the read keeps the number: see the parser's ``_Frozen``). ``openers``: the containers
+    open at the number, outermost first; ``quote``: the last bracket or quote before it closed a
+    string; ``end``: where the number ends.
+    """
+
+    def __init__(self, end: int, openers: str, quote: bool) -> None:
+        super().__init__("a number ending in a sign, exponent or point")
+        self.end = end
+        self.openers = openers
+        self.quote = quote
 
 
 class JsonStringTail(StringTail):
@@ -88,15 +130,38 @@ class JsonStringTail(StringTail):
 
 
 class _Frame:
-    __slots__ = ("count", "is_list", "key", "keys", "state", "tracked")
+    __slots__ = (
+        "base",
+        "count",
+        "dup",
+        "is_list",
+        "key",
+        "keys",
+        "lengths",
+        "live",
+        "post",
+        "saved",
+        "start",
+        "state",
+        "tracked",
+    )
 
-    def __init__(self, is_list: bool, tracked: bool) -> None:
+    def __init__(self, is_list: bool, tracked: bool, base: int) -> None:
         self.is_list = is_list
         self.tracked = tracked  # inside the arguments: its JSON text is built
         self.count = 0  # members in the arguments JSON so far
         self.state = _VALUE_OR_END if is_list else _KEY_OR_END
         self.key = ""  # JSON text of the member in progress's key
-        self.keys: set[str] = set()
+        # Tracked objects, for duplicate keys: each key's member index, the members' lengths in
+        # the stable part (from ``base``), where the member in progress starts.
+        self.keys: dict[str, int] = {}
+        self.lengths: list[int] = []
+        self.base = base
+        self.start = base
+        self.dup = -1  # the member in progress repeats this member's key
+        self.live = False  # ... and its value shows: the stable part was cut back to that member
+        self.post = ""  # the members after it, added back when the member ends
+        self.saved = ("", "")  # the reader's closers and suffix before the cut
 
 
 class _Scalar:
@@ -131,14 +196,22 @@ class _Scalar:
 
 
 class View:
-    """One read's arguments JSON: ``stable[:size] + volatile``."""
+    """One read's arguments JSON: ``stable[:size] + volatile + suffix``.
 
-    __slots__ = ("size", "truthy", "volatile")
+    ``suffix`` is shared by the reads of one duplicate member (members after its first position).
+    Once a duplicate key cuts the stable part back below ``size``, the view's text from ``lost_at``
+    on is kept in ``lost``.
+    """
 
-    def __init__(self, size: int, volatile: str, truthy: bool) -> None:
+    __slots__ = ("lost", "lost_at", "size", "suffix", "truthy", "volatile")
+
+    def __init__(self, size: int, volatile: str, truthy: bool, suffix: str = "") -> None:
         self.size = size
         self.volatile = volatile
         self.truthy = truthy
+        self.suffix = suffix
+        self.lost_at = -1
+        self.lost = ""
 
 
 #: ``CallReader.read`` of a record whose completion fails (vLLM skips the record).
@@ -146,9 +219,15 @@ FAILED = None
 
 
 class CallReader:
-    """Incremental partial-JSON read of one call object that starts at ``start`` in the text."""
+    """Incremental partial-JSON read of one call object that starts at ``start`` in the text.
 
-    def __init__(self, start: int) -> None:
+    ``partial_strings``: the reads complete a string in progress (vLLM's, once the name is sent);
+    without, they leave it out.
+    """
+
+    def __init__(self, start: int, partial_strings: bool = True) -> None:
+        self.partial_strings = partial_strings
+        self.failing = False  # both argument keys show: every read fails for good, whatever the flag
         self.pos = start  # next character to scan
         self.start = start
         self.frames: list[_Frame] = []
@@ -166,7 +245,11 @@ class CallReader:
         self.name_values = 0  # values the "name" keys have begun
         self.name_value_at = -1  # where the last of them starts
         self.stable = AppendOnlyText()
-        self.closers = ""  # the open tracked containers' closers, innermost first
+        self.closers = ""  # the open tracked containers' closers, innermost first (to a duplicate's)
+        self.suffix = ""  # from the innermost duplicate member on: the members after it and closers
+        self.again = ""  # the call object's next value: "same" (restarts) or "both..." argument keys
+        self.pending: _Frame | None = None  # a duplicate member's value that is a lone "-" so far
+        self.last_view: View | None = None  # the last read given out
         self.last_nonblank = start  # end of the text less trailing blanks (str.isspace)
         self.scanned = 0  # characters handled, for the bounded-work tests
 
@@ -188,6 +271,8 @@ class CallReader:
                 chars = _NUM_CHARS if scalar.kind == "num" else _LETTERS
                 while pos < length and text[pos] in chars:
                     pos += 1
+                if self.pending is not None and pos > scalar.start + 1:
+                    self._present(self.pending)  # more than a lone "-": the completion keeps it
                 if pos == length:
                     break
                 if scalar.kind == "num" and text[pos] == "I" and pos == scalar.start + 1:
@@ -226,7 +311,7 @@ class CallReader:
 
     def _member_head(self, frame: _Frame) -> str:
         """What the arguments JSON holds before a member's value: separator and key."""
-        head = ", " if frame.count else ""
+        head = ", " if (frame.dup if frame.dup >= 0 else frame.count) else ""
         return head if frame.is_list else head + frame.key + ": "
 
     def _structural(self, text: str, pos: int, char: str) -> None:
@@ -239,41 +324,66 @@ class CallReader:
         state = frame.state
         if state == _AFTER:
             if char == ",":
+                self._end_member(frame)
                 frame.state = _VALUE if frame.is_list else _KEY
             elif char == ("]" if frame.is_list else "}"):
+                self._end_member(frame)
                 self._close_container(frame)
             else:
-                raise Unsupported(f"unexpected {char!r} after a value")
+                raise self._broken(pos, char, "after a value")
         elif state in (_KEY_OR_END, _KEY):
             if char == '"':
                 self.scalar = _Scalar("str", pos, False, is_key=True)
             elif char == "}" and state == _KEY_OR_END:
                 self._close_container(frame)
             else:
-                raise Unsupported(f"unexpected {char!r} for a key")
+                raise self._broken(pos, char, "for a key")
         elif state == _COLON:
             if char != ":":
-                raise Unsupported("expected ':'")
+                raise self._broken(pos, char, "instead of ':'")
             frame.state = _VALUE
         elif char == "]" and state == _VALUE_OR_END:
             self._close_container(frame)
         else:
             self._value(text, pos, char, frame)
 
+    def _broken(self, pos: int, char: str, where: str) -> Unsupported:
+        if char.isspace():  # the library skips it like a blank: JSON rejects it only where kept
+            return Unsupported(f"whitespace JSON does not allow {where}")
+        quote = self._frame().is_list and self.after_quote
+        return Broken(pos, quote, f"unexpected {char!r} {where}")
+
     def _value(self, text: str, pos: int, char: str, frame: _Frame) -> None:
-        args = self.args_pending and len(self.frames) == 1
-        if self.name_pending and len(self.frames) == 1:
+        if char not in '{["-0123456789ntfIN':
+            raise self._broken(pos, char, "for a value")
+        root = len(self.frames) == 1
+        args = self.args_pending and root
+        if self.name_pending and root:
             self.name_pending = False
             self.name_values += 1
             self.name_value_at = pos
+        if root and self.again:
+            # The arguments key again: the completion leaves a lone "-" out (the old value stays),
+            # and a string in progress when it does not complete strings.
+            if char == "-":
+                self.pending = frame
+            elif char == '"' and self.again == "both" and not self.partial_strings:
+                self.again = "both, once the string closes"
+            else:
+                self._present(frame)
+        elif frame.dup >= 0:
+            if char == "-":
+                self.pending = frame
+            else:
+                self._present(frame)
+        frame.start = self.stable.length
         tracked = frame.tracked or args
         frame.state = _AFTER
         if args:
             self.args_seen = True
         if char in "{[":
             if frame.tracked:
-                self.stable.add(self._member_head(frame) + char)
-                frame.count += 1
+                self._add_member(frame, char)
             elif args:
                 self.stable.add(char)
             self._open(char == "[", tracked)
@@ -283,21 +393,70 @@ class CallReader:
             self.scalar = scalar
             self.after_quote = False
             if frame.tracked:
-                self.stable.add(self._member_head(frame) + '"')
-                frame.count += 1
+                self._add_member(frame, '"')
             elif args:
                 self.stable.add('"')
         elif char in "-0123456789":
             self.scalar = _Scalar("num", pos, tracked)
-        elif char in "ntfIN":
-            self.scalar = _Scalar("lit", pos, tracked)
         else:
-            raise Unsupported(f"unexpected {char!r} for a value")
+            self.scalar = _Scalar("lit", pos, tracked)
+
+    def _add_member(self, frame: _Frame, text: str) -> None:
+        self.stable.add(self._member_head(frame) + text)
+        if frame.dup < 0:
+            frame.count += 1
+
+    def _present(self, frame: _Frame) -> None:
+        """The value after a repeated key shows in the completion from now on."""
+        self.pending = None
+        if len(self.frames) == 1 and self.again:
+            again, self.again = self.again, ""
+            if again.startswith("both"):
+                self.dead = self.failing = True  # vLLM asserts on every read that has both keys
+                return
+            self._mark_lost(0)  # the new arguments replace the old ones whole
+            self.stable.truncate(0)
+            return
+        j = frame.dup
+        at = frame.base + sum(frame.lengths[:j])
+        post = self.stable.between(at + frame.lengths[j], self.stable.length)
+        self._mark_lost(at)
+        self.stable.truncate(at)
+        frame.start = at
+        frame.live, frame.post = True, post
+        frame.saved = (self.closers, self.suffix)
+        self.suffix = post + self.closers + self.suffix
+        self.closers = ""
+
+    def _mark_lost(self, at: int) -> None:
+        """Keep the last view's text from ``at`` on before the stable part is cut back there."""
+        view = self.last_view
+        if view is None or at >= view.size or 0 <= view.lost_at <= at:
+            return
+        if view.lost_at < 0:
+            view.lost = self.text_of(view, at)
+        else:
+            view.lost = self.stable.between(at, view.lost_at) + view.lost
+        view.lost_at = at
+
+    def _end_member(self, frame: _Frame) -> None:
+        """A member of a tracked object ended: record its length, or put a duplicate's followers back."""
+        if not frame.tracked or frame.is_list:
+            return
+        length = self.stable.length - frame.start
+        if frame.live:
+            frame.lengths[frame.dup] = length
+            self.stable.add(frame.post)
+            self.closers, self.suffix = frame.saved
+            frame.live, frame.post = False, ""
+        elif frame.dup < 0:
+            frame.lengths.append(length)
+        frame.dup = -1
 
     def _open(self, is_list: bool, tracked: bool) -> None:
         if len(self.frames) >= MAX_DEPTH:
             raise Unsupported("nested too deep")
-        self.frames.append(_Frame(is_list, tracked))
+        self.frames.append(_Frame(is_list, tracked, self.stable.length))
         self.after_quote = False
         if tracked:
             self.closers = ("]" if is_list else "}") + self.closers
@@ -322,20 +481,27 @@ class CallReader:
             except ValueError as exc:
                 raise Unsupported("a key JSON rejects") from exc
             if frame.tracked:
-                if key in frame.keys:
-                    raise Unsupported("a duplicate key")
-                frame.keys.add(key)
+                frame.dup = frame.keys.setdefault(key, frame.count)
+                if frame.dup == frame.count:
+                    frame.dup = -1
                 frame.key = dump(key)
             elif len(self.frames) == 1:
                 self.args_pending = False
                 self.named = self.named or key == "name"
                 self.name_pending = key == "name"
                 if key in _ARGS_KEYS:
-                    if self.args_key is not None:
-                        raise Unsupported("the arguments given twice")
-                    self.args_key = key
-                    self.args_pending = True
+                    if self.args_key is None:
+                        self.args_key = key
+                        self.args_pending = True
+                    elif key == self.args_key and not self.again.startswith("both"):
+                        self.again = "same"
+                        self.args_pending = True
+                    else:
+                        self.again = "both"
             frame.state = _COLON
+            return
+        if len(self.frames) == 1 and self.again:
+            self._present(frame)  # the second arguments key's string closed
             return
         string = scalar.string
         assert string is not None
@@ -354,7 +520,10 @@ class CallReader:
         token = text[scalar.start : scalar.end]
         if scalar.kind == "num" and token[-1] in ".-+eE":
             # The library walks back over it and cuts the container there, or keeps it and fails.
-            raise Unsupported("a number ending in a sign, exponent or point")
+            if token.rstrip(".-+eE"):  # a digit stops the walk back inside the token
+                openers = "".join("[" if frame.is_list else "{" for frame in self.frames)
+                raise Frozen(scalar.end, openers, self.after_quote)
+            raise Unsupported("a number of signs only: the library's walk back wraps to the text's end")
         value = _token_json(scalar.kind, token, partial=False)
         if value is None:
             self.dead = True  # the completion keeps it and JSON rejects it, from now on
@@ -362,8 +531,7 @@ class CallReader:
         if scalar.tracked:
             frame = self._frame()
             if frame.tracked:
-                self.stable.add(self._member_head(frame) + value)
-                frame.count += 1
+                self._add_member(frame, value)
             else:
                 self.stable.add(value)
         self.values_after_quote += 1
@@ -406,7 +574,8 @@ class CallReader:
                     # the library's array tail then reads '[..., "x",]', which JSON rejects.
                     if frame.is_list and self.after_quote and not self.values_after_quote and scalar.end >= 0:
                         return FAILED
-                    dropped = scalar.tracked and not frame.tracked  # the arguments themselves
+                    # The arguments themselves (unless a repeated key's: the old value stays).
+                    dropped = scalar.tracked and not frame.tracked and self.pending is None
                 elif (value := _token_json(scalar.kind, token, partial=True)) is None:
                     return FAILED
                 elif scalar.tracked:
@@ -414,9 +583,12 @@ class CallReader:
         if not self.args_seen or dropped:
             return View(-1, "", False)  # no arguments yet, or a lone "-" as the arguments: left out
         volatile += self.closers
-        size = self.stable.length
-        short = size + len(volatile) <= 4
-        return View(size, volatile, not short or self.stable.between(0, size) + volatile not in _FALSY)
+        size, suffix = self.stable.length, self.suffix
+        short = size + len(volatile) + len(suffix) <= 5
+        text = self.stable.between(0, size) + volatile + suffix if short else ""
+        view = View(size, volatile, not short or text not in _FALSY, suffix)
+        self.last_view = view
+        return view
 
     def reads_unnamed(self, text: str) -> bool:
         """Whether the read without incomplete strings (before the name is sent) surely succeeds.
@@ -428,7 +600,7 @@ class CallReader:
         escaped quote (the library cuts at that quote), a number or literal it cannot complete,
         and a lone ``-`` after a string in an array followed by blanks.
         """
-        if self.dead or self.complete or not self.frames:
+        if self.dead or self.complete or not self.frames or self.again.startswith("both"):
             return False
         scalar = self.scalar
         # After a "name" key's value began: only while that one value is a string in progress.
@@ -482,11 +654,11 @@ class CallReader:
         return max(self.last_nonblank, string.done)
 
     def text_of(self, view: View, low: int = 0, high: int | None = None) -> str:
-        """``(stable[:view.size] + view.volatile)[low:high]``."""
+        """``(stable[:view.size] + view.volatile + view.suffix)[low:high]``."""
         size = view.size
-        end = size + len(view.volatile) if high is None else high
+        end = size + len(view.volatile) + len(view.suffix) if high is None else high
         head = self.stable.between(low, min(end, size)) if low < size else ""
-        return head + view.volatile[max(low - size, 0) : max(end - size, 0)]
+        return head + slice_parts((view.volatile, view.suffix), max(low - size, 0), max(end - size, 0))
 
 
 def _token_json(kind: str, token: str, partial: bool) -> str | None:

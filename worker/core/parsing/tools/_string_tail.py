@@ -36,7 +36,10 @@ def slice_parts(parts: Sequence[str], low: int, high: int | None = None) -> str:
 
 
 class AppendOnlyText:
-    """Text that only grows (the start of an arguments JSON), kept in pieces and sliced by offset."""
+    """Text that grows at its end (the start of an arguments JSON), kept in pieces and sliced by offset.
+
+    Only a duplicate key cuts it back (:meth:`truncate`).
+    """
 
     def __init__(self) -> None:
         self.parts: list[str] = []
@@ -48,6 +51,15 @@ class AppendOnlyText:
             self.parts.append(piece)
             self.length += len(piece)
             self.ends.append(self.length)
+
+    def truncate(self, size: int) -> None:
+        """Keep ``text[:size]`` (a duplicate key rewrites a member in the middle of the JSON)."""
+        index = bisect_right(self.ends, size)
+        base = self.ends[index - 1] if index else 0
+        cut = self.parts[index][: size - base] if size > base else ""
+        del self.parts[index:], self.ends[index:]
+        self.length = base
+        self.add(cut)
 
     def between(self, low: int, high: int) -> str:
         """``text[low:high]``, reading only the pieces from ``low`` on."""

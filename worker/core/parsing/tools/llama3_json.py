@@ -27,12 +27,17 @@ Finished objects are read once and kept, where vLLM re-reads them all. Once the
 call's name is sent, the call in progress is read incrementally
 (:mod:`._json_call_reader`): each record scans its own characters, and its
 arguments JSON is an append-only part plus a short volatile tail, so the diff
-costs O(the record). Before the name is sent, a record whose read surely
+costs O(the record) (a duplicate key also costs one copy of the members after
+its first position). Before the name is sent, a record whose read surely
 succeeds without a name (the same scan tells, until the ``"name"`` key) sends
 nothing and skips the read; the read vLLM remembers is made once, when needed.
-Text that reader does not model (a syntax error, a duplicate key, ...) and the
-name's own records re-read the call as vLLM does (their cost grows with that
-call's text, at most ``max_model_len`` tokens).
+Once the call's reads fail for good (text JSON rejects, both ``parameters`` and
+``arguments``), every record gives nothing without reading; after a syntax
+error, a record whose read surely fails (:class:`_Broken`) does too.
+Text that reader does not model (whitespace JSON does not allow, ...), a
+syntax error the completion may still mend, and the name's own records
+re-read the call as vLLM does (their cost grows with that call's text, at most
+``max_model_len`` tokens).
 Llama has a structural tag, so with strict tool calling ``required``/named
 choices parse the native format like ``auto``.
 """
@@ -40,6 +45,7 @@ choices parse the native format like ``auto``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,7 +53,7 @@ from worker.core.parsing.base import ToolParser
 from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
 from worker.core.parsing.registry import tool_parser
-from worker.core.parsing.tools._json_call_reader import FAILED, CallReader, Unsupported, View
+from worker.core.parsing.tools._json_call_reader import FAILED, Broken, CallReader, Frozen, Unsupported, View
 from worker.core.parsing.tools._partial_json import common_prefix_len, dump, is_json
 from worker.core.parsing.tools._partial_json import partial_loads as partial_loads  # tests patch it here
 from worker.core.parsing.types import (
@@ -60,6 +66,90 @@ from worker.errors import ParserSetupError
 
 BOT = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
+_TOKENS = re.compile(r'["\[\]{}]')  # what the library's bracket scan sees
+
+
+class _Broken:
+    """The call in progress after a syntax error (:class:`Broken`): does a record's read surely fail?
+
+    At the error ``e`` the text before is a JSON prefix and ``text[e]`` (not a blank) is rejected
+    there. A read is ``json.loads`` of a kept prefix plus closers (or ``raw_decode``, which needs
+    an object complete before ``e``: none), so it fails once the prefix reaches past ``e``. The
+    library keeps up to its last bracket or quote (the text ends with a closer; a string in
+    progress in an array), or up to where the walk of the last open container ends, and that
+    walk reaches ``e`` and raises there (its leniencies are not at ``e``). It keeps less only in
+    the array tail after a string (``quote``: re-read leniently until a bracket or quote follows
+    ``e``), and, without incomplete strings, when a single quote follows ``e`` (it cuts at the
+    token before). Brackets and quotes only accumulate, so a case once ruled out stays out.
+    """
+
+    def __init__(self, index: int, error: Broken, text: str) -> None:
+        self.index = index
+        self.quote = error.quote
+        tokens = _TOKENS.findall(text, error.at)
+        self.count = len(tokens)  # brackets and quotes from the error on
+        self.first = tokens[0] if tokens else ""
+
+    def feed(self, delta: str) -> None:
+        if self.count < 2:
+            tokens = _TOKENS.findall(delta)
+            self.first = self.first or (tokens[0] if tokens else "")
+            self.count += len(tokens)
+
+    def fails(self, named: bool) -> bool:
+        if self.count == 0:
+            return not self.quote
+        return named or self.count >= 2 or self.first != '"'
+
+
+class _Frozen:
+    """The call in progress after a number that ends in a sign, exponent or point (:class:`Frozen`).
+
+    With incomplete strings (the name was sent) the library's bracket scan, kept here from the
+    number on, tells each read: it keeps the number (the read fails) when the text ends with a
+    closer, when the last open container or the array tail it reads starts after the number, or
+    when it completes a string in an array; else its walk reaches the number and gives the one
+    value cut there. So after the first read that gives it, no record needs to read.
+    """
+
+    def __init__(self, index: int, error: Frozen, text: str) -> None:
+        self.index = index
+        self.stack = [(char, True) for char in error.openers]  # (opener, opened before the number)
+        self.in_string = False
+        self.last = '"' if error.quote else "{"  # the last bracket or quote
+        self.last_after = False  # ... and it comes after the number
+        self.mismatched = False
+        self.seen = False  # a read gave the cut value
+        self.scan(text, error.end)
+
+    def scan(self, text: str, pos: int) -> None:
+        for found in _TOKENS.finditer(text, pos):
+            at, char = found.start(), found.group()
+            if self.mismatched:
+                return
+            self.last, self.last_after = char, True
+            if char == '"':
+                slash = at
+                while slash > 0 and text[slash - 1] == "\\":
+                    slash -= 1
+                if not self.in_string or (at - slash) % 2 == 0:
+                    self.in_string = not self.in_string
+            elif not self.in_string:
+                if char in "]}":
+                    opener = "[" if char == "]" else "{"
+                    if not self.stack or self.stack.pop()[0] != opener:
+                        self.mismatched = True
+                else:
+                    self.stack.append((char, False))
+
+    def reads_cut(self, text: str) -> bool:
+        """Whether a read of ``text`` gives the value cut at the number (else it fails)."""
+        if self.mismatched or not self.stack or (text[-1] in "]}" and not self.in_string):
+            return False
+        opener, before = self.stack[-1]
+        if self.last == '"' and opener == "[":
+            return not self.in_string and not self.last_after
+        return before
 
 
 @tool_parser("llama3_json", "llama4_json")
@@ -90,6 +180,9 @@ class Llama3JsonToolParser(ToolParser):
         self._unnamed: CallReader | None = None
         self._no_unnamed = -1  # the call that reader gave up on
         self._prev_stale = False  # _prev is the read of text[:_prev_len], not made yet
+        self._stuck = False  # every later read fails (the call's text is dead for good)
+        self._broken: _Broken | None = None
+        self._frozen: _Frozen | None = None
 
     # -- one-shot ------------------------------------------------------
 
@@ -132,15 +225,21 @@ class Llama3JsonToolParser(ToolParser):
             self._kept_end = self._calls_at
         if not self._mode:
             return DeltaOut(content=delta_text)
+        if self.incremental and self._fails(delta_text):
+            return None  # the read fails: nothing changes, as vLLM skips the record
         try:
             reader = self._reader
             if reader is not None:
                 try:
                     reader.feed(self._text)
+                    if reader.dead:
+                        self._stuck = True
+                        return None
                     if not reader.complete:
                         return self._step_reader(reader)
-                except Unsupported:
+                except Unsupported as exc:
                     self._no_reader = self._index
+                    self._note(exc)
                 self._leave_reader()
             elif self.incremental and not self._name_sent and self._skips_unnamed():
                 return None
@@ -148,6 +247,37 @@ class Llama3JsonToolParser(ToolParser):
             return self._step()
         except Exception:  # vLLM skips the record on any failure
             return None
+
+    def _fails(self, delta_text: str) -> bool:
+        """Whether this record's read surely fails, without reading."""
+        if self._stuck:
+            return True
+        frozen = self._frozen
+        if frozen is not None:
+            if frozen.index != self._index:
+                self._frozen = None
+                return False
+            frozen.scan(self._text, len(self._text) - len(delta_text))
+            if not frozen.reads_cut(self._text) or frozen.seen:
+                return True  # it fails, or gives the value the last read gave: nothing changes
+            frozen.seen = True  # this record reads it once
+            return False
+        broken = self._broken
+        if broken is None:
+            return False
+        if broken.index != self._index:
+            self._broken = None
+            return False
+        broken.feed(delta_text)
+        return broken.fails(self._name_sent)
+
+    def _note(self, exc: Unsupported) -> None:
+        if not self.incremental:
+            return
+        if isinstance(exc, Broken):
+            self._broken = _Broken(self._index, exc, self._text)
+        elif isinstance(exc, Frozen) and self._name_sent:
+            self._frozen = _Frozen(self._index, exc, self._text)
 
     def _skips_unnamed(self) -> bool:
         """True when this record's whole read surely succeeds and finds no name (it gives nothing).
@@ -160,12 +290,16 @@ class Llama3JsonToolParser(ToolParser):
             return False
         reader = self._unnamed
         if reader is None or reader.start != self._kept_end:
-            reader = self._unnamed = CallReader(self._kept_end)
+            reader = self._unnamed = CallReader(self._kept_end, partial_strings=False)
         try:
             reader.feed(self._text)
-        except Unsupported:
+        except Unsupported as exc:
             self._unnamed, self._no_unnamed = None, index
+            self._note(exc)
             return False
+        if reader.failing:
+            self._stuck = True  # no read succeeds again, so no name is sent either
+            return True
         if not reader.reads_unnamed(self._text):
             return False
         self._prev_len = len(self._text)
@@ -272,8 +406,9 @@ class Llama3JsonToolParser(ToolParser):
         try:
             reader.feed(self._text)
             view = reader.read(self._text) if not reader.complete else FAILED
-        except Unsupported:
+        except Unsupported as exc:
             view = FAILED
+            self._note(exc)
         if view is not FAILED:
             if "arguments" in current:
                 expected: str | None = dump(current["arguments"])
@@ -297,11 +432,8 @@ class Llama3JsonToolParser(ToolParser):
             # Read first, as vLLM does: a record that began two calls at once left no entry (it fails).
             sent = len(self._streamed[self._index])
             if then.size >= 0 and then.truthy:
-                # The stable part only grows: compare what follows the earlier read's stable part.
-                grown = reader.stable.between(then.size, now.size) if now.size > then.size else ""
-                later = grown + now.volatile
-                if then.volatile != later:
-                    cut = then.size + common_prefix_len(then.volatile, later)
+                cut = _changed_at(reader, then, now)
+                if cut >= 0:
                     delta = self._args_delta(reader.text_of(now, sent, cut) if sent < cut else "")
         self._view = now
         self._prev_len = len(self._text)
@@ -332,3 +464,27 @@ class Llama3JsonToolParser(ToolParser):
             return ""
         actual = self._streamed[index] if index < len(self._streamed) else ""
         return expected[len(actual) :] if expected.startswith(actual) else ""
+
+
+def _changed_at(reader: CallReader, then: View, now: View) -> int:
+    """Where two reads' arguments JSON first differ (vLLM's common prefix); -1 when equal."""
+    suffix = now.suffix
+    if then.lost_at >= 0 or (then.suffix is not suffix and (then.suffix or suffix)):
+        # A duplicate key cut the stable part back, or its member began or ended: compare the texts
+        # from where they may differ (the copy of the members after it, once per such member).
+        at = then.lost_at if then.lost_at >= 0 else then.size
+        old = then.lost if then.lost_at >= 0 else then.volatile + then.suffix
+        new = reader.text_of(now, at)
+        return -1 if old == new else at + common_prefix_len(old, new)
+    # The stable part only grew: compare what follows the earlier read's stable part.
+    grown = reader.stable.between(then.size, now.size) if now.size > then.size else ""
+    later = grown + now.volatile
+    if then.volatile == later:
+        return -1
+    same = common_prefix_len(then.volatile, later)
+    if suffix and same == min(len(later), len(then.volatile)):
+        # One is a prefix of the other: the shared suffix follows the shorter.
+        rest = (later if len(later) > len(then.volatile) else then.volatile)[same:]
+        if rest[:1] == suffix[:1]:
+            same += common_prefix_len(rest + suffix, suffix)
+    return then.size + same

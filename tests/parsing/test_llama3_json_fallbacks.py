@@ -1,0 +1,217 @@
+"""llama3_json on the text its reader used to leave to a whole re-read at every record (issue 8).
+
+A duplicate key (``json.loads`` keeps its first position and its last value),
+``parameters`` and ``arguments`` both given, and a syntax error. Each text
+goes through the driver that compares every record's delta with the whole
+re-read of vLLM's semantics (``incremental = False``); the work is checked by
+counting the partial-JSON reads and the reader's scanned characters.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from tests.parsing_helpers import matches_whole_reread, sample_tokenizer, text_cuts
+from worker.core.parsing import ParseRequest, adapter_for
+from worker.core.parsing.tools import llama3_json
+from worker.core.parsing.tools._partial_json import dump
+from worker.core.parsing.tools.llama3_json import Llama3JsonToolParser
+
+REQUEST = ParseRequest(tools=None, tool_choice="auto", parallel_tool_calls=None)
+TOKENIZER = adapter_for(sample_tokenizer("llama-3.1"))
+HEAD = '<|python_tag|>{"name": "f", "parameters": '
+
+
+def _make(incremental: bool) -> Llama3JsonToolParser:
+    parser = Llama3JsonToolParser(TOKENIZER, None, {})
+    parser.incremental = incremental
+    return parser
+
+
+def _same(pieces: list[str]) -> int:
+    """Equal to the whole re-read; the records that ran with the incremental reader."""
+    return matches_whole_reread(
+        _make,
+        lambda parser, piece: parser.stream(piece, [0], REQUEST),
+        Llama3JsonToolParser.remaining_unstreamed_args,
+        pieces,
+        before=lambda parser, _piece: parser._reader is not None,
+    )
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The length of every text handed to the partial-JSON read."""
+    seen: list[int] = []
+    original = llama3_json.partial_loads
+
+    def counting(text: str, allow_str: bool) -> tuple[Any, int]:
+        seen.append(len(text))
+        return original(text, allow_str)
+
+    monkeypatch.setattr(llama3_json, "partial_loads", counting)
+    return seen
+
+
+def _reads_per_record(text: str, reads: list[int]) -> list[int]:
+    parser = _make(True)
+    out = []
+    for char in text:
+        reads.clear()
+        parser.stream(char, [0], REQUEST)
+        out.append(sum(reads))
+    return out
+
+
+#: Duplicate keys first, in the middle, repeated, nested, with values the completion leaves out
+#: ("-") or cuts (strings with escapes), and the arguments key itself twice.
+DUPLICATES = [
+    HEAD + '{"k0": -1, "k0": 0, "k1": 1, "k2": 2, "k3": 3}}',
+    HEAD + '{"a": "first value", "b": [1, 2], "c": 3, "a": "second \\u00e9 value\\n", "d": 4}}',
+    HEAD + '{"a": 1, "b": 2, "a": 3, "a": 4, "b": {"x": 1, "x": [5, 6], "y": 7}, "a": -5}}',
+    HEAD + '{"a": {"b": 1, "c": 2}, "a": {"c": 3, "b": 4, "c": -}}',
+    HEAD + '{"a": 10, "a": -, "a": -2.5e3, "b": "x"}}',
+    HEAD + '{"a": [{"k": 1, "k": 2}, {"k": "v", "j": 1, "k": "w"}], "b": 1, "a": true}}',
+    HEAD + '{"s": "xyz", "t": 1, "s": "q"}}',
+    HEAD + '{"a": 1}, "parameters": {"b": 2, "b": "long value here"}}',
+    HEAD + '{"a": 1}, "parameters": -3}',
+    HEAD + '"a string", "parameters": {"b": 1}}',
+    HEAD + '{"a": 1, "a": -Infinity, "c": 1, "a": nul',
+    '{"name": "f", "arguments": {"a": 1, "b": 2, "a": "open string at the end',
+]
+#: Both argument keys, and syntax errors the completion keeps or may still mend.
+BROKEN = [
+    HEAD + '{"a": 1}, "arguments": {"b": 2, "c": "more text after both keys"}}; {"name": "g"}',
+    HEAD + '{"a": 1}, "arguments": -',
+    '{"arguments": {"a": 1}, "parameters": [1, 2, 3], "name": "f"}',
+    '{"arguments": {"a": 1}, "parameters": "a string, then the name", "name": "f"}',
+    '{"arguments": {"a": 1}, "parameters": -12, "name": "f"}',
+    HEAD + '{"a": 1 x, "b": "text after the error", "c": [1, 2]}}',
+    HEAD + '{"a": 1,, "b": "text after the error"}}',
+    HEAD + '{"a": 1, } "b": 2}}',
+    HEAD + '{"a" "b": 2, "c": [1, 2, 3]}}',
+    HEAD + '{"a": [1, 2,], "b": "x"}}',
+    HEAD + '{"a": ["x" 1, 2, 3 4 5, "y"]}}',
+    HEAD + '{"a": ["x",, 1 -',
+    HEAD + '{"a": ["x", 1 - - -]}}',
+    '{"a": [1 x "string opened after the error", "name": "f"}',
+    '{"a": [1 x "s", "name": "f"}',
+    '{"name": "f" x, "parameters": {"a": 1}}',
+    HEAD + '{"a": 1}}}; {"name": "g", "parameters": {}}',
+    HEAD + '{"a": "x"\u3000, "b": 2}}',
+]
+#: Numbers ending in a sign, exponent or point before a delimiter: the completion cuts there.
+FROZEN = [
+    HEAD + '{"a": 1., "b": "text after the number", "c": [1, {"d": 2}], "e": "x"}}; {"name": "g"}',
+    HEAD + '{"a": [1, 2e+, "s", 3, ["t", 4]], "b": "x \\" y"}, "c": 1}',
+    HEAD + '{"a": ["s", 1.5e-, 2, "t"], "b": [3, "u"]}}',
+    HEAD + '{"a": {"b": -1.}, "c": "string", "d": [1]}}',
+    '{"name": "f", "x": 7e, "parameters": {"a": "b"}}',
+    HEAD + '{"a": -., "b": "signs only wrap to the end of the text"}}',
+    HEAD + '{"a": 01., "b": "the cut value is not JSON either"}}',
+]
+
+
+@pytest.mark.parametrize("text", DUPLICATES + BROKEN + FROZEN)
+def test_one_character_records_match_the_whole_reread(text: str) -> None:
+    _same(list(text))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_cuts_match_the_whole_reread(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(60):
+        text = rng.choice(DUPLICATES + BROKEN + FROZEN)
+        if rng.random() < 0.3:
+            text = text[: rng.randrange(1, len(text) + 1)]
+        _same(text_cuts(text, rng))
+
+
+def test_a_duplicate_key_first_keeps_the_reader(reads: list[int]) -> None:
+    body = ", ".join(f'"k{i}": {i}' for i in range(300))
+    text = HEAD + '{"k0": -1, ' + body + "}}"
+    per_record = _reads_per_record(text, reads)
+    # Only the records of the name and of the call's end read the call.
+    late = per_record[text.index('"k1"') : -2]
+    assert not any(late), sum(late)
+    assert _same(list(text)) > len(text) - 60
+
+
+def test_a_repeated_duplicate_in_the_middle_matches_and_keeps_the_reader(reads: list[int]) -> None:
+    members = ", ".join(f'"k{i}": "v{i}"' for i in range(40))
+    repeats = ", ".join(f'"k5": "value {i} \\u00e9 with more text"' for i in range(30))
+    text = HEAD + "{" + members + ", " + repeats + ', "z": 1}}'
+    assert not any(_reads_per_record(text, reads)[text.index('"k1"') : -2])
+    assert _same(list(text)) > len(text) - 60
+
+
+def test_both_argument_keys_stop_the_reads(reads: list[int]) -> None:
+    text = HEAD + '{"a": 1}, "arguments": {' + ", ".join(f'"k{i}": {i}' for i in range(200)) + "}}"
+    per_record = _reads_per_record(text, reads)
+    assert not any(per_record[text.index('"arguments": {') + 15 :])
+    _same(list(text))
+
+
+@pytest.mark.parametrize("second", ["[1, 2, 3], ", '"a string value", ', "-5, "])
+def test_both_argument_keys_before_the_name_stop_the_reads(reads: list[int], second: str) -> None:
+    tail = ", ".join(f'"k{i}": {i}' for i in range(200))
+    text = '{"parameters": {"a": 1}, "arguments": ' + second + tail + ', "name": "f"}'
+    per_record = _reads_per_record(text, reads)
+    assert not any(per_record[text.index(second) + len(second) :])
+    _same(list(text))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [" x", ",,", ", }", " 1", ": 1", "]"],
+)
+def test_a_syntax_error_stops_the_reads(reads: list[int], error: str) -> None:
+    """Once the completion keeps the error for any later text, no record reads the call."""
+    tail = ", ".join(f'"k{i}": [{i}, "v"]' for i in range(100))
+    text = HEAD + '{"a": 1' + error + ", " + tail + "}}"
+    per_record = _reads_per_record(text, reads)
+    assert not any(per_record[text.index(error) + len(error) + 2 :])
+    _same(list(text))
+
+
+@pytest.mark.parametrize(
+    ("text", "mended"),
+    [
+        # The array tail after a string reads leniently until a bracket or quote comes.
+        (HEAD + '{"a": ["x" 1', '{"a": ["x", 1]}'),
+        (HEAD + '{"a": ["x",, 2', '{"a": ["x", 2]}'),
+        (HEAD + '{"a": ["x", 1 -', '{"a": ["x", 1]}'),
+        # Before the name: the cut before a string that opened after the error.
+        ('{"a": [1 x "abc', None),
+    ],
+)
+def test_errors_the_completion_mends_are_still_read(text: str, mended: str | None) -> None:
+    parser = _make(True)
+    for char in text:
+        parser.stream(char, [0], REQUEST)
+    read = parser._read(parser._text)
+    assert read is not None  # the read succeeds: the parser must not skip it
+    if mended is not None:
+        assert dump(read[0][-1]["arguments"]) == mended
+    _same(list(text))
+
+
+@pytest.mark.parametrize("number", ["1.", "-2e", "3.5e+"])
+def test_a_number_the_completion_cuts_reads_once(reads: list[int], number: str) -> None:
+    """After such a number every read fails or gives the value cut there: one more read at most."""
+    tail = ", ".join(f'"k{i}": [{i}, "v{i}", {{"w": {i}}}]' for i in range(60))
+    text = HEAD + '{"a": ' + number + ", " + tail + "}}"
+    per_record = _reads_per_record(text, reads)
+    assert sum(1 for n in per_record[text.index(number) + len(number) + 2 :] if n) <= 1
+    _same(list(text))
+
+
+def test_a_dead_string_stops_the_reads(reads: list[int]) -> None:
+    """A control character JSON rejects inside a finished string: every later read fails."""
+    text = HEAD + '{"a": "x\ty", "b": "' + "long text " * 50 + '"}}'
+    per_record = _reads_per_record(text, reads)
+    assert not any(per_record[text.index('"b"') :])
+    _same(list(text))
