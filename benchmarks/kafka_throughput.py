@@ -201,9 +201,9 @@ class Reader:
                     for r in records:
                         # key + seq identify a chunk; seq sits right after request_id in the envelope
                         out = orjson.loads(r.value)
-                        key = f"{out['request_id']}:{out['seq']}".encode()
-                        self.arrivals[key] = now
-                        self.produced_wall[key] = (r.timestamp / 1000, wall)
+                        chunk_id = f"{out['request_id']}:{out['seq']}".encode()
+                        self.arrivals[chunk_id] = now
+                        self.produced_wall[chunk_id] = (r.timestamp / 1000, wall)
 
     async def wait_for(self, count: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -447,8 +447,8 @@ async def one_run(
                 if ahead > 0.002:
                     await asyncio.sleep(ahead)
                 env = orjson.loads(value)
-                key = f"{env['request_id']}:{env['seq']}".encode()
-                sent[key], sent_wall[key] = time.monotonic(), time.time()
+                chunk_id = f"{env['request_id']}:{env['seq']}".encode()
+                sent[chunk_id], sent_wall[chunk_id] = time.monotonic(), time.time()
                 futures.append(await producer.send(topics.input, value=value, key=key, headers=headers))
             await asyncio.gather(*futures)
         finally:
