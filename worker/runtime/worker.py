@@ -85,6 +85,20 @@ METADATA_MAX_AGE_MS = 10_000
 LAYOUT_RECHECK_S = 10.0
 METRICS_LOG_INTERVAL_S = 30.0
 HEARTBEAT_MAX_MS = 250
+# Weight of the newest periodic commit in the running estimate of how long one takes.
+COMMIT_ESTIMATE_WEIGHT = 0.2
+
+
+def commit_delay_s(interval_s: float, age_s: float, commit_estimate_s: float) -> float:
+    """How long from now the next commit starts, for work whose oldest input is ``age_s`` old.
+
+    Its outputs become visible when the commit ends, so it starts one interval after that input
+    was created less what commits recently took (at most half the interval): the interval bounds
+    produce-to-visible, not produce-to-commit-start. Never later than one interval from now, so a
+    producer's skewed clock cannot delay a commit.
+    """
+    lead = min(max(0.0, commit_estimate_s), interval_s / 2)
+    return max(0.0, interval_s - lead - max(0.0, age_s))
 
 
 def configuration_error(exc: BaseException, settings: KafkaSettings) -> ConfigurationError | None:
@@ -162,6 +176,7 @@ class Worker:
         self._shared: Transaction | None = None
         self._restorer: StateRestorer | None = None
         self._commit_due_at: float | None = None
+        self._commit_estimate_s = 0.0  # running mean of periodic commits' durations (commit_delay_s)
         self._next_expiry_at = 0.0
         self._next_heal_at = 0.0
         # Assigned input partitions with no state partition: not opened (see _check_layout).
@@ -436,12 +451,10 @@ class Worker:
 
         Counting the interval from the input's create time rather than from when it was
         processed keeps the time a commit spent blocking the loop out of the latency budget.
-        Clamped to [now, now + interval] so a producer's skewed clock cannot delay a commit.
         """
+        age = time.time() - first_timestamp_ms / 1000
         interval = self.settings.commit_interval_ms / 1000
-        now = time.monotonic()
-        age = max(0.0, time.time() - first_timestamp_ms / 1000)
-        return now + max(0.0, interval - age)
+        return time.monotonic() + commit_delay_s(interval, age, self._commit_estimate_s)
 
     def _poll_timeout_ms(self, now: float) -> int:
         if self._commit_due_at is None:
@@ -456,7 +469,10 @@ class Worker:
         if forced or due:
             if forced and not due:
                 self.metrics.increment(m.COMMITS_FORCED)
+            started = time.monotonic()
             await self._commit_all()
+            taken = time.monotonic() - started
+            self._commit_estimate_s += COMMIT_ESTIMATE_WEIGHT * (taken - self._commit_estimate_s)
 
     async def _commit_all(self, tps: set[TopicPartition] | None = None) -> None:
         """Commit every task with work (or those in ``tps``); a failed one is reset."""
