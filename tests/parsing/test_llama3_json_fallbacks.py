@@ -10,13 +10,11 @@ counting the partial-JSON reads and the reader's scanned characters.
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 
 from tests.parsing_helpers import matches_whole_reread, sample_tokenizer, text_cuts
 from worker.core.parsing import ParseRequest, adapter_for
-from worker.core.parsing.tools import llama3_json
 from worker.core.parsing.tools._partial_json import dump
 from worker.core.parsing.tools.llama3_json import Llama3JsonToolParser
 
@@ -40,20 +38,6 @@ def _same(pieces: list[str]) -> int:
         pieces,
         before=lambda parser, _piece: parser._reader is not None,
     )
-
-
-@pytest.fixture
-def reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The length of every text handed to the partial-JSON read."""
-    seen: list[int] = []
-    original = llama3_json.partial_loads
-
-    def counting(text: str, allow_str: bool) -> tuple[Any, int]:
-        seen.append(len(text))
-        return original(text, allow_str)
-
-    monkeypatch.setattr(llama3_json, "partial_loads", counting)
-    return seen
 
 
 def _reads_per_record(text: str, reads: list[int]) -> list[int]:
@@ -130,36 +114,40 @@ def test_random_cuts_match_the_whole_reread(seed: int) -> None:
         _same(text_cuts(text, rng))
 
 
-def test_a_duplicate_key_first_keeps_the_reader(reads: list[int]) -> None:
+def test_a_duplicate_key_first_keeps_the_reader(partial_json_reads: list[int]) -> None:
     body = ", ".join(f'"k{i}": {i}' for i in range(300))
     text = HEAD + '{"k0": -1, ' + body + "}}"
-    per_record = _reads_per_record(text, reads)
+    per_record = _reads_per_record(text, partial_json_reads)
     # Only the records of the name and of the call's end read the call.
     late = per_record[text.index('"k1"') : -2]
     assert not any(late), sum(late)
     assert _same(list(text)) > len(text) - 60
 
 
-def test_a_repeated_duplicate_in_the_middle_matches_and_keeps_the_reader(reads: list[int]) -> None:
+def test_a_repeated_duplicate_in_the_middle_matches_and_keeps_the_reader(
+    partial_json_reads: list[int],
+) -> None:
     members = ", ".join(f'"k{i}": "v{i}"' for i in range(40))
     repeats = ", ".join(f'"k5": "value {i} \\u00e9 with more text"' for i in range(30))
     text = HEAD + "{" + members + ", " + repeats + ', "z": 1}}'
-    assert not any(_reads_per_record(text, reads)[text.index('"k1"') : -2])
+    assert not any(_reads_per_record(text, partial_json_reads)[text.index('"k1"') : -2])
     assert _same(list(text)) > len(text) - 60
 
 
-def test_both_argument_keys_stop_the_reads(reads: list[int]) -> None:
+def test_both_argument_keys_stop_the_reads(partial_json_reads: list[int]) -> None:
     text = HEAD + '{"a": 1}, "arguments": {' + ", ".join(f'"k{i}": {i}' for i in range(200)) + "}}"
-    per_record = _reads_per_record(text, reads)
+    per_record = _reads_per_record(text, partial_json_reads)
     assert not any(per_record[text.index('"arguments": {') + 15 :])
     _same(list(text))
 
 
 @pytest.mark.parametrize("second", ["[1, 2, 3], ", '"a string value", ', "-5, "])
-def test_both_argument_keys_before_the_name_stop_the_reads(reads: list[int], second: str) -> None:
+def test_both_argument_keys_before_the_name_stop_the_reads(
+    partial_json_reads: list[int], second: str
+) -> None:
     tail = ", ".join(f'"k{i}": {i}' for i in range(200))
     text = '{"parameters": {"a": 1}, "arguments": ' + second + tail + ', "name": "f"}'
-    per_record = _reads_per_record(text, reads)
+    per_record = _reads_per_record(text, partial_json_reads)
     assert not any(per_record[text.index(second) + len(second) :])
     _same(list(text))
 
@@ -168,11 +156,11 @@ def test_both_argument_keys_before_the_name_stop_the_reads(reads: list[int], sec
     "error",
     [" x", ",,", ", }", " 1", ": 1", "]"],
 )
-def test_a_syntax_error_stops_the_reads(reads: list[int], error: str) -> None:
+def test_a_syntax_error_stops_the_reads(partial_json_reads: list[int], error: str) -> None:
     """Once the completion keeps the error for any later text, no record reads the call."""
     tail = ", ".join(f'"k{i}": [{i}, "v"]' for i in range(100))
     text = HEAD + '{"a": 1' + error + ", " + tail + "}}"
-    per_record = _reads_per_record(text, reads)
+    per_record = _reads_per_record(text, partial_json_reads)
     assert not any(per_record[text.index(error) + len(error) + 2 :])
     _same(list(text))
 
@@ -200,18 +188,18 @@ def test_errors_the_completion_mends_are_still_read(text: str, mended: str | Non
 
 
 @pytest.mark.parametrize("number", ["1.", "-2e", "3.5e+"])
-def test_a_number_the_completion_cuts_reads_once(reads: list[int], number: str) -> None:
+def test_a_number_the_completion_cuts_reads_once(partial_json_reads: list[int], number: str) -> None:
     """After such a number every read fails or gives the value cut there: one more read at most."""
     tail = ", ".join(f'"k{i}": [{i}, "v{i}", {{"w": {i}}}]' for i in range(60))
     text = HEAD + '{"a": ' + number + ", " + tail + "}}"
-    per_record = _reads_per_record(text, reads)
+    per_record = _reads_per_record(text, partial_json_reads)
     assert sum(1 for n in per_record[text.index(number) + len(number) + 2 :] if n) <= 1
     _same(list(text))
 
 
-def test_a_dead_string_stops_the_reads(reads: list[int]) -> None:
+def test_a_dead_string_stops_the_reads(partial_json_reads: list[int]) -> None:
     """A control character JSON rejects inside a finished string: every later read fails."""
     text = HEAD + '{"a": "x\ty", "b": "' + "long text " * 50 + '"}}'
-    per_record = _reads_per_record(text, reads)
+    per_record = _reads_per_record(text, partial_json_reads)
     assert not any(per_record[text.index('"b"') :])
     _same(list(text))

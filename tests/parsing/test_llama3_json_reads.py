@@ -8,7 +8,6 @@ The work is checked by counting the characters handed to the partial-JSON reader
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
@@ -20,15 +19,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 CALL = '{"name": "get_weather", "parameters": {"city": "Zürich", "days": 3}}'
 
 
-def test_each_record_reads_only_the_object_in_progress(monkeypatch: pytest.MonkeyPatch) -> None:
-    read: list[int] = []
-    original = llama3_json.partial_loads
-
-    def counting(text: str, allow_str: bool) -> tuple[Any, int]:
-        read.append(len(text))
-        return original(text, allow_str)
-
-    monkeypatch.setattr(llama3_json, "partial_loads", counting)
+def test_each_record_reads_only_the_object_in_progress(partial_json_reads: list[int]) -> None:
+    read = partial_json_reads
     text = "<|python_tag|>" + "; ".join([CALL] * 40)
     ids = sample_encode("llama-3.1", text)
     session = tool_parsing("llama-3.1", "llama3_json").new_stream(
@@ -60,17 +52,10 @@ SHAPES = {
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_a_call_in_progress_costs_each_record_its_own_characters(
-    monkeypatch: pytest.MonkeyPatch, shape: str
+    partial_json_reads: list[int], shape: str
 ) -> None:
     """Once the name is sent, a record scans its own characters plus a constant window, never the call."""
-    read: list[int] = []
-    original = llama3_json.partial_loads
-
-    def counting(text: str, allow_str: bool) -> tuple[Any, int]:
-        read.append(len(text))
-        return original(text, allow_str)
-
-    monkeypatch.setattr(llama3_json, "partial_loads", counting)
+    read = partial_json_reads
     args = SHAPES[shape]
     body = json.dumps(args, ensure_ascii=False)
     text = '<|python_tag|>{"name": "write_file", "parameters": ' + body + "}"
