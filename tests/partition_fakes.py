@@ -1,5 +1,6 @@
 """Broker-free stand-ins around one ``OwnedPartition``: an input record, a sink that records what it is
-given, and a fresh task that writes to it. Shared by the core's boundary tests and the runtime's."""
+given, a fresh task that writes to it, and consumers a ``Worker`` can poll. Shared by the core's
+boundary tests and the runtime's."""
 
 from __future__ import annotations
 
@@ -61,3 +62,38 @@ def owned_partition(derenderer: Derenderer, sink: RecordingSink) -> OwnedPartiti
         Metrics(),
         position=0,
     )
+
+
+class StubConsumer:
+    """The consumer calls a reset and a revocation make (no broker involved)."""
+
+    def __init__(self, assigned: set[TopicPartition]) -> None:
+        self.assigned = assigned
+        self.paused_tps: set[TopicPartition] = set()
+
+    def assignment(self) -> set[TopicPartition]:
+        return self.assigned
+
+    def paused(self) -> set[TopicPartition]:
+        return self.paused_tps
+
+    def pause(self, tp: TopicPartition) -> None:
+        self.paused_tps.add(tp)
+
+
+class PollingConsumer(StubConsumer):
+    """Hands out ``batches`` one per poll; seeks and lag reads are no-ops (no broker)."""
+
+    def __init__(self, tp: TopicPartition, *batches: list[FakeRecord]) -> None:
+        super().__init__({tp})
+        self.tp = tp
+        self.batches = list(batches)
+
+    async def poll(self, timeout_ms: int, max_records: int) -> dict[Any, Any]:
+        return {self.tp: self.batches.pop(0)} if self.batches else {}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        pass
+
+    def last_stable_offset(self, tp: TopicPartition) -> int | None:
+        return None

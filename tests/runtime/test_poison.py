@@ -13,7 +13,14 @@ import pytest
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, owned_partition
+from tests.partition_fakes import (
+    TOPICS,
+    FakeRecord,
+    PollingConsumer,
+    RecordingSink,
+    StubConsumer,
+    owned_partition,
+)
 from worker.cli import build_parser
 from worker.core.envelope_processor import ProcessResult
 from worker.errors import ConfigurationError, DeliveryFailedError, KafkaClientError, RecordTooLargeError
@@ -153,23 +160,6 @@ def test_topics_must_accept_what_the_producers_send() -> None:
     check_record_limits(TOPICS, {"in": 1, "out": MAX_RECORD_BYTES, "state": MAX_RECORD_BYTES})
 
 
-class _StubConsumer:
-    """The consumer calls a reset and a revocation make (no broker involved)."""
-
-    def __init__(self, assigned: set[TopicPartition]) -> None:
-        self.assigned = assigned
-        self.paused_tps: set[TopicPartition] = set()
-
-    def assignment(self) -> set[TopicPartition]:
-        return self.assigned
-
-    def paused(self) -> set[TopicPartition]:
-        return self.paused_tps
-
-    def pause(self, tp: TopicPartition) -> None:
-        self.paused_tps.add(tp)
-
-
 def test_resets_feed_the_breaker_and_both_survive_a_revocation() -> None:
     limits = DeadLetterLimits(max_ratio=None, max_consecutive=3)
     worker = Worker(
@@ -180,7 +170,7 @@ def test_resets_feed_the_breaker_and_both_survive_a_revocation() -> None:
         resets=ResetTracker(max_retries=5),
     )
     tp = TopicPartition("derender-requests", 3)
-    consumer = _StubConsumer({tp})
+    consumer = StubConsumer({tp})
     worker._consumer = consumer
 
     async def body() -> None:
@@ -258,24 +248,6 @@ def test_a_poison_skip_is_counted_once_it_is_sent() -> None:
     assert second.metrics.counters["derender.records.poison_skipped"] == 1
 
 
-class _PollingConsumer(_StubConsumer):
-    """Hands out ``batches`` one per poll; seeks and lag reads are no-ops (no broker)."""
-
-    def __init__(self, tp: TopicPartition, *batches: list[FakeRecord]) -> None:
-        super().__init__({tp})
-        self.tp = tp
-        self.batches = list(batches)
-
-    async def poll(self, timeout_ms: int, max_records: int) -> dict[Any, Any]:
-        return {self.tp: self.batches.pop(0)} if self.batches else {}
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        pass
-
-    def last_stable_offset(self, tp: TopicPartition) -> int | None:
-        return None
-
-
 def _worker(sink: RecordingSink, limits: DeadLetterLimits, retries: int = 3) -> tuple[Worker, OwnedPartition]:
     """A worker owning partition 2 through a task that writes to ``sink`` (no broker)."""
     worker = Worker(
@@ -296,7 +268,7 @@ def test_a_poison_commit_is_not_an_isolated_commit() -> None:
     sink = RecordingSink()
     worker, task = _worker(sink, DeadLetterLimits(max_ratio=None, max_consecutive=None), retries=1)
     worker.resets.record_failed(2, 0, "TypeError('x')")
-    worker._consumer = _PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
+    worker._consumer = PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
     asyncio.run(worker._step())
     assert len(sink.commits) == 1 and sink.sent[0].topic == TOPICS.dlq  # skipped, committed at once
     assert worker.metrics.counters.get("derender.commits.isolated", 0) == 0
@@ -352,7 +324,7 @@ def test_a_kafka_client_error_is_not_blamed_on_the_record_being_handled() -> Non
     ]
     for error in errors:
         worker, task = _worker(_FlakySink(error), limits, retries=1)
-        worker._consumer = _PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
+        worker._consumer = PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
         asyncio.run(worker._step())
         assert task.tp not in worker.tasks  # reset: it reopens and retries the record
         assert worker.resets.resets(2, 0) == 0 and not worker.resets.is_poison(2, 0)
@@ -361,7 +333,7 @@ def test_a_kafka_client_error_is_not_blamed_on_the_record_being_handled() -> Non
         assert "derender.partitions.resets_by_record" not in worker.metrics.counters
     # Any other error is the record's: it counts towards its retries and the breaker.
     worker, task = _worker(_FlakySink(RuntimeError("bug")), limits, retries=1)
-    worker._consumer = _PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
+    worker._consumer = PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
     asyncio.run(worker._step())
     assert worker.resets.is_poison(2, 0) and worker.dead_letters.is_tripped(2)
 
@@ -379,7 +351,7 @@ def test_an_isolated_commit_that_fails_names_its_record_whatever_the_error() -> 
     (seq,) = generate_sequences(1, seed=8, prefix="culprit")
     worker, task = _worker(_RefusingSink(), DeadLetterLimits(max_ratio=None, max_consecutive=None))
     worker.resets.commit_failed(2, committed=0, attempted=2)  # a failed commit of [0, 2): isolating
-    worker._consumer = _PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
+    worker._consumer = PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
     asyncio.run(worker._step())
     assert worker.resets.resets(2, 0) == 1
     assert worker.metrics.counters["derender.commits.isolated"] == 1
@@ -390,7 +362,7 @@ def test_a_range_replayed_after_a_reset_is_observed_by_the_breaker_once() -> Non
     records = [FakeRecord(o, seq.envelopes[o]) for o in range(3)]
     limits = DeadLetterLimits(max_ratio=0.5, window=100, min_records=1, max_consecutive=None)
     worker, task = _worker(_FlakySink(None, None, RuntimeError("bug")), limits)
-    worker._consumer = _PollingConsumer(task.tp, records)
+    worker._consumer = PollingConsumer(task.tp, records)
     asyncio.run(worker._step())  # 0 and 1 go through, 2 resets the partition
     breaker = worker.dead_letters.breaker(2)
     assert task.tp not in worker.tasks and (breaker.window_size, breaker.invalid_in_window) == (3, 1)
@@ -401,7 +373,7 @@ def test_a_range_replayed_after_a_reset_is_observed_by_the_breaker_once() -> Non
         worker.metrics,
     )
     worker.tasks[reopened.tp] = reopened
-    worker._consumer = _PollingConsumer(task.tp, records)
+    worker._consumer = PollingConsumer(task.tp, records)
     asyncio.run(worker._step())  # the replay: 0 and 1 again, then 2 goes through
     assert reopened.position == 3
     assert (breaker.window_size, breaker.invalid_in_window) == (4, 1)  # not 6: 0 and 1 count once
@@ -446,7 +418,7 @@ def test_a_record_a_topic_refuses_as_too_large_is_named_by_isolation_and_dead_le
             current.metrics = worker.metrics
             current.position = current.committed_position = position
             worker.tasks[task.tp] = current
-        worker._consumer = _PollingConsumer(task.tp, records[position:])
+        worker._consumer = PollingConsumer(task.tp, records[position:])
         asyncio.run(worker._step())
         return current
 

@@ -30,7 +30,6 @@ from worker.runtime.state_changelog import (
     restore,
 )
 from worker.runtime.topics import check_layout
-from worker.runtime.worker import commit_delay_s
 from worker.settings import DEFAULT_GROUP_ID, DeliveryMode, KafkaSettings, load_kafka
 
 KEYS = StateKeys(DEFAULT_GROUP_ID)  # the namespace of ``owned_partition``'s state keys
@@ -364,14 +363,3 @@ def test_deferred_checkpoints_restore_by_re_reading_the_input() -> None:
     updates = sum(1 for r in records[1:] if orjson.loads(r.value)["seq"] > 0)
     assert replays > 0 and 0 < len(progress) < updates / 2  # fewer than one per record, by the interval
     assert _latest(sink.commits) == {KEYS.replay_from: b'{"v":2,"kind":"replay-from","offset":null}'}
-
-
-def test_a_commit_starts_early_by_what_commits_take_so_outputs_show_within_the_interval() -> None:
-    # Input just created, commits taking 15 ms: start at 85 ms, visible at about 100 ms.
-    assert commit_delay_s(0.1, 0.0, 0.015) == pytest.approx(0.085)
-    # Older input: only what is left of its interval.
-    assert commit_delay_s(0.1, 0.06, 0.015) == pytest.approx(0.025)
-    assert commit_delay_s(0.1, 0.5, 0.015) == 0.0
-    # Slow commits lead by half the interval at most; a producer clock ahead delays nothing.
-    assert commit_delay_s(0.1, 0.0, 2.0) == pytest.approx(0.05)
-    assert commit_delay_s(0.1, -30.0, 0.0) == pytest.approx(0.1)

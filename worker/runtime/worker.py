@@ -177,6 +177,7 @@ class Worker:
         self._restorer: StateRestorer | None = None
         self._commit_due_at: float | None = None
         self._commit_estimate_s = 0.0  # running mean of periodic commits' durations (commit_delay_s)
+        self._open_since: float | None = None  # when the first record since the last commit was handled
         self._next_expiry_at = 0.0
         self._next_heal_at = 0.0
         # Assigned input partitions with no state partition: not opened (see _check_layout).
@@ -372,6 +373,10 @@ class Worker:
                 try:
                     for record in records:
                         await task.handle(record)
+                        now = time.monotonic()
+                        if self._commit_due_at is None:
+                            self._commit_due_at = self._due_for(record.timestamp)
+                            self._open_since = now
                         if task.trip is not None:
                             break
                         isolating = self.resets.isolating(tp.partition, record.offset)
@@ -387,6 +392,12 @@ class Worker:
                                 await task.commit()
                             committing = False
                             self.resets.committed(tp.partition, task.position)
+                        elif self._due_within_batch(now):
+                            # A long batch (a backlog, a restore) commits as it goes: an open
+                            # transaction holds back every reader of the output partitions it wrote.
+                            await self._commit_all()
+                            if self.tasks.get(tp) is not task:
+                                break  # the commit failed and reset this partition
                 except Exception as exc:
                     log.exception(
                         "record %s offset %s failed; resetting the partition",
@@ -403,8 +414,6 @@ class Worker:
                     continue
                 if task.trip is not None:
                     self._pause_tripped(task)
-                if self._commit_due_at is None and records:
-                    self._commit_due_at = self._due_for(records[0].timestamp)
             self._update_gauges()
             await self._maybe_commit()
             await self._maybe_expire()
@@ -456,6 +465,15 @@ class Worker:
         interval = self.settings.commit_interval_ms / 1000
         return time.monotonic() + commit_delay_s(interval, age, self._commit_estimate_s)
 
+    def _due_within_batch(self, now: float) -> bool:
+        """Whether to commit before the rest of a batch: once the commit is due and the transaction
+        has been open for an interval (so a backlog of old records still commits an interval's work
+        at a time, not record by record)."""
+        if self._commit_due_at is None or self._open_since is None:
+            return False
+        interval = self.settings.commit_interval_ms / 1000
+        return now >= max(self._commit_due_at, self._open_since + interval)
+
     def _poll_timeout_ms(self, now: float) -> int:
         if self._commit_due_at is None:
             return MAX_POLL_TIMEOUT_MS
@@ -478,7 +496,7 @@ class Worker:
         """Commit every task with work (or those in ``tps``); a failed one is reset."""
         tasks = [t for t in self.tasks.values() if t.needs_commit and (tps is None or t.tp in tps)]
         if tps is None:
-            self._commit_due_at = None
+            self._commit_due_at = self._open_since = None
         if not tasks:
             return
         if self._shared is not None:
