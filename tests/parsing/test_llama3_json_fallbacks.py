@@ -86,6 +86,11 @@ BROKEN = [
     '{"name": "f" x, "parameters": {"a": 1}}',
     HEAD + '{"a": 1}}}; {"name": "g", "parameters": {}}',
     HEAD + '{"a": "x"\u3000, "b": 2}}',
+    HEAD + '{"a": tru, "b": "text after the literal", "c": [1, "d"]}}',
+    HEAD + '{"a": ["x", nul- -, tr-',
+    HEAD + '{"a": [1, nullx], "b": -Inx}}',
+    HEAD + '{"a": tru\u3000, "b": 2}}',
+    '{"a": [Na "string opened after the literal", "name": "f"}',
 ]
 #: Numbers ending in a sign, exponent or point before a delimiter: the completion cuts there.
 FROZEN = [
@@ -165,6 +170,16 @@ def test_a_syntax_error_stops_the_reads(partial_json_reads: list[int], error: st
     _same(list(text))
 
 
+@pytest.mark.parametrize("literal", ["tru", "nullx", "-Inx", "N"])
+def test_a_literal_the_completion_cannot_finish_stops_the_reads(reads: list[int], literal: str) -> None:
+    """Once a delimiter follows it, the completion's walk raises there at every read."""
+    tail = ", ".join(f'"k{i}": [{i}, "v"]' for i in range(100))
+    text = HEAD + '{"a": ' + literal + ", " + tail + "}}"
+    per_record = _reads_per_record(text, reads)
+    assert not any(per_record[text.index(literal) + len(literal) + 2 :])
+    _same(list(text))
+
+
 @pytest.mark.parametrize(
     ("text", "mended"),
     [
@@ -172,6 +187,7 @@ def test_a_syntax_error_stops_the_reads(partial_json_reads: list[int], error: st
         (HEAD + '{"a": ["x" 1', '{"a": ["x", 1]}'),
         (HEAD + '{"a": ["x",, 2', '{"a": ["x", 2]}'),
         (HEAD + '{"a": ["x", 1 -', '{"a": ["x", 1]}'),
+        (HEAD + '{"a": ["x", tr-', '{"a": ["x", true]}'),
         # Before the name: the cut before a string that opened after the error.
         ('{"a": [1 x "abc', None),
     ],

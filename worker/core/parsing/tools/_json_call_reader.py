@@ -284,7 +284,7 @@ class CallReader:
                 pos += 1
                 continue
             if scalar is not None:
-                self._close_token(text, scalar)
+                self._close_token(text, scalar, char)
             self._structural(text, pos, char)
             pos += 1
         self.pos = pos
@@ -514,10 +514,16 @@ class CallReader:
         if scalar.tracked:
             self.stable.add(full[scalar.taken :] + '"')
 
-    def _close_token(self, text: str, scalar: _Scalar) -> None:
-        """A number or literal followed by something other than blanks: it is final."""
+    def _close_token(self, text: str, scalar: _Scalar, char: str) -> None:
+        """A number or literal followed by ``char`` (not a blank): it is final."""
         self.scalar = None
         token = text[scalar.start : scalar.end]
+        if scalar.kind == "lit" and token not in _LITERALS:
+            if char.isspace():  # the completion may strip it and complete the literal
+                raise Unsupported("a literal before whitespace JSON does not allow")
+            # The walk raises at it: a literal prefix completes only where the text it reads ends,
+            # and only the array tail after a string cuts ``char`` off (a "-"): see Broken.
+            raise self._broken(scalar.start, token[0], "for a literal")
         if scalar.kind == "num" and token[-1] in ".-+eE":
             # The library walks back over it and cuts the container there, or keeps it and fails.
             if token.rstrip(".-+eE"):  # a digit stops the walk back inside the token
@@ -667,7 +673,7 @@ def _token_json(kind: str, token: str, partial: bool) -> str | None:
         for literal in _LITERALS:
             if token == literal or (partial and literal.startswith(token)):
                 return literal
-        raise Unsupported("not a literal")
+        return None  # the completion's walk raises at it
     if partial:
         cut = token.rstrip(".-+eE")
         if not cut:
