@@ -64,6 +64,7 @@ DEFAULT_IMAGE = "confluentinc/cp-kafka:8.1.1"
 
 # The first start may download ~50 jars with Maven; later starts take a few seconds.
 SCRIPT_START_TIMEOUT_S = 600.0
+RESTART_READY_TIMEOUT_S = 300
 READY_TIMEOUT_S = 60.0
 TOPIC_READY_TIMEOUT_S = 30.0
 
@@ -111,11 +112,18 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 # --- the broker ---------------------------------------------------------------------------------
 
 
-def _run_script(command: str, timeout: float = SCRIPT_START_TIMEOUT_S) -> str:
-    """Run ``deploy/local/kafka COMMAND`` and return its last stdout line."""
+def _run_script(
+    command: str, timeout: float = SCRIPT_START_TIMEOUT_S, start_timeout_s: int | None = None
+) -> str:
+    """Run ``deploy/local/kafka COMMAND`` and return its last stdout line; ``start_timeout_s``: how
+    long it waits for the broker to become ready (the script's own default otherwise)."""
+    env = None
+    if start_timeout_s is not None:
+        env = {**os.environ, "KAFKA_START_TIMEOUT": str(start_timeout_s)}
     try:
         proc = subprocess.run(
             [str(LOCAL_KAFKA_SCRIPT), command],
+            env=env,
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -164,7 +172,9 @@ def restart_local_broker() -> str:
     Waits until the broker answers metadata requests again. Only meaningful when the session
     uses the local broker (see ``KafkaBroker.restartable``).
     """
-    bootstrap = _run_script("restart")
+    # A restart reloads every partition the session has created so far, on a machine the tests
+    # keep busy: it can take minutes where a fresh start takes seconds.
+    bootstrap = _run_script("restart", start_timeout_s=RESTART_READY_TIMEOUT_S)
     wait_until_ready(bootstrap)
     return bootstrap
 

@@ -171,11 +171,13 @@ def test_a_syntax_error_stops_the_reads(partial_json_reads: list[int], error: st
 
 
 @pytest.mark.parametrize("literal", ["tru", "nullx", "-Inx", "N"])
-def test_a_literal_the_completion_cannot_finish_stops_the_reads(reads: list[int], literal: str) -> None:
+def test_a_literal_the_completion_cannot_finish_stops_the_reads(
+    partial_json_reads: list[int], literal: str
+) -> None:
     """Once a delimiter follows it, the completion's walk raises there at every read."""
     tail = ", ".join(f'"k{i}": [{i}, "v"]' for i in range(100))
     text = HEAD + '{"a": ' + literal + ", " + tail + "}}"
-    per_record = _reads_per_record(text, reads)
+    per_record = _reads_per_record(text, partial_json_reads)
     assert not any(per_record[text.index(literal) + len(literal) + 2 :])
     _same(list(text))
 
