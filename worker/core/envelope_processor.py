@@ -537,7 +537,9 @@ class EnvelopeProcessor:
         given = {name: body[name] for name in _INHERITED_FIELDS if name in body}
         # What earlier records gave: already validated (reused as is, so a later record costs
         # nothing per prompt id), else as a state record held it (validated with this body).
-        carried = {name: v for name, v in ctx.inherited.items() if name not in given}
+        carried: JsonDict = ctx.inherited
+        if given:
+            carried = {name: v for name, v in carried.items() if name not in given}
         if not ctx.inherited_validated:
             body.update(carried)
             carried = {}
@@ -568,9 +570,10 @@ class EnvelopeProcessor:
             choices = completion.generate_chunk.choices
             has_usage = completion.generate_chunk.usage is not None
 
-        for name in (*given, *ctx.inherited):
-            ctx.inherited[name] = getattr(validated, name)
-        ctx.inherited_validated = True
+        if given or not ctx.inherited_validated:  # else ``inherited`` holds these values already
+            for name in (*given, *ctx.inherited):
+                ctx.inherited[name] = getattr(validated, name)
+            ctx.inherited_validated = True
         ctx.sequences[index] = state
         self._track_live_parser(rid, index, state)
         ctx.last_choice_index = index
