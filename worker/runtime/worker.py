@@ -487,10 +487,7 @@ class Worker:
         if forced or due:
             if forced and not due:
                 self.metrics.increment(m.COMMITS_FORCED)
-            started = time.monotonic()
             await self._commit_all()
-            taken = time.monotonic() - started
-            self._commit_estimate_s += COMMIT_ESTIMATE_WEIGHT * (taken - self._commit_estimate_s)
 
     async def _commit_all(self, tps: set[TopicPartition] | None = None) -> None:
         """Commit every task with work (or those in ``tps``); a failed one is reset."""
@@ -499,19 +496,23 @@ class Worker:
             self._commit_due_at = self._open_since = None
         if not tasks:
             return
+        started = time.monotonic()
         if self._shared is not None:
             await self._commit_shared(tasks)
-            return
-        results = await asyncio.gather(*(t.commit() for t in tasks), return_exceptions=True)
-        for task, result in zip(tasks, results, strict=True):
-            if isinstance(result, BaseException):
-                log.warning("commit of %s failed, resetting it: %r", task.tp, result)
-                self.metrics.increment(m.COMMITS_FAILED)
-                # Which record is to blame is unknown: the reopened partition isolates the range.
-                self.resets.commit_failed(task.tp.partition, task.committed_position, task.position)
-                await self._reset_partition(task.tp, None, result)
-            else:
-                self.resets.committed(task.tp.partition, task.position)
+        else:
+            results = await asyncio.gather(*(t.commit() for t in tasks), return_exceptions=True)
+            for task, result in zip(tasks, results, strict=True):
+                if isinstance(result, BaseException):
+                    log.warning("commit of %s failed, resetting it: %r", task.tp, result)
+                    self.metrics.increment(m.COMMITS_FAILED)
+                    # Which record is to blame is unknown: the reopened partition isolates the range.
+                    self.resets.commit_failed(task.tp.partition, task.committed_position, task.position)
+                    await self._reset_partition(task.tp, None, result)
+                else:
+                    self.resets.committed(task.tp.partition, task.position)
+        if tps is None:  # a periodic commit: what the next one's early start is based on
+            taken = time.monotonic() - started
+            self._commit_estimate_s += COMMIT_ESTIMATE_WEIGHT * (taken - self._commit_estimate_s)
 
     async def _commit_shared(self, tasks: list[OwnedPartition], *, raise_errors: bool = False) -> None:
         """Per-worker transactions: every task with work commits in one transaction.
@@ -555,6 +556,7 @@ class Worker:
             try:
                 if await task.expire(ttl) and self._commit_due_at is None:
                     self._commit_due_at = now + self.settings.commit_interval_ms / 1000
+                    self._open_since = now
             except Exception as exc:
                 log.exception("expiring requests of %s failed; resetting the partition", tp)
                 await self._reset_partition(tp, None, exc)
