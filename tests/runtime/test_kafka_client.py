@@ -174,7 +174,8 @@ def test_compression_type_reaches_both_backends(codec: CompressionType) -> None:
 
 def test_dlq_replay_produces_with_the_compression_type() -> None:
     argv = ["dlq", "replay", "--bootstrap-servers", "k:9092", "--compression-type", "zstd"]
-    assert ReplayOptions.from_args(build_parser().parse_args(argv)).compression is CompressionType.ZSTD
+    options = ReplayOptions.from_args(build_parser().parse_args(argv))
+    assert options.producer.compression is CompressionType.ZSTD
 
 
 # --- modes: refused where they cannot work ------------------------------------------------------

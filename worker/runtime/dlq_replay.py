@@ -43,27 +43,14 @@ from pydantic import ValidationError
 
 from schemas.envelope import DeadLetterRecord
 from worker.errors import ConfigurationError, DeliveryFailedError, ReplayError
-from worker.runtime.delivery import (
-    PRODUCER_BATCH_BYTES,
-    PRODUCER_LINGER_MS,
-    PRODUCER_REQUEST_TIMEOUT_MS,
-    PRODUCER_RETRY_BACKOFF_MS,
-    TRANSACTION_TIMEOUT_MS,
-)
+from worker.runtime.delivery import producer_config
 from worker.runtime.kafka_client.aiokafka_backend import AiokafkaProducer, AiokafkaReader
-from worker.runtime.kafka_client.base import (
-    CompressionType,
-    ConsumedRecord,
-    PartitionReader,
-    ProducerConfig,
-    TopicPartition,
-)
+from worker.runtime.kafka_client.base import ConsumedRecord, PartitionReader, ProducerConfig, TopicPartition
 from worker.runtime.kafka_security import KafkaSecurity
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.topics import partition_counts
-from worker.settings import ProducerSettings, ProducingTopics, SecuritySettings, add_arguments, load_kafka
+from worker.settings import ProducingTopics, SecuritySettings, add_arguments, load_kafka
 
-MAX_REQUEST_BYTES = 16 * 1024 * 1024  # as large as the worker's own producers send
 _POLL_MS = 500
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 
@@ -133,8 +120,8 @@ class ReplayOptions:
     client_id: str
     dlq_topic: str
     to_topic: str
+    producer: ProducerConfig  # the worker's producer settings (``delivery.producer_config``)
     security: KafkaSecurity = field(default_factory=KafkaSecurity)
-    compression: CompressionType = ProducerSettings.model_fields["compression_type"].default
     from_offset: int | None = None
     since_ms: int | None = None
     reason_contains: str | None = None
@@ -149,13 +136,14 @@ class ReplayOptions:
             raise ConfigurationError("--from-offset must not be negative")
         if args.limit is not None and args.limit <= 0:
             raise ConfigurationError("--limit must be positive")
+        client_id = f"{settings.client_id}-dlq-replay"
         return cls(
             bootstrap_servers=settings.bootstrap_servers,
-            client_id=f"{settings.client_id}-dlq-replay",
+            client_id=client_id,
             dlq_topic=settings.topics.dlq,
             to_topic=args.to_topic or settings.topics.input,
+            producer=producer_config(settings, client_id),
             security=settings.security,
-            compression=settings.compression_type,
             from_offset=args.from_offset,
             since_ms=args.since,
             reason_contains=args.reason_contains,
@@ -222,20 +210,8 @@ async def replay_dead_letters(options: ReplayOptions, out: TextIO | None = None)
         for tp in tps:
             consumer.seek(tp, starts[tp])
         if not options.dry_run:
-            config = ProducerConfig(
-                bootstrap_servers=options.bootstrap_servers,
-                client_id=options.client_id,
-                max_record_bytes=MAX_REQUEST_BYTES,
-                batch_bytes=PRODUCER_BATCH_BYTES,
-                linger_ms=PRODUCER_LINGER_MS,
-                request_timeout_ms=PRODUCER_REQUEST_TIMEOUT_MS,
-                retry_backoff_ms=PRODUCER_RETRY_BACKOFF_MS,
-                transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
-                compression=options.compression,
-                security=options.security,
-            )
             # Idempotent: a retried send is not written twice.
-            producer = AiokafkaProducer(config, security)
+            producer = AiokafkaProducer(options.producer, security)
             await producer.start()
         await _copy(
             consumer, producer, {tp for tp in tps if starts[tp] < ends[tp]}, ends, options, report, out
