@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from schemas.derender import DerenderChatStreamRequest, DerenderCompletionStreamRequest
-from tests.golden_cases import derenderer_for
+from tests.golden_cases import derenderer_for, sample_config
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
 
@@ -26,20 +26,8 @@ RECORDS = 12
 # Qwen3 ids of ordinary text; the prompt repeats them.
 TEXT_IDS = [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13, 220, 151645]
 PROMPT = [(TEXT_IDS * (PROMPT_LEN // len(TEXT_IDS) + 1))[i] for i in range(PROMPT_LEN)]
-PLAIN: JsonDict = {
-    "model_dir": "qwen3",
-    "served_model_name": "test-model",
-    "reasoning_parser": None,
-    "tool_parser": None,
-    "enable_auto_tool_choice": False,
-    "max_model_len": 40960,
-    "max_logprobs": None,
-}
-PARSERS: JsonDict = PLAIN | {
-    "reasoning_parser": "qwen3",
-    "tool_parser": "hermes",
-    "enable_auto_tool_choice": True,
-}
+PLAIN: JsonDict = sample_config(max_model_len=40960)
+PARSERS: JsonDict = sample_config(parsers=True, max_model_len=40960)
 
 
 def _records(endpoint: str, *, every: bool = False, lax: bool = False) -> list[bytes]:

@@ -47,6 +47,8 @@ def _reads_per_record(text: str, reads: list[int]) -> list[int]:
         reads.clear()
         parser.stream(char, [0], REQUEST)
         out.append(sum(reads))
+    # The spy must see the reads the call does make before it stops, or "none after" says nothing.
+    assert any(out), "no read reached the partial_json_reads spy"
     return out
 
 
