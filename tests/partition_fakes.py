@@ -16,8 +16,17 @@ from worker.runtime.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.topics import TopicNames
+from worker.settings import KafkaSettings, load_kafka
 
 TOPICS = TopicNames("in", "out", "state", "dlq")
+
+
+def run_settings(*argv: str) -> KafkaSettings:
+    """``run``'s Kafka settings from these flags (a tokenizer and a bootstrap address are given)."""
+    from worker.cli import build_parser  # the CLI imports every command: only when settings are built
+
+    args = build_parser().parse_args(["run", "--tokenizer", "x", "--bootstrap-servers", "k:9092", *argv])
+    return load_kafka(KafkaSettings, args)
 
 
 class RecordingSink:

@@ -12,10 +12,9 @@ import pytest
 import worker.runtime.worker as worker_module
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import FakeRecord, PollingConsumer, RecordingSink, owned_partition
-from worker.cli import build_parser
+from tests.partition_fakes import FakeRecord, PollingConsumer, RecordingSink, owned_partition, run_settings
 from worker.runtime.worker import Worker, commit_delay_s
-from worker.settings import KafkaSettings, ModelSettings, load_kafka
+from worker.settings import ModelSettings
 
 
 def test_a_commit_starts_early_by_what_commits_take_so_outputs_show_within_the_interval() -> None:
@@ -48,10 +47,7 @@ class _SlowClock:
 
 
 def _worker(sink: RecordingSink) -> Worker:
-    args = build_parser().parse_args(
-        ["run", "--tokenizer", "x", "--bootstrap-servers", "b:1", "--mode", "at-least-once"]
-    )  # 100 ms commits
-    settings = load_kafka(KafkaSettings, args)
+    settings = run_settings("--mode", "at-least-once")  # 100 ms commits
     worker = Worker(settings, derenderer_for(QWEN3_CONFIG), model=ModelSettings(tokenizer="x"))
     task = owned_partition(worker.derenderer, sink)
     task.metrics = worker.metrics

@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError as LibKafkaError
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import TOPICS, FakeRecord
+from tests.partition_fakes import TOPICS, FakeRecord, run_settings
 from worker.cli import build_parser, main
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import (
@@ -49,13 +49,7 @@ from worker.runtime.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.worker import Worker, refused_as_too_large
-from worker.settings import KafkaSettings, ModelSettings, load_kafka
-
-
-def _settings(*argv: str) -> KafkaSettings:
-    args = build_parser().parse_args(["run", "--tokenizer", "x", "--bootstrap-servers", "k:9092", *argv])
-    return load_kafka(KafkaSettings, args)
-
+from worker.settings import ModelSettings
 
 # --- errors: both libraries into the one hierarchy ---------------------------------------------
 
@@ -100,7 +94,7 @@ def test_librdkafka_errors_map_into_the_hierarchy(code: int, expected: type) -> 
 def test_group_rejections_name_their_flag_with_either_backend() -> None:
     from worker.runtime.worker import configuration_error
 
-    settings = _settings("--session-timeout-ms", "3000")
+    settings = run_settings("--session-timeout-ms", "3000")
     for error in (
         aiokafka_backend.translate(aioerrors.InvalidSessionTimeoutError()),
         confluent_backend.translate(LibKafkaError(LibKafkaError.INVALID_SESSION_TIMEOUT)),
@@ -156,7 +150,7 @@ def test_security_maps_to_librdkafka_settings() -> None:
 
 @pytest.mark.parametrize("codec", list(CompressionType), ids=lambda c: c.value)
 def test_compression_type_reaches_both_backends(codec: CompressionType) -> None:
-    config = producer_config(_settings("--compression-type", codec.value), "c")
+    config = producer_config(run_settings("--compression-type", codec.value), "c")
     assert config.compression is codec
     aio = aiokafka_backend.producer_options(config, {})
     assert aio["compression_type"] == (None if codec is CompressionType.NONE else codec.value)
@@ -183,12 +177,12 @@ def test_dlq_replay_produces_with_the_compression_type() -> None:
 
 def test_per_worker_transactions_need_kip447() -> None:
     with pytest.raises(ConfigurationError, match="per-worker needs KIP-447"):
-        _settings("--transactional-id-mode", "per-worker", "--kafka-client", "aiokafka")
-    settings = _settings("--transactional-id-mode", "per-worker", "--kafka-client", "confluent")
+        run_settings("--transactional-id-mode", "per-worker", "--kafka-client", "aiokafka")
+    settings = run_settings("--transactional-id-mode", "per-worker", "--kafka-client", "confluent")
     assert settings.per_worker_transactions
     # The shorter per-worker transaction timeout bounds the commit interval.
     with pytest.raises(ConfigurationError, match="transaction timeout of 15000 ms"):
-        _settings(
+        run_settings(
             "--transactional-id-mode",
             "per-worker",
             "--kafka-client",
@@ -259,7 +253,7 @@ class _Consumer:
 
 
 def _per_worker(producer: FakeTransactionalProducer) -> tuple[Worker, list[OwnedPartition]]:
-    settings = _settings("--transactional-id-mode", "per-worker", "--kafka-client", "confluent")
+    settings = run_settings("--transactional-id-mode", "per-worker", "--kafka-client", "confluent")
     worker = Worker(
         settings, derenderer_for(QWEN3_CONFIG), model=ModelSettings(tokenizer="x", max_record_bytes=1 << 20)
     )

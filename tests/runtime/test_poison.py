@@ -20,8 +20,8 @@ from tests.partition_fakes import (
     RecordingSink,
     StubConsumer,
     owned_partition,
+    run_settings,
 )
-from worker.cli import build_parser
 from worker.core.envelope_processor import ProcessResult
 from worker.errors import ConfigurationError, DeliveryFailedError, KafkaClientError, RecordTooLargeError
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
@@ -35,7 +35,7 @@ from worker.runtime.preflight import check_record_limits
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.tracing import Headers
 from worker.runtime.worker import Worker
-from worker.settings import KafkaSettings, ModelSettings, load_kafka
+from worker.settings import ModelSettings
 
 
 def test_a_record_is_skipped_after_its_retries_and_counts_are_per_record() -> None:
@@ -118,23 +118,18 @@ def test_a_poison_dead_letter_that_failed_is_cut_and_still_describes_the_whole_r
     assert dead["original_sha256"] == hashlib.sha256(record.value).hexdigest()
 
 
-def _settings(*argv: str) -> KafkaSettings:
-    args = build_parser().parse_args(["run", "--tokenizer", "x", "--bootstrap-servers", "b:1", *argv])
-    return load_kafka(KafkaSettings, args)
-
-
 def test_settings_that_cannot_work_are_refused() -> None:
-    _settings()  # the defaults work
+    run_settings()  # the defaults work
     with pytest.raises(ConfigurationError, match="transaction timeout"):
-        _settings("--commit-interval-ms", "60000")
+        run_settings("--commit-interval-ms", "60000")
     with pytest.raises(ConfigurationError, match="transaction timeout"):
-        _settings("--commit-interval-ms", "55000")  # no room left for the commit itself
-    _settings("--commit-interval-ms", "60000", "--mode", "at-least-once")  # no transactions
+        run_settings("--commit-interval-ms", "55000")  # no room left for the commit itself
+    run_settings("--commit-interval-ms", "60000", "--mode", "at-least-once")  # no transactions
     with pytest.raises(ConfigurationError, match="rebalance-timeout-ms 8000 is shorter"):
-        _settings("--rebalance-timeout-ms", "8000")
+        run_settings("--rebalance-timeout-ms", "8000")
     with pytest.raises(ConfigurationError, match="max-poll-records 5000"):
-        _settings("--max-poll-records", "5000")
-    _settings("--max-poll-records", "5000", "--rebalance-timeout-ms", "90000")
+        run_settings("--max-poll-records", "5000")
+    run_settings("--max-poll-records", "5000", "--rebalance-timeout-ms", "90000")
 
 
 def test_topics_must_accept_what_the_producers_send() -> None:
@@ -163,7 +158,7 @@ def test_topics_must_accept_what_the_producers_send() -> None:
 def test_resets_feed_the_breaker_and_both_survive_a_revocation() -> None:
     limits = DeadLetterLimits(max_ratio=None, max_consecutive=3)
     worker = Worker(
-        _settings(),
+        run_settings(),
         derenderer_for(QWEN3_CONFIG),
         model=ModelSettings(tokenizer="x", max_record_bytes=1024),
         dead_letters=DeadLetterPolicy(limits),
@@ -251,7 +246,7 @@ def test_a_poison_skip_is_counted_once_it_is_sent() -> None:
 def _worker(sink: RecordingSink, limits: DeadLetterLimits, retries: int = 3) -> tuple[Worker, OwnedPartition]:
     """A worker owning partition 2 through a task that writes to ``sink`` (no broker)."""
     worker = Worker(
-        _settings("--commit-interval-ms", "60000", "--mode", "at-least-once"),
+        run_settings("--commit-interval-ms", "60000", "--mode", "at-least-once"),
         derenderer_for(QWEN3_CONFIG),
         model=ModelSettings(tokenizer="x", max_record_bytes=1 << 20),
         dead_letters=DeadLetterPolicy(limits),

@@ -16,12 +16,12 @@ from confluent_kafka import TopicPartition as LibTopicPartition
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
+from tests.partition_fakes import run_settings
 from tests.runtime.test_kafka_client import (
     FakeTransactionalProducer,
     _Consumer,
     _handle,
     _per_worker,
-    _settings,
 )
 from worker.cli import main
 from worker.errors import ConfigurationError
@@ -63,7 +63,7 @@ def _config(**changes: Any) -> ConsumerConfig:
 def test_defaults_are_incremental_classic_and_not_static(monkeypatch: pytest.MonkeyPatch) -> None:
     for env in ("POD_NAME", "KUBERNETES_SERVICE_HOST"):
         monkeypatch.delenv(env, raising=False)
-    settings = _settings()
+    settings = run_settings()
     assert settings.partition_assignment_strategy is AssignmentStrategy.COOPERATIVE_STICKY
     assert settings.group_protocol is GroupProtocol.CLASSIC
     assert settings.group_instance_id is None
@@ -78,17 +78,17 @@ def test_the_instance_id_defaults_to_the_pod_name(monkeypatch: pytest.MonkeyPatc
     assert pod_name() == "laptop"  # in a pod, HOSTNAME is the pod name
     monkeypatch.setenv("POD_NAME", "derender-worker-3")
     assert pod_name() == "derender-worker-3"
-    assert _settings().group_instance_id == "derender-worker-3"
-    assert _settings("--group-instance-id", "off").group_instance_id is None
-    assert _settings("--group-instance-id", "w-1").group_instance_id == "w-1"
+    assert run_settings().group_instance_id == "derender-worker-3"
+    assert run_settings("--group-instance-id", "off").group_instance_id is None
+    assert run_settings("--group-instance-id", "w-1").group_instance_id == "w-1"
 
 
 def test_the_kip848_protocol_is_refused_where_it_cannot_work() -> None:
     with pytest.raises(ConfigurationError, match="needs --kafka-client confluent"):
-        _settings("--group-protocol", "consumer", "--kafka-client", "aiokafka")
+        run_settings("--group-protocol", "consumer", "--kafka-client", "aiokafka")
     with pytest.raises(ConfigurationError, match="assigns on the broker"):
-        _settings("--group-protocol", "consumer", "--partition-assignment-strategy", "range")
-    assert _settings("--group-protocol", "consumer").group_protocol is GroupProtocol.CONSUMER
+        run_settings("--group-protocol", "consumer", "--partition-assignment-strategy", "range")
+    assert run_settings("--group-protocol", "consumer").group_protocol is GroupProtocol.CONSUMER
     argv = ["run", "--tokenizer", "x", "--bootstrap-servers", "k:1", "--group-protocol", "consumer"]
     assert main([*argv, "--kafka-client", "aiokafka"]) == 2  # a configuration error
 
@@ -258,7 +258,7 @@ def test_a_partial_revocation_commits_the_shared_transaction_whole() -> None:
 
 def test_a_partial_revocation_commits_only_the_revoked_partitions_transactions() -> None:
     a, b = generate_sequences(2, seed=6, prefix="own")
-    settings = _settings("--transactional-id-mode", "per-partition")
+    settings = run_settings("--transactional-id-mode", "per-partition")
     worker = Worker(
         settings, derenderer_for(QWEN3_CONFIG), model=ModelSettings(tokenizer="x", max_record_bytes=1 << 20)
     )
@@ -305,7 +305,7 @@ def test_per_partition_offsets_name_the_group_alone() -> None:
     # Generation -1, group "g", no member, no instance id (a static member's would be checked).
     assert metadata == b"CGMDv2:\xff\xff\xff\xffg\x00\x00\x01"
     worker = Worker(
-        _settings("--transactional-id-mode", "per-partition"),
+        run_settings("--transactional-id-mode", "per-partition"),
         derenderer_for(QWEN3_CONFIG),
         model=ModelSettings(tokenizer="x", max_record_bytes=1 << 20),
     )

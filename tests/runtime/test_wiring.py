@@ -21,7 +21,7 @@ from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import FakeRecord, RecordingSink
+from tests.partition_fakes import FakeRecord, RecordingSink, run_settings
 from tests.paths import REPO_ROOT
 from worker.cli import build_parser, main
 from worker.core.envelope_processor import EnvelopeProcessor
@@ -39,7 +39,6 @@ from worker.runtime.prometheus_export import labelled
 from worker.runtime.topics import TopicNames
 from worker.runtime.worker import Worker, configuration_error
 from worker.settings import (
-    KafkaSettings,
     KafkaTopics,
     ModelSettings,
     ObservabilitySettings,
@@ -74,16 +73,11 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def _settings(*argv: str) -> KafkaSettings:
-    args = build_parser().parse_args(["run", "--tokenizer", "x", "--bootstrap-servers", "k:9092", *argv])
-    return load_kafka(KafkaSettings, args)
-
-
 # --- security ---------------------------------------------------------------------------------
 
 
 def test_settings_carry_security_and_caps() -> None:
-    settings = _settings(*SASL, "--max-open-requests", "7", "--max-state-bytes", "0")
+    settings = run_settings(*SASL, "--max-open-requests", "7", "--max-state-bytes", "0")
     kwargs = settings.security.client_kwargs()
     assert kwargs["security_protocol"] == "SASL_PLAINTEXT"
     assert kwargs["sasl_mechanism"] == "SCRAM-SHA-512"
@@ -92,9 +86,9 @@ def test_settings_carry_security_and_caps() -> None:
     assert (settings.max_open_requests, settings.max_state_bytes) == (7, 0)
     options = aiokafka_backend.producer_options(producer_config(settings, "c"), kwargs)
     assert options["sasl_plain_password"] == "pw-123" and options["enable_idempotence"] is True
-    assert _settings().security.client_kwargs() == {"security_protocol": "PLAINTEXT"}
+    assert run_settings().security.client_kwargs() == {"security_protocol": "PLAINTEXT"}
     with pytest.raises(ConfigurationError, match="max-open-requests"):
-        _settings("--max-open-requests", "-1")
+        run_settings("--max-open-requests", "-1")
     # `topics create` has the flags too.
     create = build_parser().parse_args(["topics", "create", "--bootstrap-servers", "k:1", *SASL])
     assert load_kafka(KafkaTopics, create).security.sasl_username == "svc"
@@ -143,12 +137,14 @@ def test_security_kwargs_reach_every_client(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(aiokafka_backend, "AIOKafkaAdminClient", classes["Admin"])
     monkeypatch.setattr(aiokafka_backend, "AIOKafkaProducer", classes["Producer"])
     aiokafka = ["--kafka-client", "aiokafka"]  # librdkafka's settings: test_kafka_client
-    settings = _settings(*SASL, *aiokafka, "--input-topic", "i", "--output-topic", "o", "--state-topic", "s")
+    settings = run_settings(
+        *SASL, *aiokafka, "--input-topic", "i", "--output-topic", "o", "--state-topic", "s"
+    )
     model = ModelSettings(tokenizer="x", max_record_bytes=1024)
     worker = Worker(settings, derenderer_for(QWEN3_CONFIG), model=model)
     asyncio.run(worker._start_clients())
     worker._new_sink(TopicPartition("i", 0))  # exactly-once: a transactional producer
-    at_least_once = _settings(*SASL, *aiokafka, "--mode", "at-least-once")
+    at_least_once = run_settings(*SASL, *aiokafka, "--mode", "at-least-once")
     Worker(at_least_once, derenderer_for(QWEN3_CONFIG), model=model)._new_sink(TopicPartition("i", 1))
     asyncio.run(topics.create_topics("k:9092", TOPICS, 1, 1, settings.security.client_kwargs()))
     kinds = [kind for kind, _ in made]
@@ -193,7 +189,7 @@ def test_sasl_ssl_without_credentials_exits_2() -> None:
 
 
 def test_fatal_group_errors_are_configuration_errors() -> None:
-    settings = _settings("--session-timeout-ms", "3000")
+    settings = run_settings("--session-timeout-ms", "3000")
     error = configuration_error(aiokafka_backend.translate(InvalidSessionTimeoutError()), settings)
     assert error is not None
     assert "--session-timeout-ms 3000" in str(error) and "group.min.session.timeout.ms" in str(error)
