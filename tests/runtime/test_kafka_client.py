@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
 
 import aiokafka.errors as aioerrors
 import confluent_kafka
@@ -16,11 +15,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import KafkaError as LibKafkaError
 
-from tests.golden_cases import derenderer_for
-from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import TOPICS, FakeRecord, run_settings
+from tests.kafka_helpers import generate_sequences
+from tests.partition_fakes import TOPICS, run_settings
+from tests.runtime.worker_fakes import FakeTransactionalProducer, handle_record, per_worker_tasks
 from worker.cli import build_parser, main
-from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import (
     ConfigurationError,
     DeliveryFailedError,
@@ -33,23 +31,17 @@ from worker.errors import (
     RecordTooLargeError,
 )
 from worker.runtime import worker as worker_module
-from worker.runtime.delivery import SharedSink, Transaction, producer_config
+from worker.runtime.delivery import producer_config
 from worker.runtime.dlq_replay import ReplayOptions
 from worker.runtime.kafka_client import aiokafka_backend, confluent_backend
 from worker.runtime.kafka_client.base import (
-    CommitTimings,
     CompressionType,
-    Offsets,
     ProducerConfig,
-    TopicPartition,
 )
 from worker.runtime.kafka_oauth import OidcClientCredentials
 from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
-from worker.runtime.metrics import Metrics
-from worker.runtime.partition import OwnedPartition
 from worker.runtime.records import OutgoingRecord
-from worker.runtime.worker import Worker, refused_as_too_large
-from worker.settings import ModelSettings
+from worker.runtime.worker import refused_as_too_large
 
 # --- errors: both libraries into the one hierarchy ---------------------------------------------
 
@@ -197,93 +189,13 @@ def test_per_worker_transactions_need_kip447() -> None:
 # --- per-worker transactions: one commit for every partition -----------------------------------
 
 
-class FakeTransactionalProducer:
-    """Records the calls a ``Transaction`` makes (no broker)."""
-
-    def __init__(
-        self,
-        fail_commit: BaseException | None = None,
-        fail_abort: BaseException | None = None,
-        fail_begin: BaseException | None = None,
-    ) -> None:
-        self.transactional_id = "g-in-worker-0"
-        self.calls: list[str] = []
-        self.sent: list[OutgoingRecord] = []
-        self.commits: list[tuple[dict[TopicPartition, int], object]] = []
-        self.fail_commit = fail_commit
-        self.fail_abort = fail_abort
-        self.fail_begin = fail_begin
-
-    async def start(self) -> None:
-        self.calls.append("start")
-
-    async def begin(self) -> None:
-        self.calls.append("begin")
-        if self.fail_begin is not None:
-            raise self.fail_begin
-
-    async def send(self, record: OutgoingRecord) -> None:
-        self.sent.append(record)
-
-    async def commit(self, offsets: Offsets, group: object) -> CommitTimings:
-        self.calls.append("commit")
-        if self.fail_commit is not None:
-            raise self.fail_commit
-        self.commits.append((dict(offsets), group))
-        return CommitTimings()
-
-    async def abort(self) -> None:
-        self.calls.append("abort")
-        if self.fail_abort is not None:
-            raise self.fail_abort
-
-    async def stop(self) -> None:
-        self.calls.append("stop")
-
-
-class _Consumer:
-    def __init__(self, assigned: set[TopicPartition]) -> None:
-        self.assigned = assigned
-
-    def assignment(self) -> set[TopicPartition]:
-        return self.assigned
-
-    def paused(self) -> set[TopicPartition]:
-        return set()
-
-
-def _per_worker(producer: FakeTransactionalProducer) -> tuple[Worker, list[OwnedPartition]]:
-    settings = run_settings("--transactional-id-mode", "per-worker", "--kafka-client", "confluent")
-    worker = Worker(
-        settings, derenderer_for(QWEN3_CONFIG), model=ModelSettings(tokenizer="x", max_record_bytes=1 << 20)
-    )
-    worker._shared = Transaction(producer, lambda: "group-metadata", worker.metrics)
-    tasks = []
-    for partition in (1, 2):
-        tp = TopicPartition("in", partition)
-        task = OwnedPartition(
-            tp, EnvelopeProcessor(worker.derenderer), SharedSink(worker._shared), TOPICS, Metrics(),
-            position=0,
-        )  # fmt: skip
-        worker.tasks[tp] = task
-        tasks.append(task)
-    worker._consumer = _Consumer(set(worker.tasks))
-    return worker, tasks
-
-
-def _handle(task: OwnedPartition, offset: int, envelope: dict[str, Any]) -> None:
-    record = FakeRecord(offset, envelope)
-    record.partition = task.tp.partition
-    asyncio.run(task.handle(record))
-
-
 def test_per_worker_mode_commits_every_partition_in_one_transaction() -> None:
     a, b = generate_sequences(2, seed=3, prefix="shared")
     producer = FakeTransactionalProducer()
-    worker, (one, two) = _per_worker(producer)
-    _handle(one, 0, a.envelopes[0])
-    _handle(two, 0, b.envelopes[0])
-    _handle(two, 1, b.envelopes[1])
+    worker, (one, two) = per_worker_tasks(producer)
+    handle_record(one, 0, a.envelopes[0])
+    handle_record(two, 0, b.envelopes[0])
+    handle_record(two, 1, b.envelopes[1])
     asyncio.run(worker._commit_all())
     assert producer.calls == ["begin", "commit"]  # one transaction for both partitions
     offsets, group = producer.commits[0]
@@ -296,18 +208,18 @@ def test_per_worker_mode_commits_every_partition_in_one_transaction() -> None:
 def test_per_worker_reset_takes_every_partition_with_uncommitted_work() -> None:
     a, b = generate_sequences(2, seed=4, prefix="shared")
     producer = FakeTransactionalProducer()
-    worker, (one, two) = _per_worker(producer)
-    _handle(one, 0, a.envelopes[0])
-    _handle(two, 0, b.envelopes[0])
+    worker, (one, two) = per_worker_tasks(producer)
+    handle_record(one, 0, a.envelopes[0])
+    handle_record(two, 0, b.envelopes[0])
     asyncio.run(worker._reset_partition(one.tp, 0, TypeError("a bug")))
     # The abort discarded partition 2's outputs too: both reopen from committed state.
     assert producer.calls == ["begin", "abort"] and worker.tasks == {}
     assert worker.resets.resets(1, 0) == 1 and worker.resets.resets(2, 0) == 0  # only 1 is blamed
     # A failed shared commit resets both, blaming neither record.
     producer = FakeTransactionalProducer(fail_commit=KafkaClientError("coordinator moved"))
-    worker, (one, two) = _per_worker(producer)
-    _handle(one, 0, a.envelopes[0])
-    _handle(two, 0, b.envelopes[0])
+    worker, (one, two) = per_worker_tasks(producer)
+    handle_record(one, 0, a.envelopes[0])
+    handle_record(two, 0, b.envelopes[0])
     asyncio.run(worker._commit_all())
     assert worker.tasks == {} and producer.calls == ["begin", "commit", "abort"]
     assert worker.resets.resets(1, 0) == 0 and worker.resets.resets(2, 0) == 0
@@ -331,17 +243,17 @@ def test_a_fenced_shared_producer_is_replaced() -> None:
     # is, every later send of every partition would fail and the worker stop making progress.
     (a,) = generate_sequences(1, seed=5, prefix="shared")
     fenced = FakeTransactionalProducer(fail_commit=ProducerFencedError("fenced by a newer instance"))
-    worker, (one, two) = _per_worker(fenced)
+    worker, (one, two) = per_worker_tasks(fenced)
     client = _Client()
     worker._client = client  # type: ignore[assignment]  # producers only
-    _handle(one, 0, a.envelopes[0])
+    handle_record(one, 0, a.envelopes[0])
     asyncio.run(worker._commit_all())
     assert worker.tasks == {two.tp: two} and fenced.calls == ["begin", "commit", "stop"]
     assert worker._shared is not None and len(client.made) == 1
     renewed = client.made[0]
     assert worker._shared.producer is renewed and renewed.calls == ["start"]
     assert renewed.transactional_id == worker.settings.worker_transactional_id()
-    _handle(two, 0, a.envelopes[0])  # the partition that stayed sends through the new producer
+    handle_record(two, 0, a.envelopes[0])  # the partition that stayed sends through the new producer
     asyncio.run(worker._commit_all())
     assert renewed.calls == ["start", "begin", "commit"] and not two.needs_commit
 
@@ -357,14 +269,14 @@ def test_a_shared_producer_whose_abort_timed_out_is_replaced() -> None:
             "_TIMED_OUT: Timed out waiting for operation to finish, retry call to resume"
         ),
     )
-    worker, (one, two) = _per_worker(stuck)
+    worker, (one, two) = per_worker_tasks(stuck)
     client = _Client()
     worker._client = client  # type: ignore[assignment]  # producers only
-    _handle(one, 0, a.envelopes[0])
+    handle_record(one, 0, a.envelopes[0])
     asyncio.run(worker._commit_all())
     assert stuck.calls == ["begin", "commit", "abort", "stop"] and len(client.made) == 1
     assert worker._shared is not None and worker._shared.producer is client.made[0]
-    _handle(two, 0, a.envelopes[0])
+    handle_record(two, 0, a.envelopes[0])
     asyncio.run(worker._commit_all())
     assert client.made[0].calls == ["start", "begin", "commit"] and not two.needs_commit
 
@@ -377,11 +289,11 @@ def test_a_shared_producer_that_cannot_begin_is_replaced() -> None:
             "_CONFLICT: Conflicting abort_transaction API call is already in progress"
         )
     )
-    worker, (one, _two) = _per_worker(stuck)
+    worker, (one, _two) = per_worker_tasks(stuck)
     client = _Client()
     worker._client = client  # type: ignore[assignment]  # producers only
     with pytest.raises(KafkaClientError):
-        _handle(one, 0, a.envelopes[0])
+        handle_record(one, 0, a.envelopes[0])
     asyncio.run(worker._reset_partition(one.tp, None, KafkaClientError("_CONFLICT")))
     assert worker._shared is not None and worker._shared.producer is client.made[0]
     assert client.made[0].calls == ["start"]
@@ -445,9 +357,9 @@ def test_a_stop_request_cancels_a_step_stuck_in_a_client_call(monkeypatch: pytes
     # partition half-way through a record): every open transaction is aborted instead.
     monkeypatch.setattr(worker_module, "STEP_GRACE_S", 0.05)
     producer = FakeTransactionalProducer()
-    worker, (one, _two) = _per_worker(producer)
+    worker, (one, _two) = per_worker_tasks(producer)
     (a,) = generate_sequences(1, seed=8, prefix="shared")
-    _handle(one, 0, a.envelopes[0])
+    handle_record(one, 0, a.envelopes[0])
     cancelled = []
 
     async def stuck_step() -> None:
@@ -471,7 +383,7 @@ def test_a_stop_request_cancels_a_step_stuck_in_a_client_call(monkeypatch: pytes
 
 def test_a_step_that_finishes_is_not_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:
     producer = FakeTransactionalProducer()
-    worker, _tasks = _per_worker(producer)
+    worker, _tasks = per_worker_tasks(producer)
     steps = []
 
     async def quick_step() -> None:

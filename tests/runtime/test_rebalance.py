@@ -16,13 +16,8 @@ from confluent_kafka import TopicPartition as LibTopicPartition
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import run_settings
-from tests.runtime.test_kafka_client import (
-    FakeTransactionalProducer,
-    _Consumer,
-    _handle,
-    _per_worker,
-)
+from tests.partition_fakes import StubConsumer, run_settings
+from tests.runtime.worker_fakes import FakeTransactionalProducer, handle_record, per_worker_tasks
 from worker.cli import main
 from worker.errors import ConfigurationError
 from worker.runtime.delivery import TransactionalSink
@@ -241,12 +236,12 @@ def test_a_partial_revocation_commits_the_shared_transaction_whole() -> None:
     Closing 1's sink must not abort 2's outputs: the revocation commits the transaction whole."""
     (sequence,) = generate_sequences(1, seed=5, prefix="kept")
     producer = FakeTransactionalProducer()
-    worker, (one, two) = _per_worker(producer)
+    worker, (one, two) = per_worker_tasks(producer)
     _running(worker)
-    _handle(two, 0, sequence.envelopes[0])
+    handle_record(two, 0, sequence.envelopes[0])
     asyncio.run(worker.partitions_revoked({one.tp}))
     consumer = worker._consumer
-    assert isinstance(consumer, _Consumer)
+    assert isinstance(consumer, StubConsumer)
     consumer.assigned = {two.tp}  # as librdkafka's incremental_unassign leaves it
     assert producer.calls == ["begin", "commit"]  # no abort
     assert producer.commits[0][0] == {two.tp: 1}
@@ -271,10 +266,10 @@ def test_a_partial_revocation_commits_only_the_revoked_partitions_transactions()
         worker.tasks[tp] = OwnedPartition(
             tp, worker.model.processor_for(worker.derenderer), sink, settings.topics, Metrics(), position=0
         )
-    worker._consumer = _Consumer(set(worker.tasks))
+    worker._consumer = StubConsumer(set(worker.tasks))
     one, two = worker.tasks[TopicPartition(TOPIC, 1)], worker.tasks[TopicPartition(TOPIC, 2)]
-    _handle(one, 0, a.envelopes[0])
-    _handle(two, 0, b.envelopes[0])
+    handle_record(one, 0, a.envelopes[0])
+    handle_record(two, 0, b.envelopes[0])
     asyncio.run(worker.partitions_revoked({one.tp}))
     assert producers[1].commits and producers[1].commits[0][0] == {one.tp: 1}
     assert producers[2].calls == ["begin"] and two.needs_commit  # untouched: commits at its interval
@@ -285,10 +280,10 @@ def test_a_kept_partition_that_is_resetting_keeps_the_worker_running() -> None:
     """A kept partition whose commit failed mid-rebalance has no task until ``_heal`` reopens it;
     revoking every partition with a task must not park the worker in ``rebalancing`` (which stops
     healing) when no new assignment follows, as with cooperative-sticky."""
-    worker, (one, two) = _per_worker(FakeTransactionalProducer())
+    worker, (one, two) = per_worker_tasks(FakeTransactionalProducer())
     _running(worker)
     consumer = worker._consumer
-    assert isinstance(consumer, _Consumer)
+    assert isinstance(consumer, StubConsumer)
     consumer.assigned = {one.tp, two.tp, TopicPartition(TOPIC, 3)}  # 3: reset, reopened by _heal
     asyncio.run(worker.partitions_revoked({one.tp, two.tp}))
     assert worker.tasks == {} and _state(worker) is WorkerState.RUNNING

@@ -21,7 +21,7 @@ from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import FakeRecord, RecordingSink, run_settings
+from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, run_settings
 from tests.paths import REPO_ROOT
 from worker.cli import build_parser, main
 from worker.core.envelope_processor import EnvelopeProcessor
@@ -36,7 +36,6 @@ from worker.runtime.memory import OPENING_FACTOR, REQUEST_BASE_BYTES, MemoryBudg
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.prometheus_export import labelled
-from worker.runtime.topics import TopicNames
 from worker.runtime.worker import Worker, configuration_error
 from worker.settings import (
     KafkaTopics,
@@ -46,7 +45,6 @@ from worker.settings import (
     load_kafka,
 )
 
-TOPICS = TopicNames("in", "out", "state", "dlq")
 SASL = [
     "--security-protocol",
     "SASL_PLAINTEXT",
