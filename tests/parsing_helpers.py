@@ -34,6 +34,7 @@ from worker.core.parsing import (
     adapter_for,
 )
 from worker.core.parsing.tools._pythonic_common import PythonicStream
+from worker.core.parsing.tools.llama3_json import Llama3JsonToolParser
 
 P = TypeVar("P")
 
@@ -401,3 +402,31 @@ def pythonic_stream(marker: str | None) -> Callable[[bool], PythonicStream]:
         return stream
 
     return make
+
+
+#: What the llama3_json incremental tests parse with: no tools, auto tool choice.
+LLAMA3_JSON_REQUEST = ParseRequest(tools=None, tool_choice="auto", parallel_tool_calls=None)
+
+
+def llama3_json_parser(tokenizer: Any, incremental: bool = True) -> Llama3JsonToolParser:
+    parser = Llama3JsonToolParser(tokenizer, None, {})
+    parser.incremental = incremental
+    return parser
+
+
+def llama3_json_matches_whole_reread(
+    tokenizer: Any,
+    pieces: list[str],
+    *,
+    before: Callable[[Llama3JsonToolParser, str], bool] | None = None,
+    after: Callable[[Llama3JsonToolParser, str], bool] | None = None,
+) -> int:
+    """``matches_whole_reread`` for ``llama3_json`` (``LLAMA3_JSON_REQUEST``)."""
+    return matches_whole_reread(
+        lambda incremental: llama3_json_parser(tokenizer, incremental),
+        lambda parser, piece: parser.stream(piece, [0], LLAMA3_JSON_REQUEST),
+        Llama3JsonToolParser.remaining_unstreamed_args,
+        pieces,
+        before=before,
+        after=after,
+    )

@@ -13,39 +13,33 @@ import random
 
 import pytest
 
-from tests.parsing_helpers import matches_whole_reread, sample_tokenizer, text_cuts
-from worker.core.parsing import ParseRequest, adapter_for
+from tests.parsing_helpers import (
+    LLAMA3_JSON_REQUEST,
+    llama3_json_matches_whole_reread,
+    llama3_json_parser,
+    sample_tokenizer,
+    text_cuts,
+)
+from worker.core.parsing import adapter_for
 from worker.core.parsing.tools._partial_json import dump
-from worker.core.parsing.tools.llama3_json import Llama3JsonToolParser
 
-REQUEST = ParseRequest(tools=None, tool_choice="auto", parallel_tool_calls=None)
 TOKENIZER = adapter_for(sample_tokenizer("llama-3.1"))
 HEAD = '<|python_tag|>{"name": "f", "parameters": '
 
 
-def _make(incremental: bool) -> Llama3JsonToolParser:
-    parser = Llama3JsonToolParser(TOKENIZER, None, {})
-    parser.incremental = incremental
-    return parser
-
-
 def _same(pieces: list[str]) -> int:
     """Equal to the whole re-read; the records that ran with the incremental reader."""
-    return matches_whole_reread(
-        _make,
-        lambda parser, piece: parser.stream(piece, [0], REQUEST),
-        Llama3JsonToolParser.remaining_unstreamed_args,
-        pieces,
-        before=lambda parser, _piece: parser._reader is not None,
+    return llama3_json_matches_whole_reread(
+        TOKENIZER, pieces, before=lambda parser, _piece: parser._reader is not None
     )
 
 
 def _reads_per_record(text: str, reads: list[int]) -> list[int]:
-    parser = _make(True)
+    parser = llama3_json_parser(TOKENIZER)
     out = []
     for char in text:
         reads.clear()
-        parser.stream(char, [0], REQUEST)
+        parser.stream(char, [0], LLAMA3_JSON_REQUEST)
         out.append(sum(reads))
     # The spy must see the reads the call does make before it stops, or "none after" says nothing.
     assert any(out), "no read reached the partial_json_reads spy"
@@ -197,9 +191,9 @@ def test_a_literal_the_completion_cannot_finish_stops_the_reads(
     ],
 )
 def test_errors_the_completion_mends_are_still_read(text: str, mended: str | None) -> None:
-    parser = _make(True)
+    parser = llama3_json_parser(TOKENIZER)
     for char in text:
-        parser.stream(char, [0], REQUEST)
+        parser.stream(char, [0], LLAMA3_JSON_REQUEST)
     read = parser._read(parser._text)
     assert read is not None  # the read succeeds: the parser must not skip it
     if mended is not None:

@@ -15,11 +15,14 @@ from typing import Any
 
 import pytest
 
-from tests.parsing_helpers import matches_whole_reread, sample_tokenizer, text_cuts
-from worker.core.parsing import ParseRequest, adapter_for
+from tests.parsing_helpers import (
+    llama3_json_matches_whole_reread,
+    sample_tokenizer,
+    text_cuts,
+)
+from worker.core.parsing import adapter_for
 from worker.core.parsing.tools.llama3_json import Llama3JsonToolParser
 
-REQUEST = ParseRequest(tools=None, tool_choice="auto", parallel_tool_calls=None)
 CODE = 'def f(x):\n    return {"a": [x, "\\\\"]}\n\t# café 北京 😀 \u2028 end'
 #: Calls as a model writes them, and text that breaks them in the ways the reader cares about.
 CORPUS = [
@@ -131,18 +134,7 @@ def _fast(parser: Llama3JsonToolParser, _piece: str) -> bool:
 
 
 def _same(tokenizer: Any, pieces: list[str]) -> int:
-    def make(incremental: bool) -> Llama3JsonToolParser:
-        parser = Llama3JsonToolParser(tokenizer, None, {})
-        parser.incremental = incremental
-        return parser
-
-    return matches_whole_reread(
-        make,
-        lambda parser, piece: parser.stream(piece, [0], REQUEST),
-        Llama3JsonToolParser.remaining_unstreamed_args,
-        pieces,
-        before=_fast,
-    )
+    return llama3_json_matches_whole_reread(tokenizer, pieces, before=_fast)
 
 
 def test_corpus_in_one_character_records(tokenizer: Any) -> None:

@@ -16,11 +16,17 @@ from typing import Any
 
 import pytest
 
-from tests.parsing_helpers import delta_without_ids, matches_whole_reread, sample_tokenizer, text_cuts
-from worker.core.parsing import ParseRequest, adapter_for
+from tests.parsing_helpers import (
+    LLAMA3_JSON_REQUEST,
+    delta_without_ids,
+    llama3_json_matches_whole_reread,
+    llama3_json_parser,
+    sample_tokenizer,
+    text_cuts,
+)
+from worker.core.parsing import adapter_for
 from worker.core.parsing.tools.llama3_json import Llama3JsonToolParser
 
-REQUEST = ParseRequest(tools=None, tool_choice="auto", parallel_tool_calls=None)
 CORPUS = [
     '{"parameters": {"s": "a long string, the name comes last"}, "name": "f"}',
     '{"parameters": {"a": 1, "b": -2.5e3, "c": [1, -3, "x", - 4, true], "d": null}, "name": "f"}',
@@ -88,18 +94,7 @@ def _skipped(parser: Llama3JsonToolParser, _piece: str) -> bool:
 
 
 def _same(tokenizer: Any, pieces: list[str]) -> int:
-    def make(incremental: bool) -> Llama3JsonToolParser:
-        parser = Llama3JsonToolParser(tokenizer, None, {})
-        parser.incremental = incremental
-        return parser
-
-    return matches_whole_reread(
-        make,
-        lambda parser, piece: parser.stream(piece, [0], REQUEST),
-        Llama3JsonToolParser.remaining_unstreamed_args,
-        pieces,
-        after=_skipped,
-    )
+    return llama3_json_matches_whole_reread(tokenizer, pieces, after=_skipped)
 
 
 def test_corpus_in_one_character_records(tokenizer: Any) -> None:
@@ -149,23 +144,22 @@ def test_records_before_the_name_skip_the_whole_read(
     text = '<|python_tag|>{"parameters": {' + body + '}, "name": "f"}'
     name_closes = text.rindex('"')
     pieces = text_cuts(text, random.Random(0))
-    parser = Llama3JsonToolParser(tokenizer, None, {})
+    parser = llama3_json_parser(tokenizer)
     seen = 0
     for number, piece in enumerate(pieces):
         reader = parser._unnamed
         before = reader.scanned if reader is not None else 0
         read.clear()
-        parser.stream(piece, [0], REQUEST)
+        parser.stream(piece, [0], LLAMA3_JSON_REQUEST)
         seen += len(piece)
         if number > 1 and seen <= name_closes:
             assert read == [], (piece, read)  # no whole read
             assert parser._unnamed is not None
             assert parser._unnamed.scanned - before <= scan_factor * len(piece) + 64, piece
     # The name and the arguments stream as the whole re-read sends them.
-    reference = Llama3JsonToolParser(tokenizer, None, {})
-    reference.incremental = False
-    want = [delta_without_ids(reference.stream(piece, [0], REQUEST)) for piece in pieces]
-    got_parser = Llama3JsonToolParser(tokenizer, None, {})
-    got = [delta_without_ids(got_parser.stream(piece, [0], REQUEST)) for piece in pieces]
+    reference = llama3_json_parser(tokenizer, incremental=False)
+    want = [delta_without_ids(reference.stream(piece, [0], LLAMA3_JSON_REQUEST)) for piece in pieces]
+    got_parser = llama3_json_parser(tokenizer)
+    got = [delta_without_ids(got_parser.stream(piece, [0], LLAMA3_JSON_REQUEST)) for piece in pieces]
     assert got == want
     assert any(delta for delta in got)
