@@ -562,7 +562,8 @@ class KafkaTopics(KafkaConnection, InputTopic, OutputTopic):
 
 
 class ProducerSettings(Section):
-    """Every producer of records: ``run``, ``dlq replay``, ``audit --emit``."""
+    """Every producer of records: ``run``, ``dlq replay``, ``audit --emit``, ``produce``, ``ingest``,
+    ``gateway``."""
 
     GROUP: ClassVar[str] = "kafka"
 

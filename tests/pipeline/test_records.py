@@ -10,6 +10,7 @@ from aiokafka import AIOKafkaProducer
 
 from tests.golden_cases import load_cases
 from tests.kafka_broker import TopicFactory, run_sync
+from tests.kafka_helpers import fetched_bytes
 from tests.pipeline_helpers import cli
 
 pytestmark = pytest.mark.kafka
@@ -37,6 +38,21 @@ def test_produce_then_consume_keeps_each_request_in_order(
 
     from_end = cli(kafka_bootstrap, "consume", "--topic", topic)
     assert from_end.returncode == 0 and from_end.stdout == b""
+
+
+def test_produce_compresses_its_batches(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topic_factory("records-gzip")
+    # Golden input envelopes: the JSON the pipeline really sends, which compresses several-fold.
+    lines = [record for case in load_cases()[:20] for record in case.input]
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+
+    produced = cli(kafka_bootstrap, "produce", str(source), "--topic", topic, "--compression-type", "gzip")
+    assert produced.returncode == 0, produced.stderr
+    wire, payload = fetched_bytes(kafka_bootstrap, topic, len(lines))
+    assert wire < payload * 0.6, f"{wire} bytes fetched for {payload} bytes of records: not compressed"
 
 
 def test_consume_reads_committed_records_only(

@@ -30,6 +30,7 @@ from worker.errors import (
     ProducerFencedError,
     RecordTooLargeError,
 )
+from worker.pipeline.connection import Connection
 from worker.runtime import worker as worker_module
 from worker.runtime.delivery import producer_config
 from worker.runtime.dlq_replay import ReplayOptions
@@ -42,6 +43,7 @@ from worker.runtime.kafka_oauth import OidcClientCredentials
 from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.worker import refused_as_too_large
+from worker.settings import ProducerSettings
 
 # --- errors: both libraries into the one hierarchy ---------------------------------------------
 
@@ -162,6 +164,34 @@ def test_dlq_replay_produces_with_the_compression_type() -> None:
     argv = ["dlq", "replay", "--bootstrap-servers", "k:9092", "--compression-type", "zstd"]
     options = ReplayOptions.from_args(build_parser().parse_args(argv))
     assert options.producer.compression is CompressionType.ZSTD
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["produce", "-", "--topic", "t"], ["ingest"], ["gateway"]],
+    ids=lambda argv: argv[0],
+)
+def test_pipeline_commands_produce_with_the_compression_type(argv: list[str]) -> None:
+    """The pipeline's producers take --compression-type as the worker's do, with the same default."""
+    base = [*argv, "--bootstrap-servers", "k:9092"]
+    default = Connection.from_args(build_parser().parse_args(base), "t")
+    assert default.compression is ProducerSettings().compression_type
+    chosen = Connection.from_args(build_parser().parse_args([*base, "--compression-type", "gzip"]), "t")
+    assert chosen.compression is CompressionType.GZIP
+
+    async def build() -> None:
+        producer = chosen.producer()  # built, never started: no connection
+        try:
+            assert producer._compression_type == "gzip"
+        finally:
+            await producer.stop()
+
+    asyncio.run(build())
+    consume = build_parser().parse_args(["consume", "--topic", "t", "--bootstrap-servers", "k:9092"])
+    assert "compression_type" not in vars(consume)
+    assert (
+        Connection.from_args(consume, "t").compression is ProducerSettings().compression_type
+    )  # read, never used: consume sends nothing
 
 
 # --- modes: refused where they cannot work ------------------------------------------------------

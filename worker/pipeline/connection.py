@@ -17,18 +17,29 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from worker.errors import ConfigurationError
 from worker.runtime.delivery import MAX_RECORD_BYTES
+from worker.runtime.kafka_client.base import CompressionType
 from worker.runtime.kafka_security import KafkaSecurity
 from worker.runtime.topics import LARGE_RECORDS
-from worker.settings import KafkaConnection, SecuritySettings, add_arguments, load_kafka
+from worker.settings import (
+    KafkaConnection,
+    ProducerSettings,
+    SecuritySettings,
+    add_arguments,
+    load,
+    load_kafka,
+)
 
 _TOPIC_ALREADY_EXISTS = 36
 # As the worker's producers: records carry whole prompts.
 MAX_REQUEST_BYTES = MAX_RECORD_BYTES
 
 
-def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """The worker's connection flags plus the security options."""
+def add_connection_arguments(parser: argparse.ArgumentParser, *, producing: bool = False) -> None:
+    """The worker's connection flags plus the security options; a command that writes records also
+    takes the worker's producer settings (``--compression-type``)."""
     add_arguments(parser, KafkaConnection, SecuritySettings)
+    if producing:
+        add_arguments(parser, ProducerSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,13 +47,16 @@ class Connection:
     bootstrap_servers: str
     client_id: str
     security: KafkaSecurity
+    compression: CompressionType = CompressionType.NONE
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, role: str) -> Connection:
         kafka = load_kafka(KafkaConnection, args)
         chosen = "client_id" in kafka.model_fields_set  # by flag or environment
         client_id = kafka.client_id if chosen else f"derender-{role}-{socket.gethostname()}-{os.getpid()}"
-        return cls(kafka.bootstrap_servers, client_id, kafka.security)
+        # A command without the producer flags reads the default here and never produces.
+        compression = load(ProducerSettings, args).compression_type
+        return cls(kafka.bootstrap_servers, client_id, kafka.security, compression)
 
     def kwargs(self) -> dict[str, Any]:
         return {
@@ -56,6 +70,7 @@ class Connection:
             "enable_idempotence": True,
             "acks": "all",
             "max_request_size": MAX_REQUEST_BYTES,
+            "compression_type": None if self.compression is CompressionType.NONE else self.compression.value,
         }
         options.update(extra)
         return AIOKafkaProducer(**self.kwargs(), **options)

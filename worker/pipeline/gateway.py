@@ -339,7 +339,7 @@ def _add_usage(total: JsonDict | None, chunk: JsonDict) -> JsonDict:
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     gateway = commands.add_parser("gateway", help="OpenAI-compatible HTTP server in front of the pipeline")
     add_arguments(gateway, GatewayOptions)
-    add_connection_arguments(gateway)
+    add_connection_arguments(gateway, producing=True)
     add_arguments(gateway, LoggingSettings)
     gateway.set_defaults(handler=_gateway)
 

@@ -601,7 +601,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "ingest", help="requests topic -> vLLM render + generate -> input envelopes for the worker"
     )
     add_arguments(ingest, IngestOptions)
-    add_connection_arguments(ingest)
+    add_connection_arguments(ingest, producing=True)
     add_arguments(ingest, LoggingSettings)
     ingest.set_defaults(handler=_ingest)
 

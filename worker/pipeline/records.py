@@ -155,7 +155,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     produce = commands.add_parser("produce", help="send JSON Lines to a topic, keyed by request_id")
     produce.add_argument("file", help="JSON Lines ('-': stdin)")
     produce.add_argument("--topic", required=True)
-    add_connection_arguments(produce)
+    add_connection_arguments(produce, producing=True)
     produce.set_defaults(handler=_produce)
 
     consume = commands.add_parser("consume", help="print a topic's committed records as JSON Lines")
