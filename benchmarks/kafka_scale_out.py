@@ -209,7 +209,7 @@ async def one_scale_out(
 async def scale_out(bootstrap: str, args: argparse.Namespace, log_dir: Path) -> None:
     results: dict[str, list[Gaps]] = {}
     for run in range(args.runs):
-        for strategy in MEMBERSHIPS:
+        for strategy in args.memberships.split(","):
             gaps = await one_scale_out(bootstrap, strategy, args, log_dir, run)
             results.setdefault(strategy, []).append(gaps)
             print(

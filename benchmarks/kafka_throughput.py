@@ -521,7 +521,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--scale-out-rate", type=float, default=1000.0, help="records/s during the scale-out")
     parser.add_argument("--scale-out-seconds", type=float, default=24.0)
+    parser.add_argument(
+        "--memberships",
+        default="range,cooperative-sticky,KIP-848 consumer",
+        help="comma-separated memberships the scale-out compares",
+    )
     args = parser.parse_args(argv)
+    from benchmarks.kafka_scale_out import MEMBERSHIPS
+
+    if unknown := set(args.memberships.split(",")) - MEMBERSHIPS.keys():
+        parser.error(f"unknown memberships {sorted(unknown)}; known: {', '.join(MEMBERSHIPS)}")
     if args.scale_out == "only":
         asyncio.run(_scale_out(args))
         return
