@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
+from aiokafka.partitioner import DefaultPartitioner
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_broker import TopicFactory
@@ -217,5 +218,41 @@ def test_growing_partitions_under_load(kafka_bootstrap: str, kafka_topic_factory
         assert errors == [], errors[:3]
         sources = {orjson.loads(r.value)["source"]["partition"] for r in reader.records}
         assert sources == {0, 1, 2, 3}
+
+    run(body())
+
+
+@pytest.mark.parametrize("client", ["aiokafka", "confluent"])
+def test_outputs_are_placed_by_the_java_clients_hash(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory, client: str
+) -> None:
+    """Both backends put a request's outputs where Java clients and aiokafka put its key (murmur2),
+    so a group whose workers run different backends (a rolling change of ``--kafka-client``) keeps a
+    request on one output partition, in order; and with as many output as input partitions, an
+    input partition's outputs share their partition with no other worker's (librdkafka's own
+    default hashed with CRC32: another partition for most keys)."""
+    records = interleave(generate_sequences(40, seed=71, prefix=f"place-{client}"), window=20)
+    reference = replay(derenderer_for(QWEN3_CONFIG), records)
+    topics = make_worker_topics(kafka_topic_factory, partitions=4)
+    group = WorkerGroup(kafka_bootstrap, topics, QWEN3_CONFIG, client=client)
+    partitioner = DefaultPartitioner()
+
+    async def body() -> None:
+        placed = await produce(kafka_bootstrap, topics.input, records)
+        reader = await TopicReader(kafka_bootstrap, topics.output).start()
+        worker = group.start()
+        try:
+            await reader.wait_for(reference.output_count, 90, "outputs", group.logs)
+        finally:
+            status = worker.terminate()
+            await reader.stop()
+        assert status == 0, group.logs()
+        inputs = {key: partition for (key, _), (partition, _) in zip(records, placed, strict=True)}
+        misplaced = [
+            (r.key, r.partition, inputs[r.key]) for r in reader.records if r.partition != inputs[r.key]
+        ]
+        assert not misplaced, f"{len(misplaced)} outputs off their input's partition: {misplaced[:5]}"
+        assert all(partitioner(r.key, [0, 1, 2, 3], [0, 1, 2, 3]) == r.partition for r in reader.records)
+        assert_identical(reader.records, reference, group.logs())
 
     run(body())

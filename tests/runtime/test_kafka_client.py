@@ -160,6 +160,13 @@ def test_compression_type_reaches_both_backends(codec: CompressionType) -> None:
     confluent_kafka.Producer(librdkafka).flush(0)
 
 
+def test_librdkafka_hashes_keys_as_java_clients_and_aiokafka() -> None:
+    """murmur2, not librdkafka's CRC32 default (``tests/kafka/test_placement.py`` checks the
+    partitions on a broker)."""
+    config = confluent_backend.producer_config(producer_config(run_settings(), "c"))
+    assert config["partitioner"] == "murmur2_random"
+
+
 def test_dlq_replay_produces_with_the_compression_type() -> None:
     argv = ["dlq", "replay", "--bootstrap-servers", "k:9092", "--compression-type", "zstd"]
     options = ReplayOptions.from_args(build_parser().parse_args(argv))

@@ -479,6 +479,10 @@ def producer_config(config: ProducerConfig) -> dict[str, Any]:
         "retry.backoff.ms": config.retry_backoff_ms,
         "compression.type": config.compression.value,
         "delivery.report.only.error": True,
+        # Keys hashed as Java clients and aiokafka hash them (librdkafka's default is CRC32): a
+        # request keeps one output partition whichever backend writes it, the partition of its
+        # input when the counts match (README, "Output placement").
+        "partitioner": "murmur2_random",
     }
 
 
