@@ -607,16 +607,23 @@ class Worker:
             kept = self._consumer.assignment() - revoked
             if self.lifecycle.state is WorkerState.RUNNING and not kept:
                 self.lifecycle.to(WorkerState.REBALANCING)
-            log.info("revoked %s", sorted(tp.partition for tp in mine))
             self.metrics.increment(m.PARTITIONS_REVOKED, len(mine))
+            started = time.perf_counter()
             # Commit before returning: the next owner starts right after every member's revoke.
             # A per-worker transaction also holds the kept partitions' outputs: it commits whole
             # (closing a revoked partition's sink would otherwise abort their work with it).
             await self._commit_all(None if self._shared is not None else mine)
+            committed = time.perf_counter()
             for tp in mine:
                 task = self.tasks.pop(tp, None)
                 if task is not None:
                     await self._close_task(task)
+            log.info(
+                "revoked %s (committed in %.0f ms, closed in %.0f ms)",
+                sorted(tp.partition for tp in mine),
+                (committed - started) * 1000,
+                (time.perf_counter() - committed) * 1000,
+            )
             # Every revoked partition, also one that never opened (it would stay "restoring").
             self._unplaced -= revoked
             if not self._unplaced and self._layout_message is not None:
