@@ -207,3 +207,53 @@ def test_replay_since_and_missing_topic(kafka_bootstrap: str, kafka_topic_factor
     ]
     with pytest.raises(ConfigurationError, match="does not exist"):
         asyncio.run(replay_dead_letters(_options(missing), io.StringIO()))
+
+
+@pytest.mark.kafka
+def test_replay_sends_each_record_back_to_its_partition(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory
+) -> None:
+    """Keys are hashed as the clients that write the input hash them (murmur2), so a re-driven
+    record lands on the partition its request's other records are on."""
+    dlq = kafka_topic_factory("dlq", partitions=1)
+    target = kafka_topic_factory("in", partitions=4)
+    keys = [f"req-{i}".encode() for i in range(24)]
+    letters: list[tuple[bytes | None, bytes, str, list[tuple[str, str]]]] = [
+        (key, b"{}", "malformed", []) for key in keys
+    ]
+
+    async def write() -> dict[bytes, int]:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True)
+        await producer.start()
+        try:
+            for letter in letters:
+                await producer.send_and_wait(dlq, _dead_letter_value(*letter), key=letter[0])
+            # Where the original records of these requests went (aiokafka: as Java clients).
+            sent = [await producer.send_and_wait(target, b"original", key=key) for key in keys]
+            return {key: meta.partition for key, meta in zip(keys, sent, strict=True)}
+        finally:
+            await producer.stop()
+
+    async def read() -> list[tuple[bytes, int]]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, isolation_level="read_committed")
+        await consumer.start()
+        try:
+            tps = [TopicPartition(target, p) for p in range(4)]
+            consumer.assign(tps)
+            for tp, offset in (await consumer.beginning_offsets(tps)).items():
+                consumer.seek(tp, offset)
+            ends = await consumer.end_offsets(tps)
+            out: list[tuple[bytes, int]] = []
+            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    out.extend((r.key, r.partition) for r in records if r.value == b"{}")
+            return out
+        finally:
+            await consumer.stop()
+
+    originals = asyncio.run(write())
+    argv = ["--bootstrap-servers", kafka_bootstrap, "--dlq-topic", dlq, "--input-topic", target]
+    assert cli_main(["dlq", "replay", *argv]) == 0
+    replayed = asyncio.run(read())
+    assert sorted(key for key, _ in replayed) == sorted(keys)
+    assert {key: partition for key, partition in replayed} == originals
