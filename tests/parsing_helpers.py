@@ -9,7 +9,9 @@ user turn as prompt; the behaviour tests), the XML-tool one on top of it
 tool-only one over any sample tokenizer with a one-tool request (the
 pythonic, llama3_json and llama4_pythonic tests), and :class:`SampleHarness`,
 one sample tokenizer's driver for a parser's own tests with their own tools
-(the deepseek_v31, mistral and kimi_k2 tests).
+(the deepseek_v31, mistral and kimi_k2 tests). :class:`MistralV11StubTokenizer`
+stands in for the Mistral v11+ vocabulary no sample has (the mistral and
+tool-schema tests).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from tests.golden_cases import MODELS_DIR
 from worker.core.model_dir import LoadedTokenizer, load_tokenizer
@@ -213,6 +215,29 @@ class SampleHarness:
 
     def oneshot(self, parsing: ChatParsing, req: ParseRequest, text: str) -> ParsedMessage:
         return parsing.parse_full(text, self.encode(text), req, None)
+
+
+# -- stub vocabularies ------------------------------------------------------------
+
+
+class MistralV11StubTokenizer:
+    """A Mistral v11+ vocabulary (no sample tokenizer has one): [TOOL_CALLS] and [ARGS] are special tokens."""
+
+    model_type: str | None = "mistral"
+    special_ids = frozenset({1, 2})
+    _vocab: ClassVar[dict[str, int]] = {"<s>": 1, "</s>": 2, "[TOOL_CALLS]": 9, "[ARGS]": 32}
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._vocab.get(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return {v: k for k, v in self._vocab.items()}.get(token_id)
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self._vocab)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(self.id_to_token(i) or "" for i in ids)
 
 
 # -- the Qwen3 harness -----------------------------------------------------------
