@@ -9,7 +9,8 @@ user turn as prompt; the behaviour tests), the XML-tool one on top of it
 tool-only one over any sample tokenizer with a one-tool request (the
 pythonic, llama3_json and llama4_pythonic tests), and :class:`SampleHarness`,
 one sample tokenizer's driver for a parser's own tests with their own tools
-(the deepseek_v31, mistral and kimi_k2 tests). :class:`MistralV11StubTokenizer`
+(the deepseek_v31, mistral and kimi_k2 tests; ``DEEPSEEK_V3`` and its markers
+are shared with the tool-call id pin tests). :class:`MistralV11StubTokenizer`
 stands in for the Mistral v11+ vocabulary no sample has (the mistral and
 tool-schema tests).
 """
@@ -205,6 +206,12 @@ class SampleHarness:
     def decode(self, ids: list[int]) -> str:
         return decode_with(self.tokenizer, ids)
 
+    def token_id(self, token: str) -> int:
+        """The id of a token that must be in the vocabulary."""
+        found = self.tokenizer.backend.token_to_id(token)
+        assert found is not None, token
+        return found
+
     def stream(
         self, parsing: ChatParsing, req: ParseRequest, chunks: list[list[int]], finish: str = "stop"
     ) -> Summary:
@@ -215,6 +222,16 @@ class SampleHarness:
 
     def oneshot(self, parsing: ChatParsing, req: ParseRequest, text: str) -> ParsedMessage:
         return parsing.parse_full(text, self.encode(text), req, None)
+
+
+# -- the DeepSeek-V3 harness (deepseek_v31 and tool-call id pin tests) -------------
+
+#: records send U+FFFD as text: vLLM decides from token-id counts
+DEEPSEEK_V3 = SampleHarness("deepseek-v3", prompt=(0,), hold_partial_utf8=False)
+#: DeepSeek-V3's tool markers, one token each
+DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+DEEPSEEK_CALL_BEGIN, DEEPSEEK_CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"
+DEEPSEEK_SEP = "<｜tool▁sep｜>"
 
 
 # -- stub vocabularies ------------------------------------------------------------
