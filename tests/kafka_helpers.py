@@ -478,6 +478,8 @@ def compare_with_replay(records: Iterable[Any], reference: Replay) -> list[str]:
 
 
 def assert_identical(records: Sequence[Any], reference: Replay, context: str = "") -> None:
+    """Fail unless ``records`` are the reference's outputs exactly: none missing, duplicated (the
+    reference has one output per input ``(request_id, seq)``), reordered or different."""
     problems = compare_with_replay(records, reference)
     if problems:
         shown = "\n".join(problems[:15])

@@ -9,7 +9,10 @@ user turn as prompt; the behaviour tests), the XML-tool one on top of it
 tool-only one over any sample tokenizer with a one-tool request (the
 pythonic, llama3_json and llama4_pythonic tests), and :class:`SampleHarness`,
 one sample tokenizer's driver for a parser's own tests with their own tools
-(the deepseek_v31, mistral and kimi_k2 tests).
+(the deepseek_v31, mistral and kimi_k2 tests; ``DEEPSEEK_V3`` and its markers
+are shared with the tool-call id pin tests). :class:`MistralV11StubTokenizer`
+stands in for the Mistral v11+ vocabulary no sample has (the mistral and
+tool-schema tests).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from tests.golden_cases import MODELS_DIR
 from worker.core.model_dir import LoadedTokenizer, load_tokenizer
@@ -203,6 +206,12 @@ class SampleHarness:
     def decode(self, ids: list[int]) -> str:
         return decode_with(self.tokenizer, ids)
 
+    def token_id(self, token: str) -> int:
+        """The id of a token that must be in the vocabulary."""
+        found = self.tokenizer.backend.token_to_id(token)
+        assert found is not None, token
+        return found
+
     def stream(
         self, parsing: ChatParsing, req: ParseRequest, chunks: list[list[int]], finish: str = "stop"
     ) -> Summary:
@@ -213,6 +222,39 @@ class SampleHarness:
 
     def oneshot(self, parsing: ChatParsing, req: ParseRequest, text: str) -> ParsedMessage:
         return parsing.parse_full(text, self.encode(text), req, None)
+
+
+# -- the DeepSeek-V3 harness (deepseek_v31 and tool-call id pin tests) -------------
+
+#: records send U+FFFD as text: vLLM decides from token-id counts
+DEEPSEEK_V3 = SampleHarness("deepseek-v3", prompt=(0,), hold_partial_utf8=False)
+#: DeepSeek-V3's tool markers, one token each
+DEEPSEEK_CALLS_BEGIN, DEEPSEEK_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+DEEPSEEK_CALL_BEGIN, DEEPSEEK_CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"
+DEEPSEEK_SEP = "<｜tool▁sep｜>"
+
+
+# -- stub vocabularies ------------------------------------------------------------
+
+
+class MistralV11StubTokenizer:
+    """A Mistral v11+ vocabulary (no sample tokenizer has one): [TOOL_CALLS] and [ARGS] are special tokens."""
+
+    model_type: str | None = "mistral"
+    special_ids = frozenset({1, 2})
+    _vocab: ClassVar[dict[str, int]] = {"<s>": 1, "</s>": 2, "[TOOL_CALLS]": 9, "[ARGS]": 32}
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._vocab.get(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return {v: k for k, v in self._vocab.items()}.get(token_id)
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self._vocab)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(self.id_to_token(i) or "" for i in ids)
 
 
 # -- the Qwen3 harness -----------------------------------------------------------

@@ -12,9 +12,13 @@ from aiokafka import TopicPartition
 
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
+from worker.runtime.dead_letter_policy import DeadLetterPolicy
+from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
+from worker.runtime.observer import NO_OBSERVER, RecordObserver
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.records import OutgoingRecord
+from worker.runtime.state_changelog import StateChangelog
 from worker.runtime.topics import TopicNames
 from worker.settings import KafkaSettings, load_kafka
 
@@ -61,8 +65,17 @@ class FakeRecord:
         self.timestamp = 0
 
 
-def owned_partition(derenderer: Derenderer, sink: RecordingSink) -> OwnedPartition:
-    """A fresh partition-2 task with nothing persisted yet, writing to ``sink``."""
+def owned_partition(
+    derenderer: Derenderer,
+    sink: RecordingSink,
+    *,
+    changelog: StateChangelog | None = None,
+    dead_letters: DeadLetterPolicy | None = None,
+    budget: MemoryBudget | None = None,
+    observer: RecordObserver = NO_OBSERVER,
+) -> OwnedPartition:
+    """A fresh partition-2 task with nothing persisted yet, writing to ``sink``; the keyword
+    options go to ``OwnedPartition`` as they are."""
     return OwnedPartition(
         TopicPartition("in", 2),
         EnvelopeProcessor(derenderer),
@@ -70,6 +83,10 @@ def owned_partition(derenderer: Derenderer, sink: RecordingSink) -> OwnedPartiti
         TOPICS,
         Metrics(),
         position=0,
+        changelog=changelog,
+        dead_letters=dead_letters,
+        budget=budget,
+        observer=observer,
     )
 
 

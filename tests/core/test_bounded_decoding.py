@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
 import worker.core.decoding as decoding
 from schemas.derender import DerenderCompletionStreamRequest
-from tests.golden_cases import derenderer_for
+from tests.golden_cases import derenderer_for, sample_config
 from worker.core.decoding import MAX_PENDING_TOKENS, TextDecoder
 
 MODELS = ("qwen3", "llama-3", "deepseek-v3", "mistral-7b-v0.3")
@@ -22,16 +21,7 @@ PROMPT = [1, 2, 3, 4, 5, 6, 7]
 
 
 def _decoder(model_dir: str) -> TextDecoder:
-    config: dict[str, Any] = {
-        "model_dir": model_dir,
-        "served_model_name": "test-model",
-        "reasoning_parser": None,
-        "tool_parser": None,
-        "enable_auto_tool_choice": False,
-        "max_model_len": None,
-        "max_logprobs": None,
-    }
-    return derenderer_for(config).decoder
+    return derenderer_for(sample_config(model_dir=model_dir)).decoder
 
 
 def _byte_ids(decoder: TextDecoder) -> list[int]:
@@ -116,16 +106,7 @@ def test_forced_byte_level_text_equals_a_one_shot_decode() -> None:
 
 def test_a_stream_state_carries_the_bounded_window() -> None:
     """Through the derenderer: the output ``stream_state.prev_tokens`` never passes the bound."""
-    config: dict[str, Any] = {
-        "model_dir": "mistral-7b-v0.3",
-        "served_model_name": "test-model",
-        "reasoning_parser": None,
-        "tool_parser": None,
-        "enable_auto_tool_choice": False,
-        "max_model_len": None,
-        "max_logprobs": None,
-    }
-    derenderer = derenderer_for(config)
+    derenderer = derenderer_for(sample_config(model_dir="mistral-7b-v0.3"))
     bad = derenderer.tokenizer.backend.token_to_id("<0xE2>")
     state = None
     for _ in range(50):

@@ -9,7 +9,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.golden_cases import derenderer_for
+from tests.golden_cases import derenderer_for, sample_config
 from tests.stream_builders import chat_one_shot, chat_stream, split
 from worker.core.envelope_processor import EnvelopeProcessor
 
@@ -37,20 +37,8 @@ ALPHABET = (
 texts = st.text(alphabet=ALPHABET, min_size=1, max_size=60)
 
 
-def _config(model_dir: str) -> dict[str, Any]:
-    return {
-        "model_dir": model_dir,
-        "served_model_name": "test-model",
-        "reasoning_parser": None,
-        "tool_parser": None,
-        "enable_auto_tool_choice": False,
-        "max_model_len": None,
-        "max_logprobs": None,
-    }
-
-
 def _run(model_dir: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    processor = EnvelopeProcessor(derenderer_for(_config(model_dir)))
+    processor = EnvelopeProcessor(derenderer_for(sample_config(model_dir=model_dir)))
     outputs = []
     for record in records:
         result = processor.process(orjson.dumps(record))
@@ -60,7 +48,7 @@ def _run(model_dir: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _encode(model_dir: str, text: str) -> list[int]:
-    tokenizer = derenderer_for(_config(model_dir)).tokenizer.backend
+    tokenizer = derenderer_for(sample_config(model_dir=model_dir)).tokenizer.backend
     ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
     return ids
 
@@ -110,7 +98,7 @@ def test_carried_state_equals_held_state(model_dir: str, text: str, cuts: list[i
         record["body"].update(context)
         record["body"]["stream_state"] = state
         # A fresh processor per record: every record is resumed as if by another worker.
-        processor = EnvelopeProcessor(derenderer_for(_config(model_dir)))
+        processor = EnvelopeProcessor(derenderer_for(sample_config(model_dir=model_dir)))
         result = processor.process(orjson.dumps(record))
         assert result.output is not None
         carried.append(result.output)

@@ -15,12 +15,11 @@ import orjson
 import pytest
 
 from tests.golden_cases import derenderer_for
-from tests.parsing.test_deepseek_v31 import SEP, B, encode, token_id
+from tests.parsing_helpers import DEEPSEEK_CALL_BEGIN, DEEPSEEK_CALLS_BEGIN, DEEPSEEK_SEP, DEEPSEEK_V3
 from worker.core.derenderer import Derenderer, pin_tool_call_ids
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import RequestError
 
-CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 PROMPT = [0, 128803, 6127, 128804]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
@@ -57,8 +56,12 @@ def _record(seq: int, ids: list[int], *, state: dict[str, Any] | None = None) ->
 
 
 #: the call-begin token first, the calls-begin token a record later: the name goes out at index -1
-FIRST = [token_id(B)]
-SECOND = [*encode("f"), token_id(SEP), token_id(CALLS_BEGIN)]
+FIRST = [DEEPSEEK_V3.token_id(DEEPSEEK_CALL_BEGIN)]
+SECOND = [
+    *DEEPSEEK_V3.encode("f"),
+    DEEPSEEK_V3.token_id(DEEPSEEK_SEP),
+    DEEPSEEK_V3.token_id(DEEPSEEK_CALLS_BEGIN),
+]
 
 
 def test_a_name_at_index_minus_one_with_no_pinned_id_is_vllms_400() -> None:

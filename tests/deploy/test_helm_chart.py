@@ -22,13 +22,14 @@ import kubernetes_validate.utils as kv
 import pytest
 import yaml
 
-from tests.deploy.test_manifests import (
+from tests.deploy.manifests import (
     K8S_VERSIONS,
     NON_FLAG_ENV,
-    _command_parser,
-    _flag_env_names,
-    _k8s_objects,
-    _schema_errors,
+    YAMLLINT_CONFIG,
+    command_parser,
+    flag_env_names,
+    k8s_objects,
+    schema_errors,
 )
 from tests.paths import REPO_ROOT
 
@@ -150,7 +151,7 @@ def _validate(docs: list[dict[str, Any]]) -> None:
     for doc in docs:
         kind = doc["kind"]
         if kind == "ScaledObject":
-            assert _schema_errors("ScaledObject", doc) == [], doc["metadata"]["name"]
+            assert schema_errors("ScaledObject", doc) == [], doc["metadata"]["name"]
         elif doc["apiVersion"].startswith(("kafka.strimzi.io/", "monitoring.coreos.com/")):
             continue  # CRDs without an offline schema: checked field by field below
         else:
@@ -173,9 +174,9 @@ def _worker_env_names(docs: list[dict[str, Any]]) -> set[str]:
 
 
 def _check_env_names(docs: list[dict[str, Any]]) -> None:
-    run = _command_parser("run")
+    run = command_parser("run")
     assert run is not None
-    flags = set(_flag_env_names(run))
+    flags = set(flag_env_names(run))
     unknown = {n for n in _worker_env_names(docs) if n not in NON_FLAG_ENV} - flags
     assert not unknown, f"not flags of `derender-worker run`: {sorted(unknown)}"
 
@@ -224,7 +225,7 @@ def test_default_values_render_deploy_kubernetes(helm: str) -> None:
     rendered = {(d["kind"], d["metadata"]["name"]): _strip_release(d) for d in docs}
     expected = {
         key: _strip_release(doc)
-        for key, doc in _k8s_objects().items()
+        for key, doc in k8s_objects().items()
         if key[0] not in {"Secret", "TriggerAuthentication"}
     }
     assert set(rendered) == set(expected)
@@ -260,7 +261,7 @@ def test_non_default_values(helm: str) -> None:
     assert data["DERENDER_DLQ_MAX_RATIO"] == "0.2"
     assert "DERENDER_REASONING_PARSER" not in data and data["DERENDER_TOOL_PARSER"] == "llama3_json"
     # The settings parse as the worker would read them.
-    run = _command_parser("run")
+    run = command_parser("run")
     assert run is not None
 
     [monitor] = kinds["ServiceMonitor"]
@@ -321,8 +322,6 @@ def test_msk_iam_mounts_the_service_account_token(helm: str) -> None:
 def test_chart_yaml_passes_yamllint() -> None:
     from yamllint import linter as yamllint_linter
     from yamllint.config import YamlLintConfig
-
-    from tests.deploy.test_manifests import YAMLLINT_CONFIG
 
     config = YamlLintConfig(YAMLLINT_CONFIG)
     problems = [

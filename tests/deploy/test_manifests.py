@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import argparse
 import copy
 import http.server
 import json
@@ -32,7 +31,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import kubernetes_validate.utils as kv
 import pytest
 import yaml
@@ -40,6 +38,19 @@ from dockerfile_parse import DockerfileParser
 from yamllint import linter as yamllint_linter
 from yamllint.config import YamlLintConfig
 
+from tests.deploy.manifests import (
+    DEPLOY,
+    K8S_DIR,
+    K8S_VERSIONS,
+    NON_FLAG_ENV,
+    YAMLLINT_CONFIG,
+    command_parser,
+    flag_env_names,
+    k8s_files,
+    k8s_objects,
+    schema_errors,
+    yaml_docs,
+)
 from tests.golden_cases import MODELS_DIR
 from tests.paths import REPO_ROOT
 from worker.cli import build_parser
@@ -53,28 +64,16 @@ from worker.settings import (
     vars_of,
 )
 
-DEPLOY = REPO_ROOT / "deploy"
 DOCKER_DIR = DEPLOY / "docker"
 COMPOSE_DIR = DEPLOY / "compose"
-K8S_DIR = DEPLOY / "kubernetes"
 COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
 DOCKERFILE = DOCKER_DIR / "Dockerfile"
 MODEL_DOCKERFILE = DOCKER_DIR / "model.Dockerfile"
 HEALTHCHECK_SCRIPT = DOCKER_DIR / "healthcheck.py"
 SAMPLE_MODEL = MODELS_DIR / "qwen3"
 
-# The oldest Kubernetes minor these manifests promise to work on (deploy/README.md), and the newest
-# one kubernetes-validate bundles.
-K8S_MIN_VERSION = "1.30"
-K8S_VERSIONS = [K8S_MIN_VERSION, ".".join(kv.latest_version().split(".")[:2])]
 KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}
 CORE_KINDS = {"ConfigMap", "Deployment", "PodDisruptionBudget", "Service"}
-
-YAMLLINT_CONFIG = """
-extends: default
-rules:
-  line-length: {max: 110}
-"""
 
 # The metrics server's and the Kafka security options' names, checked on their own.
 SERVICE_ENV = {
@@ -87,44 +86,14 @@ SERVICE_ENV = {
     "DERENDER_SSL_CERTFILE",
     "DERENDER_SSL_KEYFILE",
 }
-# Environment variables of the worker containers that are not DERENDER_ flags (anything else is a typo).
-NON_FLAG_ENV = {
-    "KAFKA_BOOTSTRAP_SERVERS",  # the documented fallback of --bootstrap-servers
-    "POD_NAME",  # the documented default of --group-instance-id
-    "PATH",
-    "HOME",
-    "PYTHONUNBUFFERED",
-    "PYTHONDONTWRITEBYTECODE",
-    "XDG_CACHE_HOME",
-    "HF_HOME",
-    "HF_HUB_OFFLINE",
-}
 DERENDER_NAME = re.compile(r"\bDERENDER_[A-Z0-9_]+\b")
 
 
 # ---- loading --------------------------------------------------------------------------------------
 
 
-def _yaml_docs(path: Path) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc is not None]
-
-
-def _k8s_files() -> list[Path]:
-    return sorted(p for p in K8S_DIR.glob("*.yaml") if p.name != "kustomization.yaml")
-
-
-def _k8s_objects() -> dict[tuple[str, str], dict[str, Any]]:
-    objects: dict[tuple[str, str], dict[str, Any]] = {}
-    for path in _k8s_files():
-        for doc in _yaml_docs(path):
-            key = (doc["kind"], doc["metadata"]["name"])
-            assert key not in objects, f"{key} defined twice"
-            objects[key] = doc
-    return objects
-
-
 def _one(kind: str) -> dict[str, Any]:
-    found = [doc for (k, _), doc in _k8s_objects().items() if k == kind]
+    found = [doc for (k, _), doc in k8s_objects().items() if k == kind]
     assert len(found) == 1, f"expected exactly one {kind}, found {len(found)}"
     return found[0]
 
@@ -187,30 +156,6 @@ def _dockerfile_env() -> dict[str, str]:
 # ---- the worker's CLI -------------------------------------------------------------------------------
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
-
-
-def _command_parser(*path: str) -> argparse.ArgumentParser | None:
-    parser: argparse.ArgumentParser | None = build_parser()
-    for name in path:
-        parser = _subcommands(parser).get(name) if parser else None
-    return parser
-
-
-def _flag_env_names(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """``--x-y`` -> ``DERENDER_X_Y`` for every long option of ``parser``."""
-    names: dict[str, argparse.Action] = {}
-    for action in parser._actions:
-        for option in action.option_strings:
-            if option.startswith("--") and option != "--help":
-                names["DERENDER_" + option[2:].replace("-", "_").upper()] = action
-    return names
-
-
 def _worker_env_sources() -> dict[str, set[str]]:
     """Every DERENDER_ name the worker containers get, by where it is set."""
     sources = {
@@ -224,7 +169,7 @@ def _worker_env_sources() -> dict[str, set[str]]:
         COMPOSE_FILE,
         DOCKERFILE,
         HEALTHCHECK_SCRIPT,
-        *_k8s_files(),
+        *k8s_files(),
         K8S_DIR / "kustomization.yaml",
     ]
     for path in text_files:
@@ -242,15 +187,6 @@ def _unknown_names(known: set[str], *, only: set[str] | None, exclude: set[str])
         if bad:
             unknown[where] = bad
     return unknown
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No DERENDER_ variables from the test environment: parser defaults come from what a test sets."""
-    for name in list(os.environ):
-        if name.startswith("DERENDER_") or name == "KAFKA_BOOTSTRAP_SERVERS":
-            monkeypatch.delenv(name)
-    return monkeypatch
 
 
 # ---- YAML -------------------------------------------------------------------------------------------
@@ -287,8 +223,8 @@ def test_yamllint_config_catches_problems() -> None:
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_kubernetes_objects_are_strictly_valid(version: str) -> None:
     validated = set()
-    for path in _k8s_files():
-        for doc in _yaml_docs(path):
+    for path in k8s_files():
+        for doc in yaml_docs(path):
             if doc["kind"] in KEDA_KINDS:
                 continue
             try:
@@ -313,24 +249,9 @@ def test_strict_kubernetes_validation_rejects_a_misspelt_field() -> None:
         kv.validate(deployment, K8S_VERSIONS[-1], strict=True)
 
 
-def _keda_validator(kind: str) -> jsonschema.protocols.Validator:
-    name = {"ScaledObject": "keda-scaledobject", "TriggerAuthentication": "keda-triggerauthentication"}[kind]
-    schema = json.loads((K8S_DIR / "schemas" / f"{name}.schema.json").read_text(encoding="utf-8"))
-    validator_class = jsonschema.validators.validator_for(schema)
-    validator_class.check_schema(schema)
-    validator: jsonschema.protocols.Validator = validator_class(
-        schema, format_checker=validator_class.FORMAT_CHECKER
-    )
-    return validator
-
-
-def _schema_errors(kind: str, doc: dict[str, Any]) -> list[str]:
-    return [f"{list(e.path)}: {e.message}" for e in _keda_validator(kind).iter_errors(doc)]
-
-
 def test_keda_scaledobject_matches_its_schema() -> None:
     scaled = _one("ScaledObject")
-    assert _schema_errors("ScaledObject", scaled) == []
+    assert schema_errors("ScaledObject", scaled) == []
     # advanced.horizontalPodAutoscalerConfig.behavior is passed verbatim to an autoscaling/v2 HPA.
     behavior = scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
     hpa = {
@@ -349,9 +270,9 @@ def test_keda_scaledobject_matches_its_schema() -> None:
 
 
 def test_keda_trigger_authentication_example_matches_its_schema() -> None:
-    docs = [d for d in _yaml_docs(K8S_DIR / "secret.example.yaml") if d["kind"] == "TriggerAuthentication"]
+    docs = [d for d in yaml_docs(K8S_DIR / "secret.example.yaml") if d["kind"] == "TriggerAuthentication"]
     assert len(docs) == 1
-    assert _schema_errors("TriggerAuthentication", docs[0]) == []
+    assert schema_errors("TriggerAuthentication", docs[0]) == []
 
 
 @pytest.mark.parametrize(
@@ -366,20 +287,20 @@ def test_keda_trigger_authentication_example_matches_its_schema() -> None:
 def test_keda_schema_rejects_broken_trigger_metadata(field: str, value: object) -> None:
     scaled = copy.deepcopy(_one("ScaledObject"))
     scaled["spec"]["triggers"][0]["metadata"][field] = value
-    assert _schema_errors("ScaledObject", scaled) != []
+    assert schema_errors("ScaledObject", scaled) != []
 
 
 def test_keda_schema_rejects_unknown_spec_fields() -> None:
     scaled = copy.deepcopy(_one("ScaledObject"))
     scaled["spec"]["maxReplicas"] = 12
-    assert _schema_errors("ScaledObject", scaled) != []
+    assert schema_errors("ScaledObject", scaled) != []
 
 
 # ---- Kubernetes: kustomization ----------------------------------------------------------------------
 
 
 def _kustomization() -> dict[str, Any]:
-    docs = _yaml_docs(K8S_DIR / "kustomization.yaml")
+    docs = yaml_docs(K8S_DIR / "kustomization.yaml")
     assert len(docs) == 1
     return docs[0]
 
@@ -390,7 +311,7 @@ def test_kustomization_lists_every_manifest_but_the_secret_example() -> None:
     assert kustomization["kind"] == "Kustomization"
     resources = kustomization["resources"]
     assert len(resources) == len(set(resources))
-    expected = {p.name for p in _k8s_files()} - {"secret.example.yaml"}
+    expected = {p.name for p in k8s_files()} - {"secret.example.yaml"}
     assert set(resources) == expected
     assert "secret.example.yaml" not in resources
     # the images it rewrites are the ones the Deployment uses
@@ -412,7 +333,7 @@ def test_kubectl_kustomize_renders_valid_objects() -> None:
     assert kinds == sorted([*CORE_KINDS, "ScaledObject"])
     for doc in docs:
         if doc["kind"] == "ScaledObject":
-            assert _schema_errors("ScaledObject", doc) == []
+            assert schema_errors("ScaledObject", doc) == []
         else:
             kv.validate(doc, K8S_VERSIONS[-1], strict=True)
 
@@ -552,7 +473,7 @@ def test_model_volume_is_mounted_where_the_worker_reads_it() -> None:
 
 def _secret_example() -> dict[str, dict[str, Any]]:
     return {
-        d["metadata"]["name"]: d for d in _yaml_docs(K8S_DIR / "secret.example.yaml") if d["kind"] == "Secret"
+        d["metadata"]["name"]: d for d in yaml_docs(K8S_DIR / "secret.example.yaml") if d["kind"] == "Secret"
     }
 
 
@@ -573,7 +494,7 @@ def test_secret_references_resolve_to_the_example_secrets() -> None:
         if "secret" in volume:
             assert volume["secret"]["secretName"] in secrets
             assert volume["secret"]["optional"] is True
-    (auth,) = [d for d in _yaml_docs(K8S_DIR / "secret.example.yaml") if d["kind"] == "TriggerAuthentication"]
+    (auth,) = [d for d in yaml_docs(K8S_DIR / "secret.example.yaml") if d["kind"] == "TriggerAuthentication"]
     for ref in auth["spec"]["secretTargetRef"]:
         assert ref["key"] in secrets[ref["name"]]["stringData"], ref
     # credentials never sit in the ConfigMap
@@ -607,16 +528,16 @@ def test_the_pod_name_reaches_the_group_instance_id(clean_env: pytest.MonkeyPatc
 
 
 def test_manifest_env_names_are_run_flags(clean_env: pytest.MonkeyPatch) -> None:
-    run = _command_parser("run")
+    run = command_parser("run")
     assert run is not None, "`derender-worker run` is missing"
-    unknown = _unknown_names(set(_flag_env_names(run)), only=None, exclude=SERVICE_ENV)
+    unknown = _unknown_names(set(flag_env_names(run)), only=None, exclude=SERVICE_ENV)
     assert unknown == {}, "names the CLI does not read (DERENDER_ + `run` flag name)"
 
 
 def test_metrics_and_security_env_names_are_run_flags(clean_env: pytest.MonkeyPatch) -> None:
-    run = _command_parser("run")
+    run = command_parser("run")
     assert run is not None, "`derender-worker run` is missing"
-    unknown = _unknown_names(set(_flag_env_names(run)), only=SERVICE_ENV, exclude=set())
+    unknown = _unknown_names(set(flag_env_names(run)), only=SERVICE_ENV, exclude=set())
     assert unknown == {}, "names the CLI does not read (DERENDER_ + `run` flag name)"
 
 
@@ -633,7 +554,7 @@ def test_manifest_values_reach_the_run_flags(source: str, clean_env: pytest.Monk
     env = _configmap_env() if source == "kubernetes ConfigMap" else _compose_service_env("worker")
     for name, value in env.items():
         clean_env.setenv(name, value)
-    run = _command_parser("run")
+    run = command_parser("run")
     assert run is not None, "`derender-worker run` is missing"
     config = RunConfig.from_args(run.parse_args([]))
     sections = {type(section): section for section in vars_of(config)}
@@ -660,10 +581,10 @@ def test_image_command_is_a_valid_run_invocation(clean_env: pytest.MonkeyPatch) 
 
 
 def test_compose_topics_service_is_a_valid_topics_create_invocation(clean_env: pytest.MonkeyPatch) -> None:
-    topics = _command_parser("topics", "create")
+    topics = command_parser("topics", "create")
     assert topics is not None, "`derender-worker topics create` is missing"
     env = _compose_service_env("topics")
-    assert sorted(set(env) - set(_flag_env_names(topics))) == []
+    assert sorted(set(env) - set(flag_env_names(topics))) == []
     for name, value in env.items():
         clean_env.setenv(name, value)
     try:
@@ -681,7 +602,7 @@ def test_model_settings_load_the_bundled_model(source: str, clean_env: pytest.Mo
     env["DERENDER_TOKENIZER"] = str(SAMPLE_MODEL)
     for name, value in env.items():
         clean_env.setenv(name, value)
-    replay = _command_parser("replay")
+    replay = command_parser("replay")
     assert replay is not None
     settings = load(ModelSettings, replay.parse_args([]))
     assert settings.reasoning_parser == env["DERENDER_REASONING_PARSER"]

@@ -8,17 +8,15 @@ the command that reads it, and its value parses) and against the workers' own fi
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate.utils as kv
 import pytest
 import yaml
 
-from tests.deploy.test_manifests import K8S_VERSIONS
+from tests.deploy.manifests import K8S_VERSIONS, yaml_docs
 from tests.paths import REPO_ROOT
 from worker.cli import build_parser
 from worker.settings import GatewayOptions, IngestOptions, load
@@ -29,16 +27,12 @@ COMPOSE_DIR = REPO_ROOT / "deploy" / "compose"
 PIPELINE_COMPOSE = COMPOSE_DIR / "pipeline.yaml"
 
 
-def _docs(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
-
-
 def _objects() -> dict[tuple[str, str], dict[str, Any]]:
     return {
         (d["kind"], d["metadata"]["name"]): d
         for path in sorted(PIPELINE_K8S.glob("*.yaml"))
         if path.name != "kustomization.yaml"
-        for d in _docs(path)
+        for d in yaml_docs(path)
     }
 
 
@@ -62,14 +56,6 @@ def _flags(command: str) -> set[str]:
     }
 
 
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in list(os.environ):
-        if name.startswith("DERENDER_") or name == "KAFKA_BOOTSTRAP_SERVERS":
-            monkeypatch.delenv(name)
-    return monkeypatch
-
-
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_kubernetes_objects_are_strictly_valid(version: str) -> None:
     kinds = set()
@@ -83,7 +69,7 @@ def test_kubernetes_objects_are_strictly_valid(version: str) -> None:
 
 
 def test_kustomization_lists_every_manifest() -> None:
-    (kustomization,) = _docs(PIPELINE_K8S / "kustomization.yaml")
+    (kustomization,) = yaml_docs(PIPELINE_K8S / "kustomization.yaml")
     files = {p.name for p in PIPELINE_K8S.glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kustomization["resources"]) == files
 
@@ -119,7 +105,7 @@ def test_manifest_values_reach_the_flags(clean_env: pytest.MonkeyPatch) -> None:
 
 
 def test_topics_are_the_workers() -> None:
-    (worker,) = _docs(WORKER_CONFIGMAP)
+    (worker,) = yaml_docs(WORKER_CONFIGMAP)
     for name in ("DERENDER_INPUT_TOPIC", "DERENDER_OUTPUT_TOPIC", "DERENDER_BOOTSTRAP_SERVERS"):
         assert _configmap()[name] == worker["data"][name], name
     compose_worker = yaml.safe_load((COMPOSE_DIR / "compose.yaml").read_text(encoding="utf-8"))["services"][

@@ -14,15 +14,21 @@ import json
 from functools import cache
 from typing import Any
 
-from tests.parsing_helpers import SampleHarness, create_parsing
+from tests.parsing_helpers import (
+    DEEPSEEK_CALL_BEGIN,
+    DEEPSEEK_CALL_END,
+    DEEPSEEK_SEP,
+    DEEPSEEK_V3,
+    create_parsing,
+)
 from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
 ]
-B, E = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"
-SEP = "<｜tool▁sep｜>"
+B, E = DEEPSEEK_CALL_BEGIN, DEEPSEEK_CALL_END
+SEP = DEEPSEEK_SEP
 CALLS = (
     "<｜tool▁calls▁begin｜>"
     + f'{B}get_weather{SEP}{{"city": "北京", "unit": "celsius"}}{E}'
@@ -32,15 +38,8 @@ CALLS = (
 TEXT = "我来查询。" + CALLS
 
 
-#: records send U+FFFD as text: vLLM decides from token-id counts
-HARNESS = SampleHarness("deepseek-v3", prompt=(0,), hold_partial_utf8=False)
-encode = HARNESS.encode
-
-
-def token_id(token: str) -> int:
-    found = HARNESS.tokenizer.backend.token_to_id(token)
-    assert found is not None, token
-    return found
+HARNESS = DEEPSEEK_V3
+encode, token_id = HARNESS.encode, HARNESS.token_id
 
 
 @cache

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
-from tests.parsing_helpers import SampleHarness, create_parsing, splits
+from tests.parsing_helpers import MistralV11StubTokenizer, SampleHarness, create_parsing, splits
 from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
 from worker.core.parsing.tools.mistral import MistralToolParser, _JsonEvents, _JsonSyntaxError
 
@@ -159,28 +159,8 @@ def test_json_events_follow_yajl_timing(text: str, events: list[str], fails_at: 
     assert seen == events
 
 
-class _StubTokenizer:
-    """A v11+ vocabulary: [TOOL_CALLS] and [ARGS] are special tokens."""
-
-    model_type: str | None = "mistral"
-    special_ids = frozenset({1, 2})
-    _vocab: ClassVar[dict[str, int]] = {"<s>": 1, "</s>": 2, "[TOOL_CALLS]": 9, "[ARGS]": 32}
-
-    def token_to_id(self, token: str) -> int | None:
-        return self._vocab.get(token)
-
-    def id_to_token(self, token_id: int) -> str | None:
-        return {v: k for k, v in self._vocab.items()}.get(token_id)
-
-    def get_vocab(self) -> dict[str, int]:
-        return dict(self._vocab)
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return "".join(self.id_to_token(i) or "" for i in ids)
-
-
 def test_v11_engine_path_streams_name_then_arguments() -> None:
-    parser = MistralToolParser(_StubTokenizer(), TOOLS, {})
+    parser = MistralToolParser(MistralV11StubTokenizer(), TOOLS, {})
     req = request()
     records: list[tuple[str, list[int]]] = [
         ("Sure.", [100]),
@@ -200,7 +180,7 @@ def test_v11_engine_path_streams_name_then_arguments() -> None:
     assert deltas[5] is None  # the closing brace waits for the end
     assert final is not None and final.tool_calls[0].function is not None
     assert final.tool_calls[0].function.arguments == "}"
-    one = MistralToolParser(_StubTokenizer(), TOOLS, {}).extract_tool_calls(
+    one = MistralToolParser(MistralV11StubTokenizer(), TOOLS, {}).extract_tool_calls(
         'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"} trailing', req
     )
     assert one.content == "Sure."

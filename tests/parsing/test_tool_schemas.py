@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 
 import worker.core.parsing.engine.schema as schema_module
-from tests.parsing.test_mistral import _StubTokenizer
+from tests.parsing_helpers import MistralV11StubTokenizer, qwen3_encode, qwen3_make, records, xml_request
 from tests.parsing_helpers import qwen3 as qwen3_tokenizer
-from tests.parsing_helpers import qwen3_encode, qwen3_make, records, xml_request
 from worker.core.parsing import DeltaOut, ParseRequest
 from worker.core.parsing.engine.schema import ToolSchemas, find_tool_properties, schema_types
 from worker.core.parsing.tools.mistral import MistralToolParser
@@ -93,7 +92,7 @@ def _stream_qwen3(parser: str, text: str, tools: list[dict[str, Any]]) -> list[D
 def _stream_mistral(
     name: str, n_calls: int, n_args: int, tools: list[dict[str, Any]]
 ) -> list[DeltaOut | None]:
-    parser = MistralToolParser(_StubTokenizer(), tools, {})
+    parser = MistralToolParser(MistralV11StubTokenizer(), tools, {})
     req = ParseRequest(tools=tools, tool_choice="auto")
     args = json.dumps({f"k{i}": "v" for i in range(n_args)})
     call = [("[TOOL_CALLS]", [9]), (name, [101]), ("[ARGS]", [32])] + [(c, [102]) for c in args]

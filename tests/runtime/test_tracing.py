@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -24,10 +24,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from tests.golden_cases import derenderer_for
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import QWEN3_CONFIG, TopicReader, WorkerGroup, generate_sequences, make_worker_topics
-from tests.partition_fakes import TOPICS, RecordingSink
+from tests.partition_fakes import RecordingSink, owned_partition
 from tests.paths import REPO_ROOT
-from worker.core.envelope_processor import EnvelopeProcessor
-from worker.runtime.metrics import Metrics
 from worker.runtime.observer import RecordObserver
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.tracing import (
@@ -107,15 +105,7 @@ class TracedRecord:
 
 
 def _task(sink: RecordingSink, observer: RecordObserver) -> OwnedPartition:
-    return OwnedPartition(
-        TopicPartition("in", 2),
-        EnvelopeProcessor(derenderer_for(QWEN3_CONFIG)),
-        sink,
-        TOPICS,
-        Metrics(),
-        position=0,
-        observer=observer,
-    )
+    return owned_partition(derenderer_for(QWEN3_CONFIG), sink, observer=observer)
 
 
 def _records(envelopes: list[dict[str, Any]], headers: list[tuple[str, bytes]]) -> list[TracedRecord]:

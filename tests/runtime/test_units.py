@@ -16,8 +16,6 @@ from worker.cli import build_parser
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import ConfigurationError, IllegalTransitionError
 from worker.runtime.lifecycle import Lifecycle, WorkerState
-from worker.runtime.metrics import Metrics
-from worker.runtime.partition import OwnedPartition
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.state_changelog import (
     StateChangelog,
@@ -328,15 +326,7 @@ def test_deferred_checkpoints_restore_by_re_reading_the_input() -> None:
     now = [0.0]
     changelog = StateChangelog("state", 2, KEYS, checkpoint_interval_s=1.0, clock=lambda: now[0])
     sink = RecordingSink()
-    task = OwnedPartition(
-        TopicPartition("in", 2),
-        EnvelopeProcessor(derenderer),
-        sink,
-        TOPICS,
-        Metrics(),
-        position=0,
-        changelog=changelog,
-    )
+    task = owned_partition(derenderer, sink, changelog=changelog)
     records = [FakeRecord(offset, envelope) for offset, envelope in enumerate(envelopes)]
     replays = 0
 

@@ -21,10 +21,9 @@ from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, run_settings
+from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, owned_partition, run_settings
 from tests.paths import REPO_ROOT
 from worker.cli import build_parser, main
-from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import ConfigurationError
 from worker.runtime import metrics_names as m
 from worker.runtime import state_store, topics
@@ -33,7 +32,6 @@ from worker.runtime.delivery import producer_config
 from worker.runtime.kafka_client import aiokafka_backend
 from worker.runtime.kafka_client.base import TopicPartition
 from worker.runtime.memory import OPENING_FACTOR, REQUEST_BASE_BYTES, MemoryBudget
-from worker.runtime.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.prometheus_export import labelled
 from worker.runtime.worker import Worker, configuration_error
@@ -199,16 +197,7 @@ def test_fatal_group_errors_are_configuration_errors() -> None:
 
 
 def _task(budget: MemoryBudget | None = None, policy: DeadLetterPolicy | None = None) -> OwnedPartition:
-    return OwnedPartition(
-        TopicPartition("in", 2),
-        EnvelopeProcessor(derenderer_for(QWEN3_CONFIG)),
-        RecordingSink(),
-        TOPICS,
-        Metrics(),
-        position=0,
-        dead_letters=policy,
-        budget=budget,
-    )
+    return owned_partition(derenderer_for(QWEN3_CONFIG), RecordingSink(), dead_letters=policy, budget=budget)
 
 
 def _outputs(task: OwnedPartition) -> list[dict[str, Any]]:
