@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
+from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize, sample_config
 from tests.stream_builders import split
 from worker.core.envelope_processor import EnvelopeProcessor
 
@@ -114,3 +114,70 @@ def test_warm_equals_cold_on_random_splits(case: GoldenCase, seed: int) -> None:
     warm = normalize(_warm(case, records))
     assert normalize(_cold(case, records)) == warm
     assert normalize(_warm(case, records, max_live_parsers=0)) == warm
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "token_ids"), [("length", [9707]), ("stop", [9707, 151645]), ("abort", [151667])]
+)
+def test_a_record_after_its_choice_finished_continues_as_a_rebuilt_parser_would(
+    finish_reason: str, token_ids: list[int]
+) -> None:
+    """vLLM replays a chunk's history without its finish (and with its stop token): a live session
+    that took the finish must not carry it into a later record of the same choice (n=2 keeps the
+    request open, choice 1 unfinished), or warm output differs from cold, from an evicted session
+    and from a restart."""
+    prompt = [151644, 872, 198, 3872, 220, 16, 15, 15, 16, 264, 10250, 1372, 30, 151645, 198]
+    prompt += [151644, 77091, 198]
+    request = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "n": 2}
+    choices: list[JsonDict] = [
+        {"index": 0, "token_ids": token_ids, "finish_reason": finish_reason},
+        {"index": 0, "token_ids": [26549]},
+        {"index": 0, "token_ids": [151668, 9707]},
+    ]
+    records = []
+    for seq, choice in enumerate(choices):
+        body: JsonDict = {"stream": True, "generate_chunk": {"request_id": "after", "choices": [choice]}}
+        if seq == 0:
+            body |= {"model": "test-model", "prompt_token_ids": prompt, "chat_request": request}
+        records.append({"request_id": "after", "seq": seq, "endpoint": "chat", "body": body})
+    case = GoldenCase("adhoc", "after-finish", sample_config(parsers=True), records, [])
+    cold = normalize(_cold(case, records))
+    assert normalize(_warm(case, records)) == cold
+    assert normalize(_warm(case, records, max_live_parsers=0)) == cold
+
+
+def test_a_usage_only_record_after_the_finish_does_not_rebuild_the_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The finish ends the live session; the usage-only record that follows steps nothing, so it
+    must not replay the whole output to rebuild one (that would make it cost O(output))."""
+    request = {
+        "model": "test-model",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream_options": {"include_usage": True},
+    }
+    chunks: list[JsonDict] = [
+        {"choices": [{"index": 0, "token_ids": [151667, 9707]}]},
+        {"choices": [{"index": 0, "token_ids": [151668, 26549], "finish_reason": "length"}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}},
+    ]
+    records = []
+    for seq, chunk in enumerate(chunks):
+        body: JsonDict = {"stream": True, "generate_chunk": {"request_id": "usage", **chunk}}
+        if seq == 0:
+            body |= {"model": "test-model", "prompt_token_ids": [151644, 77091, 198], "chat_request": request}
+        records.append({"request_id": "usage", "seq": seq, "endpoint": "chat", "body": body})
+    case = GoldenCase("adhoc", "usage-after-finish", sample_config(parsers=True), records, [])
+    derenderer = derenderer_for(case.config)
+    builds = 0
+    build = type(derenderer)._new_live_parser
+
+    def counting(self: Any, *args: Any) -> Any:
+        nonlocal builds
+        builds += 1
+        return build(self, *args)
+
+    monkeypatch.setattr(type(derenderer), "_new_live_parser", counting)
+    warm = normalize(_warm(case, records))
+    assert builds == 1
+    assert warm == normalize(_cold(case, records))

@@ -482,11 +482,13 @@ class Derenderer:
     ) -> tuple[JsonDict, SequenceState]:
         request = body.chat_request
         assert request is not None
+        steps = any(c.token_ids or c.finish_reason is not None for c in body.generate_chunk.choices)
         live = state.live
-        if live is None:
+        # A held state's session is rebuilt only for a record that steps it (not for a usage-only
+        # one after a finish); a carried state's is always, as vLLM replays it on every call.
+        if live is None and (steps or body.stream_state is not None):
             live = self._new_live_parser(body, state)
             state.live = live
-        session = live.session
         extend = self.decoder.extend
 
         def to_delta(
@@ -494,8 +496,9 @@ class Derenderer:
         ) -> tuple[JsonDict, str | None]:
             parsed, finish_reason = None, None
             if delta_ids or choice.finish_reason is not None:
+                assert live is not None  # ``steps``
                 text = extend(live.window, text_ids, False) if delta_ids else ""
-                parsed, finish_reason = session.step(text, list(delta_ids), choice.finish_reason)
+                parsed, finish_reason = live.session.step(text, list(delta_ids), choice.finish_reason)
             delta = parsed_delta(parsed)
             # Pinned before the state advances: a 400 here leaves the state as the record found it.
             pin_tool_call_ids(delta, state.last_tool_call_ids)
@@ -504,7 +507,7 @@ class Derenderer:
                 state.output_chunk_lens.append(len(delta_ids))
             return delta, finish_reason
 
-        show_metadata = not session.hide_metadata
+        show_metadata = bool(request.include_reasoning)  # a session's ``hide_metadata``, inverted
         return_token_ids = bool(request.return_token_ids and show_metadata)
         choices = [
             self._chat_choice(
@@ -512,7 +515,12 @@ class Derenderer:
             )
             for choice in body.generate_chunk.choices
         ]
-        state.tools_streamed = session.tools_streamed
+        if live is not None:
+            state.tools_streamed = live.session.tools_streamed
+        if any(choice.finish_reason is not None for choice in body.generate_chunk.choices):
+            # The session took the finish (flushed, and its window skipped a dropped stop token);
+            # vLLM replays a later record's history without it, so one is rebuilt the same way.
+            state.live = None
         return chat_chunk(body, model, int(self._clock()), choices), state
 
     # --- completion, streaming ---------------------------------------------------------------
