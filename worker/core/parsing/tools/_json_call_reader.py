@@ -316,7 +316,7 @@ class CallReader:
 
     def _structural(self, text: str, pos: int, char: str) -> None:
         if not self.frames:
-            if pos != self.start or char != "{":
+            if char != "{":  # JSON blanks before it were skipped: json.loads skips them too
                 raise Unsupported("the call is not an object")
             self._open(False, tracked=False)
             return
