@@ -227,7 +227,7 @@ class CallReader:
 
     def __init__(self, start: int, partial_strings: bool = True) -> None:
         self.partial_strings = partial_strings
-        self.failing = False  # both argument keys show: every read fails for good, whatever the flag
+        self.failing = False  # both argument keys show, or a rejected key and its value: reads fail for good
         self.pos = start  # next character to scan
         self.start = start
         self.frames: list[_Frame] = []
@@ -239,6 +239,7 @@ class CallReader:
         self.args_pending = False  # the member whose value comes next holds the arguments
         self.args_seen = False  # the arguments' value has started
         self.dead = False  # the completion keeps text JSON rejects: every read fails for good
+        self.bad_key = False  # the member in progress has a key JSON rejects
         self.complete = False  # the object closed
         self.named = False  # the object has a "name" key (its value may still be in progress)
         self.name_pending = False  # the value that comes next is the name's
@@ -356,6 +357,14 @@ class CallReader:
     def _value(self, text: str, pos: int, char: str, frame: _Frame) -> None:
         if char not in '{["-0123456789ntfIN':
             raise self._broken(pos, char, "for a value")
+        if self.bad_key:
+            # Its value shows unless it is a lone "-", or a string in progress when the
+            # completion leaves those out.
+            if char == "-":
+                self.pending = frame
+            elif char != '"' or self.partial_strings:
+                self._fail_for_good()
+                return
         root = len(self.frames) == 1
         args = self.args_pending and root
         if self.name_pending and root:
@@ -406,9 +415,15 @@ class CallReader:
         if frame.dup < 0:
             frame.count += 1
 
+    def _fail_for_good(self) -> None:
+        self.dead = self.failing = True
+
     def _present(self, frame: _Frame) -> None:
         """The value after a repeated key shows in the completion from now on."""
         self.pending = None
+        if self.bad_key:
+            self._fail_for_good()
+            return
         if len(self.frames) == 1 and self.again:
             again, self.again = self.again, ""
             if again.startswith("both"):
@@ -478,8 +493,13 @@ class CallReader:
         if scalar.is_key:
             try:
                 key = json.loads(text[scalar.start : close + 1])
-            except ValueError as exc:
-                raise Unsupported("a key JSON rejects") from exc
+            except ValueError:
+                # The completion leaves a key without a value out; once the value shows, it keeps
+                # the key and every read fails.
+                self.bad_key = True
+                self.args_pending = self.name_pending = False
+                frame.state = _COLON
+                return
             if frame.tracked:
                 frame.dup = frame.keys.setdefault(key, frame.count)
                 if frame.dup == frame.count:
@@ -499,6 +519,9 @@ class CallReader:
                     else:
                         self.again = "both"
             frame.state = _COLON
+            return
+        if self.bad_key:
+            self._fail_for_good()  # the value of a key JSON rejects closed
             return
         if len(self.frames) == 1 and self.again:
             self._present(frame)  # the second arguments key's string closed
