@@ -224,6 +224,13 @@ STRUCTURED_SHAPES: list[tuple[str, str, str, str, str]] = [
         '<|python_tag|>{{"name": "f", "parameters": {{"a\\q": {{{}}}}}}}',
         '"k{0}": {0}, ',
     ),
+    (
+        "a blank JSON rejects first",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": "f", "parameters": {{"a": 1\u3000, {}}}}}',
+        '"k{0}": {0}, ',
+    ),
     ("a list argument", "pythonic", "llama-3", "[f(a=[{}])]", "'v{0}', "),
     ("a dict argument", "pythonic", "llama-3", "[f(a={{{}}})]", "'k{0}': {0}, "),
     (

@@ -23,12 +23,15 @@ the completion; the members after it wait in a fixed *suffix* (after the
 volatile part) until the member ends. That costs one copy of those members
 per duplicate member, not per record. The same key given twice in the call
 object restarts the arguments; ``parameters`` and ``arguments`` both given
-fail every later read (vLLM asserts), as text JSON rejects does (``dead``).
+fail every later read (vLLM asserts), as text JSON rejects does (``dead``); a
+key JSON rejects is left out with its member until the member's value shows,
+then does too.
 
 A syntax error raises :class:`Broken` (where, and what the completion could
 still mend there), a number ending in a sign, exponent or point before a
 delimiter :class:`Frozen` (the completion cuts there); whatever else it does
-not model (whitespace JSON does not allow, nesting deeper than
+not model (whitespace JSON does not allow in an array after a string or before
+the name is sent, nesting deeper than
 :data:`MAX_DEPTH`) raises :class:`Unsupported`, and the parser re-reads that
 call as vLLM does.
 """
@@ -239,7 +242,8 @@ class CallReader:
         self.args_pending = False  # the member whose value comes next holds the arguments
         self.args_seen = False  # the arguments' value has started
         self.dead = False  # the completion keeps text JSON rejects: every read fails for good
-        self.bad_key = False  # the member in progress has a key JSON rejects
+        # The completion keeps text JSON rejects (a key, a blank) once the next value or closer shows.
+        self.poisoned = False
         self.complete = False  # the object closed
         self.named = False  # the object has a "name" key (its value may still be in progress)
         self.name_pending = False  # the value that comes next is the name's
@@ -322,6 +326,14 @@ class CallReader:
             self._open(False, tracked=False)
             return
         frame = self._frame()
+        if char.isspace():
+            # A blank JSON does not allow: the completion's walk skips it, and JSON rejects it
+            # once the completion keeps it, i.e. once anything after it shows. The library's array
+            # tail after a string strips it, and without incomplete strings it cuts elsewhere.
+            if self.partial_strings and not (frame.is_list and self.after_quote):
+                self.poisoned = True
+                return
+            raise Unsupported("whitespace JSON does not allow")
         state = frame.state
         if state == _AFTER:
             if char == ",":
@@ -349,15 +361,13 @@ class CallReader:
             self._value(text, pos, char, frame)
 
     def _broken(self, pos: int, char: str, where: str) -> Unsupported:
-        if char.isspace():  # the library skips it like a blank: JSON rejects it only where kept
-            return Unsupported(f"whitespace JSON does not allow {where}")
         quote = self._frame().is_list and self.after_quote
         return Broken(pos, quote, f"unexpected {char!r} {where}")
 
     def _value(self, text: str, pos: int, char: str, frame: _Frame) -> None:
         if char not in '{["-0123456789ntfIN':
             raise self._broken(pos, char, "for a value")
-        if self.bad_key:
+        if self.poisoned:
             # Its value shows unless it is a lone "-", or a string in progress when the
             # completion leaves those out.
             if char == "-":
@@ -421,7 +431,7 @@ class CallReader:
     def _present(self, frame: _Frame) -> None:
         """The value after a repeated key shows in the completion from now on."""
         self.pending = None
-        if self.bad_key:
+        if self.poisoned:
             self._fail_for_good()
             return
         if len(self.frames) == 1 and self.again:
@@ -477,6 +487,9 @@ class CallReader:
             self.closers = ("]" if is_list else "}") + self.closers
 
     def _close_container(self, frame: _Frame) -> None:
+        if self.poisoned:
+            self._fail_for_good()  # the completion keeps everything before a closer
+            return
         self.frames.pop()
         self.after_quote = False
         if frame.tracked:
@@ -496,7 +509,7 @@ class CallReader:
             except ValueError:
                 # The completion leaves a key without a value out; once the value shows, it keeps
                 # the key and every read fails.
-                self.bad_key = True
+                self.poisoned = True
                 self.args_pending = self.name_pending = False
                 frame.state = _COLON
                 return
@@ -520,7 +533,7 @@ class CallReader:
                         self.again = "both"
             frame.state = _COLON
             return
-        if self.bad_key:
+        if self.poisoned:
             self._fail_for_good()  # the value of a key JSON rejects closed
             return
         if len(self.frames) == 1 and self.again:
