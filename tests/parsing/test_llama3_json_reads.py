@@ -1,7 +1,8 @@
 """llama3_json reads a finished call once: a record re-reads only the object in progress.
 
 vLLM re-reads every object of the output at every record; the parser keeps the
-objects that are complete and followed by ``; {``, which read the same forever.
+objects that are complete and followed by ``; {`` (or two other characters
+without brackets or quotes, blanks, then ``{``), which read the same forever.
 The work is checked by counting the characters handed to the partial-JSON reader.
 """
 

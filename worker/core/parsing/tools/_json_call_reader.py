@@ -23,12 +23,15 @@ the completion; the members after it wait in a fixed *suffix* (after the
 volatile part) until the member ends. That costs one copy of those members
 per duplicate member, not per record. The same key given twice in the call
 object restarts the arguments; ``parameters`` and ``arguments`` both given
-fail every later read (vLLM asserts), as text JSON rejects does (``dead``).
+fail every later read (vLLM asserts), as text JSON rejects does (``dead``); a
+key JSON rejects is left out with its member until the member's value shows,
+then does too.
 
 A syntax error raises :class:`Broken` (where, and what the completion could
 still mend there), a number ending in a sign, exponent or point before a
 delimiter :class:`Frozen` (the completion cuts there); whatever else it does
-not model (whitespace JSON does not allow, nesting deeper than
+not model (whitespace JSON does not allow in an array after a string or before
+the name is sent, nesting deeper than
 :data:`MAX_DEPTH`) raises :class:`Unsupported`, and the parser re-reads that
 call as vLLM does.
 """
@@ -227,7 +230,7 @@ class CallReader:
 
     def __init__(self, start: int, partial_strings: bool = True) -> None:
         self.partial_strings = partial_strings
-        self.failing = False  # both argument keys show: every read fails for good, whatever the flag
+        self.failing = False  # both argument keys show, or a rejected key and its value: reads fail for good
         self.pos = start  # next character to scan
         self.start = start
         self.frames: list[_Frame] = []
@@ -239,6 +242,8 @@ class CallReader:
         self.args_pending = False  # the member whose value comes next holds the arguments
         self.args_seen = False  # the arguments' value has started
         self.dead = False  # the completion keeps text JSON rejects: every read fails for good
+        # The completion keeps text JSON rejects (a key, a blank) once the next value or closer shows.
+        self.poisoned = False
         self.complete = False  # the object closed
         self.named = False  # the object has a "name" key (its value may still be in progress)
         self.name_pending = False  # the value that comes next is the name's
@@ -316,11 +321,19 @@ class CallReader:
 
     def _structural(self, text: str, pos: int, char: str) -> None:
         if not self.frames:
-            if pos != self.start or char != "{":
+            if char != "{":  # JSON blanks before it were skipped: json.loads skips them too
                 raise Unsupported("the call is not an object")
             self._open(False, tracked=False)
             return
         frame = self._frame()
+        if char.isspace():
+            # A blank JSON does not allow: the completion's walk skips it, and JSON rejects it
+            # once the completion keeps it, i.e. once anything after it shows. The library's array
+            # tail after a string strips it, and without incomplete strings it cuts elsewhere.
+            if self.partial_strings and not (frame.is_list and self.after_quote):
+                self.poisoned = True
+                return
+            raise Unsupported("whitespace JSON does not allow")
         state = frame.state
         if state == _AFTER:
             if char == ",":
@@ -348,14 +361,20 @@ class CallReader:
             self._value(text, pos, char, frame)
 
     def _broken(self, pos: int, char: str, where: str) -> Unsupported:
-        if char.isspace():  # the library skips it like a blank: JSON rejects it only where kept
-            return Unsupported(f"whitespace JSON does not allow {where}")
         quote = self._frame().is_list and self.after_quote
         return Broken(pos, quote, f"unexpected {char!r} {where}")
 
     def _value(self, text: str, pos: int, char: str, frame: _Frame) -> None:
         if char not in '{["-0123456789ntfIN':
             raise self._broken(pos, char, "for a value")
+        if self.poisoned:
+            # Its value shows unless it is a lone "-", or a string in progress when the
+            # completion leaves those out.
+            if char == "-":
+                self.pending = frame
+            elif char != '"' or self.partial_strings:
+                self._fail_for_good()
+                return
         root = len(self.frames) == 1
         args = self.args_pending and root
         if self.name_pending and root:
@@ -406,9 +425,15 @@ class CallReader:
         if frame.dup < 0:
             frame.count += 1
 
+    def _fail_for_good(self) -> None:
+        self.dead = self.failing = True
+
     def _present(self, frame: _Frame) -> None:
         """The value after a repeated key shows in the completion from now on."""
         self.pending = None
+        if self.poisoned:
+            self._fail_for_good()
+            return
         if len(self.frames) == 1 and self.again:
             again, self.again = self.again, ""
             if again.startswith("both"):
@@ -462,6 +487,9 @@ class CallReader:
             self.closers = ("]" if is_list else "}") + self.closers
 
     def _close_container(self, frame: _Frame) -> None:
+        if self.poisoned:
+            self._fail_for_good()  # the completion keeps everything before a closer
+            return
         self.frames.pop()
         self.after_quote = False
         if frame.tracked:
@@ -478,8 +506,13 @@ class CallReader:
         if scalar.is_key:
             try:
                 key = json.loads(text[scalar.start : close + 1])
-            except ValueError as exc:
-                raise Unsupported("a key JSON rejects") from exc
+            except ValueError:
+                # The completion leaves a key without a value out; once the value shows, it keeps
+                # the key and every read fails.
+                self.poisoned = True
+                self.args_pending = self.name_pending = False
+                frame.state = _COLON
+                return
             if frame.tracked:
                 frame.dup = frame.keys.setdefault(key, frame.count)
                 if frame.dup == frame.count:
@@ -499,6 +532,9 @@ class CallReader:
                     else:
                         self.again = "both"
             frame.state = _COLON
+            return
+        if self.poisoned:
+            self._fail_for_good()  # the value of a key JSON rejects closed
             return
         if len(self.frames) == 1 and self.again:
             self._present(frame)  # the second arguments key's string closed

@@ -31,10 +31,14 @@ costs O(the record) (a duplicate key also costs one copy of the members after
 its first position). Before the name is sent, a record whose read surely
 succeeds without a name (the same scan tells, until the ``"name"`` key) sends
 nothing and skips the read; the read vLLM remembers is made once, when needed.
-Once the call's reads fail for good (text JSON rejects, both ``parameters`` and
-``arguments``), every record gives nothing without reading; after a syntax
+Once the call's reads fail for good (text JSON rejects, a rejected key with its
+value, both ``parameters`` and ``arguments``, a complete call read after blanks
+and followed by more text, the next read starting on a string after ``;{``),
+every record gives nothing without reading; after a syntax
 error, a record whose read surely fails (:class:`_Broken`) does too.
-Text that reader does not model (whitespace JSON does not allow, ...), a
+A call after other text than ``; `` is kept and read incrementally when blanks
+then ``{`` follow the two characters vLLM skips. Text that reader does not model
+(whitespace JSON does not allow before the name, ...), other text between calls, a
 syntax error the completion may still mend, and the name's own records
 re-read the call as vLLM does (their cost grows with that call's text, at most
 ``max_model_len`` tokens).
@@ -67,6 +71,8 @@ from worker.errors import ParserSetupError
 BOT = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
 _TOKENS = re.compile(r'["\[\]{}]')  # what the library's bracket scan sees
+_JSON_BLANKS = re.compile(r"[ \t\n\r]*")  # what json.loads skips (str.isspace is wider)
+_QUOTE_FIRST = re.compile(r'\s*"')
 
 
 class _Broken:
@@ -181,6 +187,7 @@ class Llama3JsonToolParser(ToolParser):
         self._no_unnamed = -1  # the call that reader gave up on
         self._prev_stale = False  # _prev is the read of text[:_prev_len], not made yet
         self._stuck = False  # every later read fails (the call's text is dead for good)
+        self._blank_from = -1  # the read from here fails while the text after it is blanks only
         self._broken: _Broken | None = None
         self._frozen: _Frozen | None = None
 
@@ -252,6 +259,10 @@ class Llama3JsonToolParser(ToolParser):
         """Whether this record's read surely fails, without reading."""
         if self._stuck:
             return True
+        if self._blank_from >= 0:
+            if not delta_text.strip(" \t\n\r"):
+                return True
+            self._blank_from = -1
         frozen = self._frozen
         if frozen is not None:
             if frozen.index != self._index:
@@ -318,33 +329,73 @@ class Llama3JsonToolParser(ToolParser):
 
         vLLM re-reads every object at every record; an object that is complete and followed by
         more text reads the same forever, so it is read once and kept, and a record re-reads
-        only the object in progress.
+        only the object in progress. The reference (``incremental = False``) keeps nothing.
         """
         allow_str = self._name_sent
-        objects: list[Any] = list(self._kept)
+        keep = self.incremental
+        objects: list[Any] = list(self._kept) if keep else []
         complete: list[bool] = [True] * len(objects)
-        start = last = self._kept_end
+        start = last = self._kept_end if keep else self._calls_at
         while start < len(text):
+            if keep and text[start].isspace() and text[start] not in " \t\n\r":
+                # json.loads rejects it and every completion keeps it (or gives a scalar, which
+                # fails too): no read from here succeeds again.
+                self._stuck = True
+                return None
             try:
                 obj, consumed = partial_loads(text[start:], allow_str)
             except Exception:
+                if keep and text[start] in " \t\n\r":
+                    self._blank_read_fails(text, start)
                 return None
             whole = is_json(text[start : start + consumed])
             complete.append(whole)
-            # Kept only when the "; " separator follows: other text can make vLLM's read of the
-            # whole rest fail at this object later.
-            followed = text[start + consumed : start + consumed + 3] == "; {"
+            followed = self._next_object_follows(text, start + consumed)
             last = start
-            start += consumed + 2  # the "; " between objects
+            start += consumed + 2  # vLLM skips two characters, meant for "; "
             if "parameters" in obj:
                 if "arguments" in obj:
                     return None  # vLLM asserts: both keys given
                 obj["arguments"] = obj["parameters"]
             objects.append(obj)
-            if whole and followed and len(self._kept) == len(objects) - 1:
+            if keep and whole and followed and len(self._kept) == len(objects) - 1:
                 self._kept.append(obj)
                 self._kept_end = start
         return objects, complete, last
+
+    @staticmethod
+    def _next_object_follows(text: str, end: int) -> bool:
+        """Whether an object that ends at ``end`` (``raw_decode``) is read the same from now on.
+
+        Its read gives it or fails, and fails exactly when the completion of the text after it
+        raises. When the two skipped characters hold no bracket or quote and the text from
+        ``end + 2`` is JSON blanks then ``{``, the next read's bracket scan is that same scan,
+        so reading on from ``end + 2`` alone fails exactly when the whole read does.
+        """
+        if len(text) <= end + 2 or _TOKENS.search(text, end, end + 2):
+            return False
+        at = _after_blanks(text, end + 2)
+        return at < len(text) and text[at] == "{"
+
+    def _blank_read_fails(self, text: str, start: int) -> None:
+        """After a failed read of an object that starts with JSON blanks: does every later one fail?
+
+        ``raw_decode`` does not skip blanks, so once a complete object there is followed by
+        anything but blanks (json.loads: "Extra data"), no read succeeds again. While the text is
+        blanks only, reads fail until something else comes.
+        """
+        at = _after_blanks(text, start)
+        if at == len(text):
+            self._blank_from = start
+            return
+        if text[at] != "{":
+            return
+        try:
+            _, end = _DECODER.raw_decode(text, at)
+        except ValueError:
+            return
+        if _after_blanks(text, end) < len(text):
+            self._stuck = True
 
     def _step(self) -> DeltaOut | None:
         read = self._read(self._text)
@@ -364,6 +415,11 @@ class Llama3JsonToolParser(ToolParser):
             self._index = len(objects) - 1
             self._name_sent = False
             self._streamed.append("")
+            if self.incremental and _QUOTE_FIRST.match(self._text, last):
+                # A string read whole ("name" after ";{"): without incomplete strings it fails
+                # until it closes, then gives a str (no .get), or with blanks before it the
+                # completion's offsets cut its closing quote: no later record gives anything.
+                self._stuck = True
             return delta  # vLLM returns before remembering this read
         if not self._name_sent:
             name = current.get("name")
@@ -464,6 +520,11 @@ class Llama3JsonToolParser(ToolParser):
             return ""
         actual = self._streamed[index] if index < len(self._streamed) else ""
         return expected[len(actual) :] if expected.startswith(actual) else ""
+
+
+def _after_blanks(text: str, pos: int) -> int:
+    found = _JSON_BLANKS.match(text, pos)
+    return found.end() if found else pos
 
 
 def _changed_at(reader: CallReader, then: View, now: View) -> int:
