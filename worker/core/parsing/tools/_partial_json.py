@@ -42,7 +42,6 @@ def complete_str(text: str, start: int, allow_str: bool) -> tuple[int, str | Non
         raise _Partial("expected a string")
     length = len(text)
     i = start + 1
-    last_escaped = -1
     while True:
         # Jump to the next quote or backslash (the string's text in between is skipped in C).
         stop = _STRING_STOP.search(text, i)
@@ -52,17 +51,17 @@ def complete_str(text: str, start: int, allow_str: bool) -> tuple[int, str | Non
         pos = stop.start()
         if text[pos] == '"':
             return pos + 1, None
-        last_escaped = pos + 1
-        if last_escaped == length:
+        if pos + 1 == length:
             i = pos
             break
         i = pos + 2
     if not allow_str:
         return None
-    # Cut a trailing, truncated \u / \U / \x escape (the library's windows).
+    # Cut a trailing, truncated \u / \U / \x escape (the library's windows), unless its
+    # backslash is itself escaped.
     for marker, window in (("\\u", 5), ("\\U", 9), ("\\x", 3)):
         found = text.rfind(marker, max(start, i - window), i)
-        if found != -1 and found != last_escaped:
+        if found != -1 and not _escaped(text, found):
             return found, '"'
     return i, '"'
 
@@ -163,11 +162,10 @@ def _complete_container(text: str, start: int, allow_str: bool, close: str) -> t
         return i, close
 
 
-def _fix(text: str, allow_str: bool) -> tuple[str, str]:
+def _fix(text: str, allow_str: bool, top_level: bool = False) -> tuple[str, str]:
     """The library's slow path: (kept text, appended closer)."""
-    stripped = text.strip()
     try:
-        result = _complete_any(stripped, 0, allow_str, top_level=True)
+        result = _complete_any(text.strip(), 0, allow_str, top_level)
     except IndexError as exc:
         raise _Partial("malformed") from exc
     if result is None:
@@ -181,67 +179,134 @@ def _closers(stack: list[tuple[int, str]]) -> str:
 
 
 def _escaped(text: str, pos: int) -> bool:
-    count = 0
-    while pos - count - 1 >= 0 and text[pos - count - 1] == "\\":
-        count += 1
-    return count % 2 == 1
+    """Whether an odd run of backslashes ends right before ``pos``."""
+    before = pos
+    while before > 0 and text[before - 1] == "\\":
+        before -= 1
+    return (pos - before) % 2 == 1
 
 
-def _ensure_json(text: str, allow_str: bool) -> str:
-    """The library's fast path: bracket scan, then complete only the last open container."""
+def _tail_fix(text: str, cut: int, opener: str, allow_str: bool) -> tuple[str, str, bool]:
+    """Complete ``opener`` + the text after the comma at ``cut``: (kept, closer, empty).
+
+    ``empty``: the completion keeps nothing of that text (then the comma goes too).
+    """
+    head, tail = _fix(opener + text[cut + 1 :], allow_str)
+    return head[1:], tail, not (head[1:] + tail[:-1].strip())
+
+
+def _cut_before_key(text: str, stack: list[tuple[int, str]], string_end: int) -> tuple[str, str]:
+    """No partial strings: drop the last key of the innermost container (and its comma)."""
+    opened = stack[-1][0]
+    closers = _closers(stack)
+    quote = string_end
+    while True:
+        quote = text.rfind('"', opened, quote)
+        if quote == -1:
+            return text[: opened + 1], closers
+        if _escaped(text, quote):
+            quote -= 1
+            continue
+        comma = text.rfind(",", opened, quote)
+        if comma == -1:
+            return text[: opened + 1], closers
+        return text[:comma], closers
+
+
+def _ensure_json(text: str, allow_str: bool) -> tuple[str, str]:
+    """The library's fast path: bracket scan, then complete only the last open container.
+
+    Returns (kept text, appended closer). Every failure raises (the library's assertions and
+    its pop from an empty stack included).
+    """
     tokens = [(found.start(), found.group()) for found in _STRUCTURAL.finditer(text)]
     if not tokens or tokens[0][1] == '"':
-        head, tail = _fix(text, allow_str)
-        return head + tail
+        return _fix(text, allow_str, top_level=True)
     stack: list[tuple[int, str]] = []
     in_string = False
-    for i, char in tokens:
+    string_start = string_end = -1
+    for at, char in tokens:
         if char == '"':
-            if not in_string or not _escaped(text, i):
-                in_string = not in_string
-        elif not in_string:
-            if char in "]}":
-                if not stack or stack.pop()[1] != ("{" if char == "}" else "["):
-                    raise _Partial("mismatched brackets")
-            else:
-                stack.append((i, char))
+            if not in_string:
+                in_string, string_start = True, at
+            elif not _escaped(text, at):
+                in_string, string_end = False, at
+        elif in_string:
+            continue
+        elif char in "]}":
+            if not stack:
+                raise _Partial("unbalanced close")
+            if stack.pop()[1] != ("{" if char == "}" else "["):
+                raise _Partial("mismatched brackets")
+        else:
+            stack.append((at, char))
     if not stack:
-        return text
-    last_i, last_char = tokens[-1]
-    if text[-1] in "]}" and not in_string:
-        return text[: last_i + 1] + _closers(stack)
-    if last_char == '"':
-        if in_string:
-            if not allow_str:
-                # Partial strings are not allowed: cut back to the previous token,
-                # unless that closes a string in an object (then read the object).
-                if len(tokens) < 2:
-                    raise _Partial("partial string not allowed")
-                cut, before = tokens[-2]
-                if before != '"' or stack[-1][1] != "{":
-                    return text[: cut + 1] + _closers(stack)
-            if stack[-1][1] != "{":
-                result = complete_str(text, last_i, allow_str)
-                if result is None or result[1] is None:
-                    raise _Partial("string scan disagrees")  # the library fails here too
-                return text[: result[0]] + result[1] + _closers(stack)
-        if stack[-1][1] == "[":
-            rest = text[last_i + 1 :].rstrip("-").strip().lstrip(",")
-            if rest:
-                head, tail = _fix("[" + rest, allow_str)
-                if not (head.startswith("[") and tail.endswith("]")):
-                    raise _Partial("malformed array tail")
-                return text[: last_i + 1] + "," + head[1:] + tail + _closers(stack[:-1])
-            return text[: last_i + 1] + _closers(stack)
-    index, _ = stack.pop()
-    head, tail = _fix(text[index:], allow_str)
-    return text[:index] + head + tail + _closers(stack)
+        return text, ""
+    last_at, last_char = tokens[-1]
+    opened, kind = stack[-1]
+
+    if in_string and not allow_str:
+        if kind == "{" and opened > string_end:
+            return text[: opened + 1], _closers(stack)
+        comma = text.rfind(",", max(opened, string_end) + 1, string_start)
+        if comma != -1:
+            return text[:comma], _closers(stack)
+        return _cut_before_key(text, stack, string_end)
+
+    if in_string:
+        if kind == "{":
+            after = max(string_end, opened)
+            between = text[after + 1 : string_start]
+            if "," in between:
+                comma = text.rindex(",", after, string_start)
+                kept, tail, _ = _tail_fix(text, comma, "{", allow_str)
+                return text[:comma] + kept, tail + _closers(stack[:-1])
+            if ":" not in between:
+                return text[:string_start], _closers(stack)
+        head, tail = _fix(text[string_start:], allow_str)
+        return text[:string_start] + head, tail + _closers(stack)
+
+    comma = text.rfind(",", max(string_end, last_at) + 1)
+    if comma != -1:
+        if not text[comma + 1 :].strip():
+            return text[:comma], _closers(stack)
+        if kind != "[":
+            raise _Partial("scalars after a comma in an object")
+        kept, tail, empty = _tail_fix(text, comma, "[", allow_str)
+        return text[: comma if empty else comma + 1] + kept, tail + _closers(stack[:-1])
+
+    if last_char in "]}":
+        if text[last_at + 1 :].strip():
+            raise _Partial("text after a closed container")
+        return text, _closers(stack)
+    if last_char in "[{":
+        head, tail = _fix(text[last_at:], allow_str)
+        return text[:last_at] + head, tail + _closers(stack[:-1])
+
+    # The last token closed a string.
+    if kind == "[":
+        return text, _closers(stack)
+    colon = text.rfind(":", string_end)
+    comma = text.rfind(",", opened + 1, string_start)
+    if comma == -1:
+        head, tail = _fix(text[opened:], allow_str)
+        return text[:opened] + head, tail + _closers(stack[:-1])
+    if colon == -1 and text.rfind(":", max(opened, comma) + 1, string_start) != -1:
+        return text, _closers(stack)
+    if colon != -1 and colon <= comma:
+        raise _Partial("colon before the comma")
+    kept, tail, empty = _tail_fix(text, comma, "{", allow_str)
+    if empty:
+        return text[:comma] + kept, tail + _closers(stack[:-1])
+    # The library closes the object twice after a lone key (so json.loads fails then).
+    return text[: comma + 1] + kept, tail + _closers(stack if colon == -1 else stack[:-1])
 
 
 def partial_loads(text: str, allow_str: bool) -> tuple[Any, int]:
     """vLLM's ``partial_json_loads``: (value, chars consumed); raises on any failure."""
     try:
-        return json.loads(_ensure_json(text, allow_str)), len(text)
+        head, tail = _ensure_json(text, allow_str)
+        return json.loads(head + tail), len(text)
     except json.JSONDecodeError as exc:
         if "Extra data" in exc.msg:
             return _DECODER.raw_decode(text)
