@@ -5,7 +5,7 @@ vLLM re-reads the call object at every record with the partial-JSON completion
 previous read. For text that is a JSON prefix, that completion keeps every
 finished member, closes every open container, and completes the value in
 progress at the end: a string is kept (less a truncated escape, and less
-trailing blanks when its container is an object) and closed; a number loses a
+trailing blanks) and closed; a number loses a
 dangling sign/exponent/point; a literal prefix becomes the literal; a lone
 ``-`` or a key without its value is left out.
 
@@ -612,11 +612,8 @@ class CallReader:
                 token = text[scalar.start : len(text) if scalar.end < 0 else scalar.end]
                 self.scanned += len(token)
                 if token == "-":
-                    # Left out, except right after a string in an array and followed by blanks:
-                    # the library's array tail then reads '[..., "x",]', which JSON rejects.
-                    if frame.is_list and self.after_quote and not self.values_after_quote and scalar.end >= 0:
-                        return FAILED
-                    # The arguments themselves (unless a repeated key's: the old value stays).
+                    # Left out (an array's tail drops its comma too), and so are
+                    # the arguments themselves (unless a repeated key's: the old value stays).
                     dropped = scalar.tracked and not frame.tracked and self.pending is None
                 elif (value := _token_json(scalar.kind, token, partial=True)) is None:
                     return FAILED
@@ -675,23 +672,13 @@ class CallReader:
             return False
 
     def _string_end(self, text: str, scalar: _Scalar, string_frame: _Frame) -> int:
-        """Where the completion's copy of the string in progress ends.
+        """Where the completion's copy of the string in progress ends: the text less trailing blanks.
 
-        The library completes the last open container, less trailing blanks, unless that is an
-        array and the last bracket or quote in the text is a quote: then it reads the string
-        from that quote (an escaped one too) and closes it where the text ends, blanks kept.
+        The library completes the string from its opening quote (in an array or an object alike)
+        and strips the text's trailing blanks first.
         """
         string = scalar.string
         assert string is not None
-        if string_frame.is_list:
-            last = max(text.rfind(char, scalar.checked) for char in '"[]{}')
-            if last >= 0:
-                scalar.quote_last = text[last] == '"'
-                if scalar.quote_last:
-                    scalar.quote = last
-            scalar.checked = len(text)
-            if scalar.quote_last:
-                return len(text)
         scalar.quote = scalar.start
         return max(self.last_nonblank, string.done)
 
