@@ -68,16 +68,13 @@ class Unsupported(Exception):
 class Broken(Unsupported):
     """The text stopped being a JSON prefix at ``at``, where the completion's walk rejects it too.
 
-    Every completion that keeps ``text[at]`` then fails. It can cut before ``at`` only in the
-    library's array tail (``quote``: in an array, the last bracket or quote before ``at`` closes a
-    string: it re-reads what follows leniently until a bracket or quote comes), and, without
+    Every completion that keeps ``text[at]`` then fails. It cuts before ``at`` only without
     incomplete strings, at the bracket or quote before one string opened after ``at``.
     """
 
-    def __init__(self, at: int, quote: bool, why: str) -> None:
+    def __init__(self, at: int, why: str) -> None:
         super().__init__(why)
         self.at = at
-        self.quote = quote
 
 
 class Frozen(Unsupported):
@@ -327,12 +324,8 @@ class CallReader:
             return
         frame = self._frame()
         if char.isspace():
-            # A blank JSON does not allow: the completion's walk skips it, and JSON rejects it
-            # once the completion keeps it, i.e. once anything after it shows. The library's array
-            # tail after a string strips it, and without incomplete strings it cuts elsewhere.
-            if self.partial_strings and not (frame.is_list and self.after_quote):
-                self.poisoned = True
-                return
+            # A blank JSON does not allow: whether the completion keeps it (and the read fails)
+            # turns on where it stands and on what follows, so the call is read whole.
             raise Unsupported("whitespace JSON does not allow")
         state = frame.state
         if state == _AFTER:
@@ -361,8 +354,7 @@ class CallReader:
             self._value(text, pos, char, frame)
 
     def _broken(self, pos: int, char: str, where: str) -> Unsupported:
-        quote = self._frame().is_list and self.after_quote
-        return Broken(pos, quote, f"unexpected {char!r} {where}")
+        return Broken(pos, f"unexpected {char!r} {where}")
 
     def _value(self, text: str, pos: int, char: str, frame: _Frame) -> None:
         if char not in '{["-0123456789ntfIN':

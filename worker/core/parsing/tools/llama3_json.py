@@ -83,15 +83,15 @@ class _Broken:
     an object complete before ``e``: none), so it fails once the prefix reaches past ``e``. The
     library keeps up to its last bracket or quote (the text ends with a closer; a string in
     progress in an array), or up to where the walk of the last open container ends, and that
-    walk reaches ``e`` and raises there (its leniencies are not at ``e``). It keeps less only in
-    the array tail after a string (``quote``: re-read leniently until a bracket or quote follows
-    ``e``), and, without incomplete strings, when a single quote follows ``e`` (it cuts at the
-    token before). Brackets and quotes only accumulate, so a case once ruled out stays out.
+    walk reaches ``e`` and raises there (its leniencies are not at ``e``; the array tail after a
+    string is no exception: the library completes it from its last comma, and an error there
+    raises). It keeps less only without incomplete strings, when a single quote follows ``e`` (it
+    cuts at the token before). Brackets and quotes only accumulate, so a case once ruled out
+    stays out.
     """
 
     def __init__(self, index: int, error: Broken, text: str) -> None:
         self.index = index
-        self.quote = error.quote
         tokens = _TOKENS.findall(text, error.at)
         self.count = len(tokens)  # brackets and quotes from the error on
         self.first = tokens[0] if tokens else ""
@@ -103,9 +103,7 @@ class _Broken:
             self.count += len(tokens)
 
     def fails(self, named: bool) -> bool:
-        if self.count == 0:
-            return not self.quote
-        return named or self.count >= 2 or self.first != '"'
+        return named or self.count != 1 or self.first != '"'
 
 
 class _Frozen:
