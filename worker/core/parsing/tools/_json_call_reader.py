@@ -239,7 +239,7 @@ class CallReader:
         self.args_pending = False  # the member whose value comes next holds the arguments
         self.args_seen = False  # the arguments' value has started
         self.dead = False  # the completion keeps text JSON rejects: every read fails for good
-        # The completion keeps text JSON rejects (a key, a blank) once the next value or closer shows.
+        # The completion keeps a key JSON rejects once its value shows.
         self.poisoned = False
         self.complete = False  # the object closed
         self.named = False  # the object has a "name" key (its value may still be in progress)

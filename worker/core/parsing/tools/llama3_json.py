@@ -38,8 +38,8 @@ every record gives nothing without reading; after a syntax
 error, a record whose read surely fails (:class:`_Broken`) does too.
 A call after other text than ``; `` is kept and read incrementally when blanks
 then ``{`` follow the two characters vLLM skips. Text that reader does not model
-(whitespace JSON does not allow before the name, ...), other text between calls, a
-syntax error the completion may still mend, and the name's own records
+(whitespace JSON does not allow, ...), other text between calls, a syntax error
+before the name that the completion may still cut off, and the name's own records
 re-read the call as vLLM does (their cost grows with that call's text, at most
 ``max_model_len`` tokens).
 Llama has a structural tag, so with strict tool calling ``required``/named
