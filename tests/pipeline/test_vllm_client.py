@@ -145,3 +145,42 @@ def test_abort_ends_the_stream_with_abort_chunks(fake: FakeVllm) -> None:
         {**_choice_defaults(), "index": 0, "token_ids": [], "finish_reason": "abort"}
     ]
     assert "generate-tokens-chatcmpl-abort-me" in fake.aborted
+
+
+def test_a_cancelled_reader_reads_no_further() -> None:
+    """A read that completes as the reading task is cancelled must not outlive the cancellation:
+    Python 3.11's ``wait_for`` returned such a read and dropped the cancel, so an ingest cut off at
+    SIGTERM read on and forwarded the ``abort`` chunk that its own abort made vLLM send."""
+
+    class Content:
+        def __init__(self) -> None:
+            self.pending: asyncio.Future[bytes] | None = None
+
+        def readany(self) -> asyncio.Future[bytes]:
+            self.pending = asyncio.get_running_loop().create_future()
+            return self.pending
+
+    class Response:
+        content = Content()
+
+    async def body() -> list[bytes]:
+        client = VllmClient(aiohttp.ClientSession(), "http://render", "http://generate")
+        events: list[bytes] = []
+
+        async def read() -> None:
+            async for event in client._events(Response()):  # type: ignore[arg-type]
+                events.append(event)
+
+        task = asyncio.create_task(read())
+        for _ in range(5):  # a few loop steps: the reader starts and waits on its first read
+            await asyncio.sleep(0)
+        assert Response.content.pending is not None
+        # The data arrives and the task is cancelled before it runs again.
+        Response.content.pending.set_result(b"data: {}\n\n")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await client._session.close()
+        return events
+
+    assert asyncio.run(body()) == []

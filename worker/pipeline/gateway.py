@@ -232,7 +232,8 @@ class Gateway:
 
     async def _next(self, waiter: _Waiter) -> tuple[str, JsonDict]:
         try:
-            return await asyncio.wait_for(waiter.queue.get(), self.settings.request_timeout_s)
+            async with asyncio.timeout(self.settings.request_timeout_s):  # not wait_for: see vllm_client
+                return await waiter.queue.get()
         except TimeoutError:
             self._cancel_later(waiter.request_id)
             timeout = self.settings.request_timeout_s

@@ -132,7 +132,10 @@ class VllmClient:
         buffer = b""
         while True:
             try:
-                piece = await asyncio.wait_for(response.content.readany(), self._idle_timeout_s)
+                # Not wait_for: on Python 3.11 it returns a read that completed as the task was
+                # cancelled and drops the cancellation, so a cancelled reader read on.
+                async with asyncio.timeout(self._idle_timeout_s):
+                    piece = await response.content.readany()
             except TimeoutError:
                 raise UpstreamError(504, f"generate sent nothing for {self._idle_timeout_s:g}s") from None
             if not piece:
