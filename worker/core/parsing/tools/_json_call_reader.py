@@ -180,7 +180,6 @@ class _Scalar:
         "kind",
         "quote",
         "quote_last",
-        "quotes_checked",
         "start",
         "string",
         "taken",
@@ -198,7 +197,6 @@ class _Scalar:
         self.quote_last = True  # strings: the last of '"[]{}' in its text so far is a quote
         self.checked = start  # strings: where that search stopped
         self.quote = start  # strings: where the completion starts reading it
-        self.quotes_checked = start + 1  # strings: where the search for an escaped quote stopped
 
 
 class View:
@@ -240,7 +238,6 @@ class CallReader:
         self.scalar: _Scalar | None = None
         self.escape = False  # in a string, the last character scanned is a backslash
         self.after_quote = False  # the last bracket or quote scanned closed a string
-        self.values_after_quote = 0  # numbers and literals finished since
         self.args_key: str | None = None
         self.args_pending = False  # the member whose value comes next holds the arguments
         self.args_seen = False  # the arguments' value has started
@@ -554,7 +551,6 @@ class CallReader:
     def _close_string(self, text: str, scalar: _Scalar, close: int) -> None:
         self.scalar = None
         self.after_quote = True
-        self.values_after_quote = 0
         self.string_at = scalar.start
         frame = self._frame()
         if scalar.is_key:
@@ -628,7 +624,6 @@ class CallReader:
                 self._add_member(frame, value)
             else:
                 self.stable.add(value)
-        self.values_after_quote += 1
 
     # -- reading -------------------------------------------------------------
 
@@ -687,9 +682,11 @@ class CallReader:
         Call after :meth:`feed`, until the name's value closes (that read has the name; an
         incomplete string is left out of this one). The text is a JSON prefix
         the completion keeps whole up to its last finished value; what is in progress is left
-        out or completed to valid JSON, except where this says False: a string holding an
-        escaped quote (the library cuts at that quote), a number or literal it cannot complete,
-        and a lone ``-`` after a string in an array followed by blanks.
+        out or completed to valid JSON, except where this says False: a number or literal it
+        cannot complete. A string in progress (escaped quotes included: the library's bracket
+        scan skips them, and its search back for the key's quote skips escaped ones) and a lone
+        ``-`` (after a string in an array too, the array tail from the last comma leaves it
+        out with that comma) are left out.
         """
         if self.dead or self.blank_fails or self.complete or not self.frames or self.again.startswith("both"):
             return False
@@ -706,18 +703,11 @@ class CallReader:
                 string.extend(text, len(text))
                 self.scanned += string.scanned
                 string.scanned = 0
-            # Inside a string every quote is escaped.
-            found = text.find('"', scalar.quotes_checked)
-            self.scanned += len(text) - scalar.quotes_checked
-            scalar.quotes_checked = found if found >= 0 else len(text)
-            return found < 0
+            return True
         token = text[scalar.start : len(text) if scalar.end < 0 else scalar.end]
         self.scanned += len(token)
         if token == "-":
-            frame = self.frames[-1]
-            return not (
-                frame.is_list and self.after_quote and not self.values_after_quote and scalar.end >= 0
-            )
+            return True
         try:
             return _token_json(scalar.kind, token, partial=True) is not None
         except Unsupported:
