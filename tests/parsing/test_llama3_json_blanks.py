@@ -1,9 +1,11 @@
 """llama3_json with whitespace JSON does not allow (``\\u3000``, ``\\x0b``, ``\\x1f``) inside a call.
 
-Whether the library's completion keeps such a blank (and json.loads then rejects
-the read) turns on where it stands and what follows it, so a call holding one is
-read whole at every record, as vLLM reads it. Every record's delta is compared with
-the whole re-read, which follows the library exactly (test_partial_json_library).
+json.loads rejects such a blank wherever the library's completion keeps it. While only
+blanks follow it the completion strips it (or keeps the text whole, and the read fails);
+once a comma or closer follows a value, or a value starts, every read keeps it and fails,
+so no record reads again. Elsewhere the call is read whole, as vLLM reads it. Every
+record's delta is compared with the whole re-read, which follows the library exactly
+(test_partial_json_library).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.parsing_helpers import (
+    LLAMA3_JSON_REQUEST,
     llama3_json_matches_whole_reread,
+    llama3_json_parser,
     sample_tokenizer,
     text_cuts,
 )
@@ -29,6 +33,9 @@ BASES = [
     HEAD + '["x", 1, "y", [2, "z"], -3, nul]}',
     '{"parameters": {"a": 1, "b": "s"}, "name": "f"}',
     '{"name": "f", "arguments": {"a": {"b": {"c": [1, -]}}}}',
+    '{"parameters": {"a": ["x", "y", 1, "z"], "b": {"c": "d"}, "e": [[], {}]}, "name": "f"}',
+    HEAD + '{"a": ["x", -1, "y", tru, "z,", {"k:": "v"}], "b": "w", "c": [-, 2]}}',
+    '{"name": "f", "parameters": {"a,b": "x", "c": [{"d": "e"}, "f"]}}; {"name": "g"}',
 ]
 CORPUS = [
     HEAD + '{"a": 1\u3000, "b": 2}}',
@@ -87,3 +94,62 @@ def test_blanks_anywhere_match_the_whole_reread(
         pieces.append(text[pos : pos + sizes[turn % len(sizes)]])
         pos, turn = pos + sizes[turn % len(sizes)], turn + 1
     _same(pieces)
+
+
+def _all_places(text: str) -> list[int]:
+    """Every index outside strings after the call's first character (a blank goes before it)."""
+    places, in_string, escaped = [], False, False
+    for at, char in enumerate(text):
+        if not in_string and at > text.index("{"):
+            places.append(at)
+        if in_string:
+            escaped, in_string = char == "\\" and not escaped, in_string and (escaped or char != '"')
+        else:
+            in_string = char == '"'
+    return places
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_a_blank_at_every_place_matches_the_whole_reread(base: str) -> None:
+    rng = random.Random(base)
+    for at in _all_places(base):
+        blank = rng.choice(BLANKS) + rng.choice(["", " ", "\u3000", "\x0b\n"])
+        _same(list(base[:at] + blank + base[at:]))
+
+
+def _reads_per_record(text: str, reads: list[int]) -> list[int]:
+    parser = llama3_json_parser(TOKENIZER)
+    out = []
+    for char in text:
+        reads.clear()
+        parser.stream(char, [0], LLAMA3_JSON_REQUEST)
+        out.append(sum(reads))
+    assert any(out), "no read reached the partial_json_reads spy"
+    return out
+
+
+BODY = ", ".join(f'"k{i}": [{i}, "v{i}"]' for i in range(100))
+
+
+@pytest.mark.parametrize(
+    ("text", "settled"),
+    [
+        (HEAD + '{"a": 1\u3000, ' + BODY + "}}", "\u3000"),
+        (HEAD + '{"a": 1' + "\u3000 " * 100 + ", " + BODY + "}}", "\u3000"),
+        (HEAD + '{"a": "x"\x0b, ' + BODY + "}}", "\x0b"),
+        (HEAD + '{"a": ["x"\x1f, ' + BODY[6:] + "]}}", "\x1f"),
+        (HEAD + '{"a": [1]\x85, ' + BODY + "}}", "\x85"),
+        (HEAD + '{"a":\u2028{' + BODY + "}}}", "\u2028"),
+        (HEAD + '{"a": [\u3000"x", ' + BODY[6:] + "]}}", "\u3000"),
+        (HEAD + '{"a": [\u3000' + ", ".join(str(i) for i in range(300)) + "]}}", "\u3000"),
+        ('{"parameters": {"a": 1\u3000, ' + BODY + '}, "name": "f"}', "\u3000"),
+        ('{"parameters": {"a": [\u30001, ' + BODY[6:] + ']}, "name": "f"}', "\u3000"),
+    ],
+)
+def test_a_blank_then_a_comma_or_a_value_stops_the_reads(
+    partial_json_reads: list[int], text: str, settled: str
+) -> None:
+    """No record reads from the blank on: while blanks follow it the reader reads, then every read fails."""
+    per_record = _reads_per_record(text, partial_json_reads)
+    assert not any(per_record[text.index(settled) :]), sum(per_record[text.index(settled) :])
+    _same(list(text))

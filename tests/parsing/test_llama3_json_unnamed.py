@@ -133,6 +133,9 @@ def test_random_splits_of_calls_named_last(tokenizer: Any, seed: int) -> None:
         # A string in progress is also decoded as it grows: its characters are scanned twice more.
         ('"s": "' + "a long string, " * 300 + '"', 4),
         ('"a": [' + ", ".join(f'[{i}, "x", -{i}.5]' for i in range(150)) + "]", 2),
+        # Escaped quotes in strings in progress: the library's scan skips them (the read succeeds).
+        ('"s": "' + 'a \\"quoted\\" {string}, ' * 200 + '"', 4),
+        (", ".join(f'"k\\"{i}": ["v\\"{i}", "\\"{i}\\\\"]' for i in range(150)), 4),
     ],
 )
 def test_records_before_the_name_skip_the_whole_read(
@@ -163,3 +166,19 @@ def test_records_before_the_name_skip_the_whole_read(
     got = [delta_without_ids(got_parser.stream(piece, [0], LLAMA3_JSON_REQUEST)) for piece in pieces]
     assert got == want
     assert any(delta for delta in got)
+
+
+def test_a_lone_minus_then_blanks_after_a_string_in_an_array_skips_the_read(
+    partial_json_reads: list[int], tokenizer: Any
+) -> None:
+    """The array tail from the last comma leaves the "-" out with that comma: the read succeeds."""
+    text = '{"parameters": {"a": ["x\\"", -' + " \n" * 150 + '1]}, "name": "f"}'
+    parser = llama3_json_parser(tokenizer)
+    per_record = []
+    for char in text:
+        partial_json_reads.clear()
+        parser.stream(char, [0], LLAMA3_JSON_REQUEST)
+        per_record.append(sum(partial_json_reads))
+    assert any(per_record)
+    assert not any(per_record[text.index("-") : text.index("1]")])
+    assert llama3_json_matches_whole_reread(tokenizer, list(text)) == 0

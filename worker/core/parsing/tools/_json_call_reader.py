@@ -29,11 +29,14 @@ then does too.
 
 A syntax error raises :class:`Broken` (where, and what the completion could
 still mend there), a number ending in a sign, exponent or point before a
-delimiter :class:`Frozen` (the completion cuts there); whatever else it does
-not model (whitespace JSON does not allow in an array after a string or before
-the name is sent, nesting deeper than
-:data:`MAX_DEPTH`) raises :class:`Unsupported`, and the parser re-reads that
-call as vLLM does.
+delimiter :class:`Frozen` (the completion cuts there). A blank JSON rejects
+outside strings stops the scan: while blanks follow, the reads are those of the
+text before it or fail; a comma or closer after a value, or a value starting
+(but a lone ``-``, or a string before the name is sent), makes every read fail
+for good (``dead``; see :meth:`CallReader._blank`). Whatever else it does not
+model (such a blank before a key or colon or followed by other text, nesting
+deeper than :data:`MAX_DEPTH`) raises :class:`Unsupported`, and the parser
+re-reads that call as vLLM does.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ _LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 #: The literals the completion knows, in the order it tries them.
 _LITERALS = ("null", "true", "false", "Infinity", "-Infinity", "NaN")
 _STRING_STOP = re.compile(r'["\\]')
+_NON_BLANK = re.compile(r"\S")  # \s is str.isspace
 _HIGH_SURROGATE = re.compile(r"\\u[dD][89abAB]")
 _ARGS_KEYS = ("parameters", "arguments")
 #: ``json.dumps`` of the falsy values (vLLM sends nothing for falsy arguments); at most 5 characters.
@@ -131,6 +135,7 @@ class JsonStringTail(StringTail):
 
 class _Frame:
     __slots__ = (
+        "at",
         "base",
         "count",
         "dup",
@@ -146,7 +151,8 @@ class _Frame:
         "tracked",
     )
 
-    def __init__(self, is_list: bool, tracked: bool, base: int) -> None:
+    def __init__(self, is_list: bool, tracked: bool, base: int, at: int) -> None:
+        self.at = at  # its opening bracket's index in the text
         self.is_list = is_list
         self.tracked = tracked  # inside the arguments: its JSON text is built
         self.count = 0  # members in the arguments JSON so far
@@ -174,7 +180,6 @@ class _Scalar:
         "kind",
         "quote",
         "quote_last",
-        "quotes_checked",
         "start",
         "string",
         "taken",
@@ -192,7 +197,6 @@ class _Scalar:
         self.quote_last = True  # strings: the last of '"[]{}' in its text so far is a quote
         self.checked = start  # strings: where that search stopped
         self.quote = start  # strings: where the completion starts reading it
-        self.quotes_checked = start + 1  # strings: where the search for an escaped quote stopped
 
 
 class View:
@@ -234,7 +238,6 @@ class CallReader:
         self.scalar: _Scalar | None = None
         self.escape = False  # in a string, the last character scanned is a backslash
         self.after_quote = False  # the last bracket or quote scanned closed a string
-        self.values_after_quote = 0  # numbers and literals finished since
         self.args_key: str | None = None
         self.args_pending = False  # the member whose value comes next holds the arguments
         self.args_seen = False  # the arguments' value has started
@@ -253,6 +256,11 @@ class CallReader:
         self.pending: _Frame | None = None  # a duplicate member's value that is a lone "-" so far
         self.last_view: View | None = None  # the last read given out
         self.last_nonblank = start  # end of the text less trailing blanks (str.isspace)
+        self.string_at = -1  # where the last string closed so far opened
+        # A blank JSON rejects, outside strings, followed by blanks only so far (see _blank).
+        self.blank = -1
+        self.blank_fails = False  # ... and the reads keep it (they fail) while only blanks follow
+        self.blank_ends = ""  # the characters after it from which every read fails
         self.scanned = 0  # characters handled, for the bounded-work tests
 
     # -- scanning ----------------------------------------------------------
@@ -264,6 +272,9 @@ class CallReader:
         if kept:
             self.last_nonblank = pos + len(kept)
         self.scanned += length - pos
+        if self.blank >= 0:
+            self._after_blank(text, pos)
+            return
         while pos < length and not self.complete and not self.dead:
             scalar = self.scalar
             if scalar is not None and scalar.kind == "str":
@@ -285,6 +296,10 @@ class CallReader:
             if char in _WS:
                 pos += 1
                 continue
+            if char.isspace() and self.frames:
+                self._blank(text, pos)
+                self._after_blank(text, pos + 1)
+                return
             if scalar is not None:
                 self._close_token(text, scalar, char)
             self._structural(text, pos, char)
@@ -311,6 +326,53 @@ class CallReader:
     def _frame(self) -> _Frame:
         return self.frames[-1]
 
+    def _blank(self, text: str, pos: int) -> None:
+        """A blank JSON rejects (``str.isspace``, not JSON whitespace) at ``pos``, outside strings.
+
+        The scan stops there. ``json.loads`` rejects it wherever the completion keeps it, so a read
+        succeeds only when the completion cuts it off. While only blanks follow it, the completion
+        strips them with the text's trailing blanks (its bracket scan, comma searches and the
+        walk of the last container strip ``str.isspace``), so the read is the read of the text
+        before it, except where the library keeps the text whole: after a closer, after a string
+        in an array, and after a string value in an object with a comma before that string
+        (its ``rfind``, which may find one inside a key). Once a non-blank ``c`` follows, every
+        read fails for good (each cut the completion makes is past the blank) when, at the blank:
+
+        * a value (or a number or literal token) ended and ``c`` is a comma or the closer;
+        * a value comes (in an array, or after a colon) and ``c`` starts one other than a lone
+          ``-`` (which the completion leaves out), or a string without incomplete strings (cut
+          before it), or ``c`` closes an empty array;
+        * an object just opened and ``c`` closes it.
+
+        Elsewhere (before a key or a colon, a ``-``, a string before the name) whether a later cut
+        lands before it turns on what follows, so the call is read whole (:class:`Unsupported`).
+        """
+        frame = self._frame()
+        state = frame.state
+        closer = "]" if frame.is_list else "}"
+        self.blank = pos
+        if self.scalar is not None or state == _AFTER:
+            self.blank_ends = "," + closer
+            self.blank_fails = self.scalar is None and (
+                not self.after_quote or frame.is_list or text.rfind(",", frame.at + 1, self.string_at) >= 0
+            )
+        elif state in (_VALUE_OR_END, _VALUE):  # _VALUE_OR_END: an array just opened
+            self.blank_ends = "{[0123456789ntfIN" + ('"' if self.partial_strings else "")
+            self.blank_ends += "]" if state == _VALUE_OR_END else ""
+        elif state == _KEY_OR_END:
+            self.blank_ends = "}"
+
+    def _after_blank(self, text: str, pos: int) -> None:
+        """Scan the blanks after a pending blank JSON rejects; decide at the first other character."""
+        found = _NON_BLANK.search(text, pos)
+        if found is None:
+            self.pos = len(text)
+            return
+        self.pos = found.start() + 1
+        if text[found.start()] not in self.blank_ends:
+            raise Unsupported("whitespace JSON does not allow, then text the reader does not model")
+        self._fail_for_good()
+
     def _member_head(self, frame: _Frame) -> str:
         """What the arguments JSON holds before a member's value: separator and key."""
         head = ", " if (frame.dup if frame.dup >= 0 else frame.count) else ""
@@ -320,13 +382,9 @@ class CallReader:
         if not self.frames:
             if char != "{":  # JSON blanks before it were skipped: json.loads skips them too
                 raise Unsupported("the call is not an object")
-            self._open(False, tracked=False)
+            self._open(False, tracked=False, at=pos)
             return
         frame = self._frame()
-        if char.isspace():
-            # A blank JSON does not allow: whether the completion keeps it (and the read fails)
-            # turns on where it stands and on what follows, so the call is read whole.
-            raise Unsupported("whitespace JSON does not allow")
         state = frame.state
         if state == _AFTER:
             if char == ",":
@@ -397,7 +455,7 @@ class CallReader:
                 self._add_member(frame, char)
             elif args:
                 self.stable.add(char)
-            self._open(char == "[", tracked)
+            self._open(char == "[", tracked, at=pos)
         elif char == '"':
             scalar = _Scalar("str", pos, tracked)
             scalar.string = JsonStringTail(pos + 1, pos + 1)
@@ -470,10 +528,10 @@ class CallReader:
             frame.lengths.append(length)
         frame.dup = -1
 
-    def _open(self, is_list: bool, tracked: bool) -> None:
+    def _open(self, is_list: bool, tracked: bool, at: int) -> None:
         if len(self.frames) >= MAX_DEPTH:
             raise Unsupported("nested too deep")
-        self.frames.append(_Frame(is_list, tracked, self.stable.length))
+        self.frames.append(_Frame(is_list, tracked, self.stable.length, at))
         self.after_quote = False
         if tracked:
             self.closers = ("]" if is_list else "}") + self.closers
@@ -493,7 +551,7 @@ class CallReader:
     def _close_string(self, text: str, scalar: _Scalar, close: int) -> None:
         self.scalar = None
         self.after_quote = True
-        self.values_after_quote = 0
+        self.string_at = scalar.start
         frame = self._frame()
         if scalar.is_key:
             try:
@@ -547,8 +605,6 @@ class CallReader:
         self.scalar = None
         token = text[scalar.start : scalar.end]
         if scalar.kind == "lit" and token not in _LITERALS:
-            if char.isspace():  # the completion may strip it and complete the literal
-                raise Unsupported("a literal before whitespace JSON does not allow")
             # The walk raises at it: a literal prefix completes only where the text it reads ends,
             # and only the array tail after a string cuts ``char`` off (a "-"): see Broken.
             raise self._broken(scalar.start, token[0], "for a literal")
@@ -568,7 +624,6 @@ class CallReader:
                 self._add_member(frame, value)
             else:
                 self.stable.add(value)
-        self.values_after_quote += 1
 
     # -- reading -------------------------------------------------------------
 
@@ -577,7 +632,7 @@ class CallReader:
 
         ``FAILED`` when that read fails. Call after :meth:`feed`; not when ``complete``.
         """
-        if self.dead:
+        if self.dead or self.blank_fails:
             return FAILED
         volatile = ""
         dropped = False
@@ -627,11 +682,13 @@ class CallReader:
         Call after :meth:`feed`, until the name's value closes (that read has the name; an
         incomplete string is left out of this one). The text is a JSON prefix
         the completion keeps whole up to its last finished value; what is in progress is left
-        out or completed to valid JSON, except where this says False: a string holding an
-        escaped quote (the library cuts at that quote), a number or literal it cannot complete,
-        and a lone ``-`` after a string in an array followed by blanks.
+        out or completed to valid JSON, except where this says False: a number or literal it
+        cannot complete. A string in progress (escaped quotes included: the library's bracket
+        scan skips them, and its search back for the key's quote skips escaped ones) and a lone
+        ``-`` (after a string in an array too, the array tail from the last comma leaves it
+        out with that comma) are left out.
         """
-        if self.dead or self.complete or not self.frames or self.again.startswith("both"):
+        if self.dead or self.blank_fails or self.complete or not self.frames or self.again.startswith("both"):
             return False
         scalar = self.scalar
         # After a "name" key's value began: only while that one value is a string in progress.
@@ -646,18 +703,11 @@ class CallReader:
                 string.extend(text, len(text))
                 self.scanned += string.scanned
                 string.scanned = 0
-            # Inside a string every quote is escaped.
-            found = text.find('"', scalar.quotes_checked)
-            self.scanned += len(text) - scalar.quotes_checked
-            scalar.quotes_checked = found if found >= 0 else len(text)
-            return found < 0
+            return True
         token = text[scalar.start : len(text) if scalar.end < 0 else scalar.end]
         self.scanned += len(token)
         if token == "-":
-            frame = self.frames[-1]
-            return not (
-                frame.is_list and self.after_quote and not self.values_after_quote and scalar.end >= 0
-            )
+            return True
         try:
             return _token_json(scalar.kind, token, partial=True) is not None
         except Unsupported:

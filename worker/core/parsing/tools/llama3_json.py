@@ -32,13 +32,14 @@ its first position). Before the name is sent, a record whose read surely
 succeeds without a name (the same scan tells, until the ``"name"`` key) sends
 nothing and skips the read; the read vLLM remembers is made once, when needed.
 Once the call's reads fail for good (text JSON rejects, a rejected key with its
-value, both ``parameters`` and ``arguments``, a complete call read after blanks
-and followed by more text, the next read starting on a string after ``;{``),
+value, a blank JSON rejects then a comma, closer or value, both ``parameters``
+and ``arguments``, a complete call read after blanks and followed by more text,
+the next read starting on a string after ``;{``),
 every record gives nothing without reading; after a syntax
 error, a record whose read surely fails (:class:`_Broken`) does too.
 A call after other text than ``; `` is kept and read incrementally when blanks
 then ``{`` follow the two characters vLLM skips. Text that reader does not model
-(whitespace JSON does not allow, ...), other text between calls, a syntax error
+(whitespace JSON does not allow before a key, ...), other text between calls, a syntax error
 before the name that the completion may still cut off, and the name's own records
 re-read the call as vLLM does (their cost grows with that call's text, at most
 ``max_model_len`` tokens).
