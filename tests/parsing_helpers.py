@@ -472,3 +472,34 @@ def llama3_json_matches_whole_reread(
         before=before,
         after=after,
     )
+
+
+def llama3_json_incremental_matches(tokenizer: Any, pieces: list[str]) -> int:
+    """``llama3_json_matches_whole_reread``; the count is of the records that ran while the
+    incremental reader held the call."""
+    return llama3_json_matches_whole_reread(
+        tokenizer, pieces, before=lambda parser, _piece: parser._reader is not None
+    )
+
+
+def llama3_json_cuts_match(tokenizer: Any, corpus: Sequence[str], seed: int, rounds: int = 60) -> None:
+    """Random texts of ``corpus`` (some cut short) in random records, each equal to the whole re-read."""
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        text = rng.choice(corpus)
+        if rng.random() < 0.3:
+            text = text[: rng.randrange(1, len(text) + 1)]
+        llama3_json_incremental_matches(tokenizer, text_cuts(text, rng))
+
+
+def llama3_json_reads_per_record(tokenizer: Any, text: str, reads: list[int]) -> list[int]:
+    """Whole reads per one-character record (``reads``: the ``partial_json_reads`` spy). The spy
+    must see the reads a call does make, or "none after" says nothing."""
+    parser = llama3_json_parser(tokenizer)
+    out = []
+    for char in text:
+        reads.clear()
+        parser.stream(char, [0], LLAMA3_JSON_REQUEST)
+        out.append(sum(reads))
+    assert any(out), "no read reached the partial_json_reads spy"
+    return out

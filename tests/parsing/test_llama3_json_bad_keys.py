@@ -11,7 +11,6 @@ with the whole re-read.
 from __future__ import annotations
 
 import json
-import random
 from typing import Any
 
 import pytest
@@ -19,11 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.parsing_helpers import (
-    LLAMA3_JSON_REQUEST,
-    llama3_json_matches_whole_reread,
-    llama3_json_parser,
+    llama3_json_cuts_match,
+    llama3_json_incremental_matches,
+    llama3_json_reads_per_record,
     sample_tokenizer,
-    text_cuts,
 )
 from worker.core.parsing import adapter_for
 
@@ -51,10 +49,7 @@ BAD_KEYS = [
 
 
 def _same(pieces: list[str]) -> int:
-    """Equal to the whole re-read; the records that ran with the incremental reader."""
-    return llama3_json_matches_whole_reread(
-        TOKENIZER, pieces, before=lambda parser, _piece: parser._reader is not None
-    )
+    return llama3_json_incremental_matches(TOKENIZER, pieces)
 
 
 @pytest.mark.parametrize("text", BAD_KEYS)
@@ -64,12 +59,7 @@ def test_one_character_records_match_the_whole_reread(text: str) -> None:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_random_cuts_match_the_whole_reread(seed: int) -> None:
-    rng = random.Random(seed)
-    for _ in range(60):
-        text = rng.choice(BAD_KEYS)
-        if rng.random() < 0.3:
-            text = text[: rng.randrange(1, len(text) + 1)]
-        _same(text_cuts(text, rng))
+    llama3_json_cuts_match(TOKENIZER, BAD_KEYS, seed)
 
 
 _VALUES = st.one_of(
@@ -108,14 +98,7 @@ def test_a_rejected_key_anywhere_matches_the_whole_reread(
 
 
 def _reads_per_record(text: str, reads: list[int]) -> list[int]:
-    parser = llama3_json_parser(TOKENIZER)
-    out = []
-    for char in text:
-        reads.clear()
-        parser.stream(char, [0], LLAMA3_JSON_REQUEST)
-        out.append(sum(reads))
-    assert any(out), "no read reached the partial_json_reads spy"
-    return out
+    return llama3_json_reads_per_record(TOKENIZER, text, reads)
 
 
 BODY = ", ".join(f'"k{i}": [{i}, "v{i}"]' for i in range(120))

@@ -17,9 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.parsing_helpers import (
-    LLAMA3_JSON_REQUEST,
-    llama3_json_matches_whole_reread,
-    llama3_json_parser,
+    llama3_json_incremental_matches,
+    llama3_json_reads_per_record,
     sample_tokenizer,
     text_cuts,
 )
@@ -52,10 +51,7 @@ CORPUS = [
 
 
 def _same(pieces: list[str]) -> int:
-    """Equal to the whole re-read; the records that ran with the incremental reader."""
-    return llama3_json_matches_whole_reread(
-        TOKENIZER, pieces, before=lambda parser, _piece: parser._reader is not None
-    )
+    return llama3_json_incremental_matches(TOKENIZER, pieces)
 
 
 @pytest.mark.parametrize("text", CORPUS)
@@ -118,14 +114,7 @@ def test_a_blank_at_every_place_matches_the_whole_reread(base: str) -> None:
 
 
 def _reads_per_record(text: str, reads: list[int]) -> list[int]:
-    parser = llama3_json_parser(TOKENIZER)
-    out = []
-    for char in text:
-        reads.clear()
-        parser.stream(char, [0], LLAMA3_JSON_REQUEST)
-        out.append(sum(reads))
-    assert any(out), "no read reached the partial_json_reads spy"
-    return out
+    return llama3_json_reads_per_record(TOKENIZER, text, reads)
 
 
 BODY = ", ".join(f'"k{i}": [{i}, "v{i}"]' for i in range(100))

@@ -9,16 +9,15 @@ counting the partial-JSON reads and the reader's scanned characters.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from tests.parsing_helpers import (
     LLAMA3_JSON_REQUEST,
-    llama3_json_matches_whole_reread,
+    llama3_json_cuts_match,
+    llama3_json_incremental_matches,
     llama3_json_parser,
+    llama3_json_reads_per_record,
     sample_tokenizer,
-    text_cuts,
 )
 from worker.core.parsing import adapter_for
 
@@ -27,22 +26,11 @@ HEAD = '<|python_tag|>{"name": "f", "parameters": '
 
 
 def _same(pieces: list[str]) -> int:
-    """Equal to the whole re-read; the records that ran with the incremental reader."""
-    return llama3_json_matches_whole_reread(
-        TOKENIZER, pieces, before=lambda parser, _piece: parser._reader is not None
-    )
+    return llama3_json_incremental_matches(TOKENIZER, pieces)
 
 
 def _reads_per_record(text: str, reads: list[int]) -> list[int]:
-    parser = llama3_json_parser(TOKENIZER)
-    out = []
-    for char in text:
-        reads.clear()
-        parser.stream(char, [0], LLAMA3_JSON_REQUEST)
-        out.append(sum(reads))
-    # The spy must see the reads the call does make before it stops, or "none after" says nothing.
-    assert any(out), "no read reached the partial_json_reads spy"
-    return out
+    return llama3_json_reads_per_record(TOKENIZER, text, reads)
 
 
 #: Duplicate keys first, in the middle, repeated, nested, with values the completion leaves out
@@ -106,12 +94,7 @@ def test_one_character_records_match_the_whole_reread(text: str) -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_random_cuts_match_the_whole_reread(seed: int) -> None:
-    rng = random.Random(seed)
-    for _ in range(60):
-        text = rng.choice(DUPLICATES + BROKEN + FROZEN)
-        if rng.random() < 0.3:
-            text = text[: rng.randrange(1, len(text) + 1)]
-        _same(text_cuts(text, rng))
+    llama3_json_cuts_match(TOKENIZER, DUPLICATES + BROKEN + FROZEN, seed)
 
 
 def test_a_duplicate_key_first_keeps_the_reader(partial_json_reads: list[int]) -> None:

@@ -13,7 +13,6 @@ succeed; every record's delta is compared with the whole re-read.
 from __future__ import annotations
 
 import json
-import random
 from typing import Any
 
 import pytest
@@ -21,11 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.parsing_helpers import (
-    LLAMA3_JSON_REQUEST,
-    llama3_json_matches_whole_reread,
-    llama3_json_parser,
+    llama3_json_cuts_match,
+    llama3_json_incremental_matches,
+    llama3_json_reads_per_record,
     sample_tokenizer,
-    text_cuts,
 )
 from worker.core.parsing import adapter_for
 
@@ -72,10 +70,7 @@ CORPUS = [
 
 
 def _same(pieces: list[str]) -> int:
-    """Equal to the whole re-read; the records that ran with the incremental reader."""
-    return llama3_json_matches_whole_reread(
-        TOKENIZER, pieces, before=lambda parser, _piece: parser._reader is not None
-    )
+    return llama3_json_incremental_matches(TOKENIZER, pieces)
 
 
 @pytest.mark.parametrize("text", CORPUS)
@@ -85,12 +80,7 @@ def test_one_character_records_match_the_whole_reread(text: str) -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_random_cuts_match_the_whole_reread(seed: int) -> None:
-    rng = random.Random(seed)
-    for _ in range(60):
-        text = rng.choice(CORPUS)
-        if rng.random() < 0.3:
-            text = text[: rng.randrange(1, len(text) + 1)]
-        _same(text_cuts(text, rng))
+    llama3_json_cuts_match(TOKENIZER, CORPUS, seed)
 
 
 _ARGS = st.dictionaries(
@@ -124,14 +114,7 @@ def test_any_separators_match_the_whole_reread(
 
 
 def _reads_per_record(text: str, reads: list[int]) -> list[int]:
-    parser = llama3_json_parser(TOKENIZER)
-    out = []
-    for char in text:
-        reads.clear()
-        parser.stream(char, [0], LLAMA3_JSON_REQUEST)
-        out.append(sum(reads))
-    assert any(out), "no read reached the partial_json_reads spy"
-    return out
+    return llama3_json_reads_per_record(TOKENIZER, text, reads)
 
 
 def _call(i: int) -> str:

@@ -21,6 +21,7 @@ from tests.parsing_helpers import (
     delta_without_ids,
     llama3_json_matches_whole_reread,
     llama3_json_parser,
+    llama3_json_reads_per_record,
     sample_tokenizer,
     text_cuts,
 )
@@ -173,12 +174,6 @@ def test_a_lone_minus_then_blanks_after_a_string_in_an_array_skips_the_read(
 ) -> None:
     """The array tail from the last comma leaves the "-" out with that comma: the read succeeds."""
     text = '{"parameters": {"a": ["x\\"", -' + " \n" * 150 + '1]}, "name": "f"}'
-    parser = llama3_json_parser(tokenizer)
-    per_record = []
-    for char in text:
-        partial_json_reads.clear()
-        parser.stream(char, [0], LLAMA3_JSON_REQUEST)
-        per_record.append(sum(partial_json_reads))
-    assert any(per_record)
+    per_record = llama3_json_reads_per_record(tokenizer, text, partial_json_reads)
     assert not any(per_record[text.index("-") : text.index("1]")])
     assert llama3_json_matches_whole_reread(tokenizer, list(text)) == 0
