@@ -17,6 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from worker.errors import ConfigurationError
 from worker.runtime.delivery import MAX_RECORD_BYTES
+from worker.runtime.kafka_client.aiokafka_backend import compression_type
 from worker.runtime.kafka_client.base import CompressionType
 from worker.runtime.kafka_security import KafkaSecurity
 from worker.runtime.topics import LARGE_RECORDS
@@ -70,7 +71,7 @@ class Connection:
             "enable_idempotence": True,
             "acks": "all",
             "max_request_size": MAX_REQUEST_BYTES,
-            "compression_type": None if self.compression is CompressionType.NONE else self.compression.value,
+            "compression_type": compression_type(self.compression),
         }
         options.update(extra)
         return AIOKafkaProducer(**self.kwargs(), **options)

@@ -145,6 +145,11 @@ def consumer_options(config: ConsumerConfig, security: Mapping[str, Any]) -> dic
     }
 
 
+def compression_type(codec: CompressionType) -> str | None:
+    """aiokafka's ``compression_type`` for ``codec`` (it names no codec ``None``)."""
+    return None if codec is CompressionType.NONE else codec.value
+
+
 def producer_options(config: ProducerConfig, security: Mapping[str, Any]) -> dict[str, Any]:
     """``AIOKafkaProducer`` keyword arguments; ``security`` is ``KafkaSecurity.client_kwargs()``."""
     return {
@@ -160,7 +165,7 @@ def producer_options(config: ProducerConfig, security: Mapping[str, Any]) -> dic
         # The first request of the next transaction often meets CONCURRENT_TRANSACTIONS while the
         # broker writes the last one's markers; the 100 ms default backoff would add 100 ms per commit.
         "retry_backoff_ms": config.retry_backoff_ms,
-        "compression_type": None if config.compression is CompressionType.NONE else config.compression.value,
+        "compression_type": compression_type(config.compression),
     }
 
 
