@@ -174,12 +174,10 @@ class _Scalar:
     """The string, number or literal the scan is in."""
 
     __slots__ = (
-        "checked",
         "end",
         "is_key",
         "kind",
         "quote",
-        "quote_last",
         "start",
         "string",
         "taken",
@@ -194,8 +192,6 @@ class _Scalar:
         self.is_key = is_key
         self.string: JsonStringTail | None = None
         self.taken = 0  # characters of ``string.stable`` already in the stable part
-        self.quote_last = True  # strings: the last of '"[]{}' in its text so far is a quote
-        self.checked = start  # strings: where that search stopped
         self.quote = start  # strings: where the completion starts reading it
 
 
@@ -487,7 +483,7 @@ class CallReader:
         if len(self.frames) == 1 and self.again:
             again, self.again = self.again, ""
             if again.startswith("both"):
-                self.dead = self.failing = True  # vLLM asserts on every read that has both keys
+                self._fail_for_good()  # vLLM asserts on every read that has both keys
                 return
             self._mark_lost(0)  # the new arguments replace the old ones whole
             self.stable.truncate(0)
