@@ -482,7 +482,8 @@ class Derenderer:
     ) -> tuple[JsonDict, SequenceState]:
         request = body.chat_request
         assert request is not None
-        steps = any(c.token_ids or c.finish_reason is not None for c in body.generate_chunk.choices)
+        finishes = any(c.finish_reason is not None for c in body.generate_chunk.choices)
+        steps = finishes or any(c.token_ids for c in body.generate_chunk.choices)
         live = state.live
         # A held state's session is rebuilt only for a record that steps it (not for a usage-only
         # one after a finish); a carried state's is always, as vLLM replays it on every call.
@@ -517,7 +518,7 @@ class Derenderer:
         ]
         if live is not None:
             state.tools_streamed = live.session.tools_streamed
-        if any(choice.finish_reason is not None for choice in body.generate_chunk.choices):
+        if finishes:
             # The session took the finish (flushed, and its window skipped a dropped stop token);
             # vLLM replays a later record's history without it, so one is rebuilt the same way.
             state.live = None
