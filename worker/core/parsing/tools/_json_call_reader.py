@@ -113,15 +113,11 @@ class JsonStringTail(StringTail):
         except ValueError:
             return None
 
-    def tail(self, text: str, quote: int) -> str | None:
-        """The JSON text of the string after ``done`` as the completion keeps it; None if unreadable.
-
-        ``quote``: where the completion starts its scan (a quote, maybe an escaped one inside
-        the string), which bounds its search for a truncated escape.
-        """
+    def tail(self, text: str) -> str | None:
+        """The JSON text of the string after ``done`` as the completion keeps it; None if unreadable."""
         rest = '"' + text[self.done : self.end]
         self.scanned += len(rest)
-        result = complete_str(rest, max(quote - self.done + 1, 0), True)
+        result = complete_str(rest, 0, True)
         if result is None:
             return None
         return self.decode(rest[1 : result[0]])
@@ -177,7 +173,6 @@ class _Scalar:
         "end",
         "is_key",
         "kind",
-        "quote",
         "start",
         "string",
         "taken",
@@ -192,7 +187,6 @@ class _Scalar:
         self.is_key = is_key
         self.string: JsonStringTail | None = None
         self.taken = 0  # characters of ``string.stable`` already in the stable part
-        self.quote = start  # strings: where the completion starts reading it
 
 
 class View:
@@ -638,8 +632,8 @@ class CallReader:
             if scalar.kind == "str":
                 string = scalar.string
                 assert string is not None
-                string.extend(text, self._string_end(text, scalar, frame))
-                tail = string.tail(text, scalar.quote) if string.valid else None
+                string.extend(text, self._string_end(scalar))
+                tail = string.tail(text) if string.valid else None
                 self.scanned += string.scanned
                 string.scanned = 0
                 if not string.valid:
@@ -709,7 +703,7 @@ class CallReader:
         except Unsupported:
             return False
 
-    def _string_end(self, text: str, scalar: _Scalar, string_frame: _Frame) -> int:
+    def _string_end(self, scalar: _Scalar) -> int:
         """Where the completion's copy of the string in progress ends: the text less trailing blanks.
 
         The library completes the string from its opening quote (in an array or an object alike)
@@ -717,7 +711,6 @@ class CallReader:
         """
         string = scalar.string
         assert string is not None
-        scalar.quote = scalar.start
         return max(self.last_nonblank, string.done)
 
     def text_of(self, view: View, low: int = 0, high: int | None = None) -> str:
