@@ -9,7 +9,6 @@ and the identity of the prompt list the derenderer is given.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -17,6 +16,7 @@ import pytest
 
 from schemas.derender import DerenderChatStreamRequest, DerenderCompletionStreamRequest
 from tests.golden_cases import derenderer_for, sample_config
+from worker.core import envelope_processor
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
 
@@ -67,15 +67,16 @@ def _processor(config: JsonDict) -> EnvelopeProcessor:
 
 @pytest.fixture
 def validated_prompt_ids(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Per validated stream body, how many prompt ids it held (a spy on the body validators)."""
+    """Per validated stream body, how many prompt ids it held (a spy on the body validation)."""
     counts: list[int] = []
-    for cls in (DerenderChatStreamRequest, DerenderCompletionStreamRequest):
+    real = envelope_processor._validate
 
-        def spy(obj: Any, *args: Any, _real: Callable[..., Any] = cls.model_validate, **kwargs: Any) -> Any:
-            counts.append(len(obj.get("prompt_token_ids") or ()))
-            return _real(obj, *args, **kwargs)
+    def spy(model_cls: type[Any], body: JsonDict) -> Any:
+        if model_cls in (DerenderChatStreamRequest, DerenderCompletionStreamRequest):
+            counts.append(len(body.get("prompt_token_ids") or ()))
+        return real(model_cls, body)
 
-        monkeypatch.setattr(cls, "model_validate", spy)
+    monkeypatch.setattr(envelope_processor, "_validate", spy)
     return counts
 
 

@@ -6,45 +6,42 @@ frees nothing, yet walks them, and on a record of many small objects (an
 8 MiB logprob record holds ~190,000 entries) those walks cost as much as the
 work itself. Collection resumes when the record is done, so cyclic garbage
 waits for one record at most. Reference counting is untouched.
+
+A pause is a pair of calls around a ``try``/``finally``, not a context manager:
+it runs once per record, where a ``with`` block's calls cost most of a µs.
+Pauses nest and may overlap across threads: the collector is back as it was
+once the last one ends.
 """
 
 from __future__ import annotations
 
 import gc
 import threading
-from contextlib import AbstractContextManager
-from types import TracebackType
 
 _lock = threading.Lock()
 _depth = 0
 _resume = False  # whether the collector was enabled when the outermost pause began
 
 
-class _Paused(AbstractContextManager[None]):
-    """A plain context manager: entered once per record, where ``@contextmanager``'s generator
-    cost several µs (a tenth of a record)."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        global _depth, _resume
-        with _lock:
-            if _depth == 0:
-                _resume = gc.isenabled()
-                gc.disable()
-            _depth += 1
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        global _depth
-        with _lock:
-            _depth -= 1
-            if _depth == 0 and _resume:
-                gc.enable()
+def pause_cycle_collection() -> None:
+    """Hold off automatic cycle collection until the matching ``resume_cycle_collection``."""
+    global _depth, _resume
+    _lock.acquire()
+    if _depth == 0:
+        _resume = gc.isenabled()
+        gc.disable()
+    _depth += 1
+    _lock.release()
 
 
-_PAUSED = _Paused()
+def resume_cycle_collection() -> None:
+    """End one pause (call it in a ``finally``)."""
+    global _depth
+    _lock.acquire()
+    _depth -= 1
+    if _depth == 0 and _resume:
+        gc.enable()
+    _lock.release()
 
 
 def freeze_startup_objects() -> None:
@@ -52,8 +49,3 @@ def freeze_startup_objects() -> None:
     modules) lives until exit, so the collector stops re-scanning it while records come and go."""
     gc.collect()
     gc.freeze()
-
-
-def cycle_collection_paused() -> AbstractContextManager[None]:
-    """Hold off automatic cycle collection for the block (nests, and across threads)."""
-    return _PAUSED

@@ -200,37 +200,37 @@ class TextDecoder:
         return DecodeWindow(tokens, max(read_offset - _SEED_OFFSET, 0), read_offset)
 
     def extend(self, window: DecodeWindow, token_ids: Sequence[int], skip_special_tokens: bool) -> str:
-        """Feed ``token_ids`` through the window (mutated in place); return the new text."""
+        """Feed ``token_ids`` through the window (mutated in place); return the new text.
+
+        A window keeps ``prefix_offset <= read_offset <= len(tokens)`` (the schema holds a carried
+        one to it), so it is rebased once to prefix offset 0, and each token then costs two joins.
+        """
         parts: list[str] = []
         join = self._join
-        tokens = window.tokens
-        prefix_offset = window.prefix_offset
-        read_offset = window.read_offset
+        piece = self.piece
+        vocab_size = self._vocab_size
+        skipped = self._special_ids if skip_special_tokens else frozenset()
+        # A copy: the caller's list may be held elsewhere (a state being written).
+        tokens = window.tokens[window.prefix_offset :]
+        read_offset = window.read_offset - window.prefix_offset
         for token_id in token_ids:
-            if 0 <= token_id < self._vocab_size:
-                if skip_special_tokens and token_id in self._special_ids:
-                    new_tokens: list[str] = []
-                else:
-                    new_tokens = [self.piece(token_id) or ""]
-            else:
-                new_tokens = [""]
-            start = min(prefix_offset, read_offset, len(tokens))
-            visible = tokens[start:] + new_tokens
-            prefix_text = join(visible[prefix_offset - start : read_offset - start])
-            new_text = join(visible[prefix_offset - start :])
-            tokens = tokens + new_tokens
+            if not 0 <= token_id < vocab_size:
+                tokens.append("")
+            elif token_id not in skipped:
+                tokens.append(piece(token_id) or "")
+            # (A skipped special token adds nothing, yet may release text held back before it.)
+            new_text = join(tokens)
+            prefix_text = join(tokens[:read_offset])
             if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT_CHAR):
                 parts.append(new_text[len(prefix_text) :])
-                prefix_offset, read_offset = read_offset, len(tokens)
-            # Everything before prefix_offset is never read again: drop it and rebase.
-            tokens = tokens[prefix_offset:]
-            read_offset -= prefix_offset
-            prefix_offset = 0
-            if len(tokens) - read_offset > MAX_PENDING_TOKENS and read_offset >= 0:
+                # Everything before the old read offset is never read again: drop it.
+                tokens = tokens[read_offset:]
+                read_offset = len(tokens)
+            elif len(tokens) - read_offset > MAX_PENDING_TOKENS:
                 forced, tokens, read_offset = self._force_forward(tokens, read_offset)
                 parts.append(forced)
         window.tokens = tokens
-        window.prefix_offset = prefix_offset
+        window.prefix_offset = 0
         window.read_offset = read_offset
         return "".join(parts)
 

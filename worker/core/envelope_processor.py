@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -37,7 +37,7 @@ from schemas.derender import (
 )
 from schemas.envelope import InputEnvelope
 from schemas.openai import ChatCompletionRequest, CompletionRequest
-from worker.core.cycle_collection import cycle_collection_paused
+from worker.core.cycle_collection import pause_cycle_collection, resume_cycle_collection
 from worker.core.derenderer import Derenderer
 from worker.core.live_parsers import LiveParserPool
 from worker.core.sequence_state import SequenceState
@@ -339,14 +339,16 @@ class EnvelopeProcessor:
     ) -> ProcessResult:
         """One record in, its one outcome out. ``source`` (the record's topic, partition and
         offset) goes into the output envelope."""
+        pause_cycle_collection()
         try:
-            with cycle_collection_paused():
-                return self._process(value, key, source)
+            return self._process(value, key, source)
         except Exception as exc:  # noqa: BLE001 - the record boundary: every bug becomes a dead letter
             # A bug in the core must not stop the partition (a poison pill): the record is
             # dead-lettered with the error and processing goes on.
             letter = DeadLetter(f"processing failed: {exc!r}", value, key)
             return ProcessResult(dead_letter=letter, internal_error=exc)
+        finally:
+            resume_cycle_collection()
 
     def _process(self, value: bytes, key: bytes | None, source: JsonDict | None) -> ProcessResult:
         try:
@@ -393,7 +395,7 @@ class EnvelopeProcessor:
         if not isinstance(data, dict):
             raise InvalidRecordError(f"an envelope must be a JSON object, got {type(data).__name__}")
         try:
-            envelope = InputEnvelope.model_validate(data)
+            envelope = _model_from(InputEnvelope, data)
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_input=False, include_context=False)
             details = "; ".join(
@@ -549,9 +551,9 @@ class EnvelopeProcessor:
         validated: DerenderChatStreamRequest | DerenderCompletionStreamRequest
         if endpoint == "chat":
             chat = _validate(DerenderChatStreamRequest, body)
-            _set_fields(chat, carried)
+            request = self._request_for(ctx, raw_request, ChatCompletionRequest, given)
+            _set_fields(chat, {**carried, "chat_request": request})
             validated = chat
-            chat.chat_request = self._request_for(ctx, raw_request, ChatCompletionRequest, given)  # type: ignore[assignment]
             index = self._choice_index(ctx, chat.generate_chunk.choices)
             state = self._state_for(ctx, index, chat.stream_state)
             chunk, state = self.derenderer.chat_stream(chat, state)
@@ -559,11 +561,9 @@ class EnvelopeProcessor:
             has_usage = chat.generate_chunk.usage is not None
         else:
             completion = _validate(DerenderCompletionStreamRequest, body)
-            _set_fields(completion, carried)
+            request = self._request_for(ctx, raw_request, CompletionRequest, given)
+            _set_fields(completion, {**carried, "completion_request": request})
             validated = completion
-            completion.completion_request = self._request_for(  # type: ignore[assignment]
-                ctx, raw_request, CompletionRequest, given
-            )
             index = self._choice_index(ctx, completion.generate_chunk.choices)
             state = self._state_for(ctx, index, completion.stream_state)
             chunk, state = self.derenderer.completion_stream(completion, state)
@@ -758,9 +758,15 @@ def _set_fields(model: BaseModel, values: JsonDict) -> None:
     model.__pydantic_fields_set__.update(values)
 
 
+def _model_from(model_cls: type[ModelT], data: Any) -> ModelT:
+    """``model_cls.model_validate(data)`` without its Python wrapper, which costs ~0.6 µs a call
+    (two calls a record: the envelope and the body)."""
+    return cast(ModelT, model_cls.__pydantic_validator__.validate_python(data))
+
+
 def _validate(model_cls: type[ModelT], body: JsonDict) -> ModelT:
     try:
-        return model_cls.model_validate(body)
+        return _model_from(model_cls, body)
     except ValidationError as exc:
         message, param = _validation_message(exc)
         raise RequestError(message, error_type="Bad Request", param=param) from exc
