@@ -63,6 +63,15 @@ DEFAULT_MAX_REQUEST_STATE_BYTES = 12 * 1024 * 1024
 MAX_MESSAGE_CHARS = 4096  # error messages and dead-letter reasons are cut here
 _INHERITED_FIELDS = ("model", "prompt_tokens", "prompt_token_ids")
 _REQUEST_FIELD = {"chat": "chat_request", "completion": "completion_request"}
+# Per endpoint: a stream record's body model and its request object's model.
+_STREAM_MODELS: dict[
+    str,
+    tuple[type[DerenderChatStreamRequest], type[ChatCompletionRequest]]
+    | tuple[type[DerenderCompletionStreamRequest], type[CompletionRequest]],
+] = {
+    "chat": (DerenderChatStreamRequest, ChatCompletionRequest),
+    "completion": (DerenderCompletionStreamRequest, CompletionRequest),
+}
 _CLOSED_MEMORY = 65536
 # One remembered closed request (for duplicate detection): its id, seq and the dict slot.
 CLOSED_ENTRY_BYTES = 200
@@ -166,9 +175,9 @@ class RequestContext:
         """A request's context rebuilt from its parts (as a state record stored them): the request
         and each choice's ``stream_state`` are validated and measured as when they came in.
         Raises ``ValueError`` (``ValidationError`` included) for parts that do not validate."""
-        if endpoint not in _REQUEST_FIELD:
+        if endpoint not in _STREAM_MODELS:
             raise ValueError(f"unknown endpoint {endpoint!r}")
-        model_cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
+        model_cls = _STREAM_MODELS[endpoint][1]
         ctx = cls(
             endpoint=endpoint,
             last_seq=last_seq,
@@ -548,27 +557,19 @@ class EnvelopeProcessor:
         request_field = _REQUEST_FIELD[endpoint]
         raw_request = body.pop(request_field, None)
 
-        validated: DerenderChatStreamRequest | DerenderCompletionStreamRequest
-        if endpoint == "chat":
-            chat = _validate(DerenderChatStreamRequest, body)
-            request = self._request_for(ctx, raw_request, ChatCompletionRequest, given)
-            _set_fields(chat, {**carried, "chat_request": request})
-            validated = chat
-            index = self._choice_index(ctx, chat.generate_chunk.choices)
-            state = self._state_for(ctx, index, chat.stream_state)
-            chunk, state = self.derenderer.chat_stream(chat, state)
-            choices = chat.generate_chunk.choices
-            has_usage = chat.generate_chunk.usage is not None
+        body_cls, request_cls = _STREAM_MODELS[endpoint]
+        validated = _validate(body_cls, body)
+        request = self._request_for(ctx, raw_request, request_cls, given)
+        _set_fields(validated, {**carried, request_field: request})
+        chunk_in = validated.generate_chunk
+        index = self._choice_index(ctx, chunk_in.choices)
+        state = self._state_for(ctx, index, validated.stream_state)
+        if isinstance(validated, DerenderChatStreamRequest):
+            chunk, state = self.derenderer.chat_stream(validated, state)
         else:
-            completion = _validate(DerenderCompletionStreamRequest, body)
-            request = self._request_for(ctx, raw_request, CompletionRequest, given)
-            _set_fields(completion, {**carried, "completion_request": request})
-            validated = completion
-            index = self._choice_index(ctx, completion.generate_chunk.choices)
-            state = self._state_for(ctx, index, completion.stream_state)
-            chunk, state = self.derenderer.completion_stream(completion, state)
-            choices = completion.generate_chunk.choices
-            has_usage = completion.generate_chunk.usage is not None
+            chunk, state = self.derenderer.completion_stream(validated, state)
+        choices = chunk_in.choices
+        has_usage = chunk_in.usage is not None
 
         if given or not ctx.inherited_validated:  # else ``inherited`` holds these values already
             for name in (*given, *ctx.inherited):
