@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.async_helpers import run_bounded
 from tests.audit_streams import (
     DEMO_FLAGS,
     NO_REASONING_FLAGS,
@@ -104,7 +105,7 @@ def recorded(kafka_bootstrap: str) -> Iterator[Recorded]:
             finally:
                 assert group.stop_all() == [0], group.logs()
 
-        outputs = asyncio.run(asyncio.wait_for(body(), 240))
+        outputs = run_bounded(body(), 240)
         yield Recorded(kafka_bootstrap, topics, partition0, partition1, outputs, factory)
     finally:
         factory.cleanup()

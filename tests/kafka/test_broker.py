@@ -5,7 +5,6 @@ Needs the ``tests.kafka_broker`` plugin (registered in conftest, or ``-p tests.k
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Coroutine
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from tests.async_helpers import run_bounded
 from tests.kafka_broker import KafkaBroker, TopicFactory
 
 pytestmark = pytest.mark.kafka
@@ -23,7 +23,7 @@ TIMEOUT_S = 60.0
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
     """Run one test body with an overall timeout (no async pytest plugin needed)."""
-    return asyncio.run(asyncio.wait_for(coro, TIMEOUT_S))
+    return run_bounded(coro, TIMEOUT_S)
 
 
 def transactional_producer(bootstrap: str) -> AIOKafkaProducer:

@@ -7,13 +7,13 @@ timeout (librdkafka's batch call does, unless the batch fills) added up to that 
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from tests.async_helpers import run_bounded
 from tests.kafka_broker import TopicFactory
 from worker.runtime.kafka_client import make_client
 from worker.runtime.kafka_client.base import ClientKind, ConsumerConfig, Partitions
@@ -67,4 +67,4 @@ def test_poll_returns_what_is_there_before_its_timeout(
         # Not a speed target: a poll that waited for a full batch would take all of LONG_POLL_MS.
         assert waited < LONG_POLL_MS / 1000 / 3, f"poll held a present record for {waited:.1f} s"
 
-    asyncio.run(asyncio.wait_for(body(), 120))
+    run_bounded(body(), 120)

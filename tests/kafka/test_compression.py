@@ -3,10 +3,9 @@ whose records read back exactly as ``replay`` makes them."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
+from tests.async_helpers import run_bounded
 from tests.golden_cases import derenderer_for
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import (
@@ -49,7 +48,7 @@ def test_compressed_outputs_round_trip(
         assert status == 0, group.logs()
         assert_identical(reader.records, reference, group.logs())
 
-    asyncio.run(asyncio.wait_for(body(), 180))
+    run_bounded(body(), 180)
     wire, payload = fetched_bytes(kafka_bootstrap, topics.output, reference.output_count)
     # Uncompressed batches cost more than their records (framing); these JSON outputs compress
     # several-fold, so well under the records' own size means the batches were compressed.

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.async_helpers import run_bounded
 from tests.golden_cases import derenderer_for
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import (
@@ -42,7 +43,7 @@ pytestmark = pytest.mark.kafka
 
 
 def run(coro: Coroutine[Any, Any, Any], timeout: float = 180.0) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
+    return run_bounded(coro, timeout)
 
 
 def _records(sequences: list[Any]) -> list[Record]:

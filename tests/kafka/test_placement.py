@@ -18,6 +18,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from aiokafka.partitioner import DefaultPartitioner
 
+from tests.async_helpers import run_bounded
 from tests.golden_cases import derenderer_for
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import (
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.kafka
 
 
 def run(coro: Coroutine[Any, Any, Any], timeout: float = 240.0) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
+    return run_bounded(coro, timeout)
 
 
 async def grow(bootstrap: str, topic: str, partitions: int) -> None:

@@ -19,6 +19,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from tests.async_helpers import run_bounded
 from tests.golden_cases import derenderer_for
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import (
@@ -42,7 +43,7 @@ MAX_RECORD_BYTES = 4 * 1024 * 1024
 
 
 def run(coro: Coroutine[Any, Any, Any], timeout: float = 300.0) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
+    return run_bounded(coro, timeout)
 
 
 def _nested(depth: int) -> Any:

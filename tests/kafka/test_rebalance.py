@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.async_helpers import run_bounded
 from tests.golden_cases import derenderer_for
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import (
@@ -39,7 +40,7 @@ _PARTITION_LIST = re.compile(r"\b(revoked|assigned|opened partitions) \[([\d, ]*
 
 
 def run(coro: Coroutine[Any, Any, Any], timeout: float = 240.0) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
+    return run_bounded(coro, timeout)
 
 
 def partition_events(worker: WorkerProcess) -> list[tuple[str, set[int]]]:

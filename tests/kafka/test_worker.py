@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.async_helpers import run_bounded
 from tests.golden_cases import derenderer_for, load_cases
 from tests.kafka_broker import KafkaBroker, TopicFactory
 from tests.kafka_helpers import (
@@ -45,7 +46,7 @@ PLAIN_FILES = ("plain_stream", "nonstream", "logprobs", "usage", "errors")
 
 
 def run(coro: Coroutine[Any, Any, Any], timeout: float = 240.0) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
+    return run_bounded(coro, timeout)
 
 
 def _plain_configs() -> list[str]:

@@ -217,7 +217,8 @@ def test_a_worker_sigkilled_under_gateway_load(pipeline: Pipeline) -> None:
 
     async def go() -> list[AssembledResponse]:
         tasks = [asyncio.create_task(one()) for _ in range(8)]
-        await asyncio.wait_for(first_chunks.wait(), 60)
+        async with asyncio.timeout(60):
+            await first_chunks.wait()
         pipeline.workers.alive[0].kill()  # mid-stream: its partitions move to the other worker
         return await asyncio.gather(*tasks)
 

@@ -15,6 +15,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import KafkaError as LibKafkaError
 
+from tests.async_helpers import run_bounded
 from tests.kafka_helpers import generate_sequences
 from tests.partition_fakes import TOPICS, run_settings
 from tests.runtime.worker_fakes import FakeTransactionalProducer, handle_record, per_worker_tasks
@@ -349,7 +350,8 @@ def test_a_send_gives_up_when_the_queue_stays_full() -> None:
     async def two_sends() -> None:
         await producer.send(record)
         with pytest.raises(DeliveryFailedError, match="queue stayed full"):
-            await asyncio.wait_for(producer.send(record), 30)
+            async with asyncio.timeout(30):
+                await producer.send(record)
 
     try:
         asyncio.run(two_sends())
@@ -413,7 +415,7 @@ def test_a_stop_request_cancels_a_step_stuck_in_a_client_call(monkeypatch: pytes
         await worker._step_unless_stopped()
         await worker._shutdown()
 
-    asyncio.run(asyncio.wait_for(stop_while_stuck(), 30))
+    run_bounded(stop_while_stuck(), 30)
     assert cancelled == [True] and worker._step_cancelled
     assert producer.calls == ["begin", "abort", "stop"]  # aborted, never committed
 

@@ -444,7 +444,8 @@ class FakeVllm:
                     return response
                 if pace and sent:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(aborted.wait(), pace)
+                        async with asyncio.timeout(pace):
+                            await aborted.wait()
                     if aborted.is_set():
                         break
                 await response.write(b"data: " + _stream_chunk(engine_id, chunk) + b"\n\n")

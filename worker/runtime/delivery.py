@@ -201,7 +201,8 @@ class Transaction:
 
     async def close(self) -> None:
         try:
-            await asyncio.wait_for(self.producer.stop(), CLOSE_TIMEOUT_S)
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.producer.stop()
         except Exception as exc:  # noqa: BLE001 - closing goes on; the failure is logged
             log.warning("producer %s did not close cleanly: %r", self.transactional_id, exc)
 
@@ -296,6 +297,7 @@ class AtLeastOnceSink:
 
     async def close(self) -> None:
         try:
-            await asyncio.wait_for(self._producer.stop(), CLOSE_TIMEOUT_S)
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self._producer.stop()
         except Exception as exc:  # noqa: BLE001 - closing goes on; the failure is logged
             log.warning("producer did not close cleanly: %r", exc)

@@ -225,7 +225,8 @@ class Worker:
             raise
         self.lifecycle.to(WorkerState.STOPPING)
         try:
-            await asyncio.wait_for(self._shutdown(), self.settings.shutdown_timeout_s)
+            async with asyncio.timeout(self.settings.shutdown_timeout_s):
+                await self._shutdown()
         except TimeoutError:
             log.error("shutdown did not finish within %.0f s", self.settings.shutdown_timeout_s)
             self.lifecycle.to(WorkerState.FAILED)

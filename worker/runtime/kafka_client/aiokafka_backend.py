@@ -352,11 +352,13 @@ class AiokafkaTransactionalProducer:
         _discard(self._futures)
         self._futures = []
         with mapped_errors():
-            await asyncio.wait_for(self._producer.abort_transaction(), CLOSE_TIMEOUT_S)
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self._producer.abort_transaction()
 
     async def stop(self) -> None:
         with mapped_errors():
-            await asyncio.wait_for(self._producer.stop(), CLOSE_TIMEOUT_S)
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self._producer.stop()
 
 
 class AiokafkaProducer:
@@ -385,7 +387,8 @@ class AiokafkaProducer:
         _discard(self._futures)
         self._futures = []
         with mapped_errors():
-            await asyncio.wait_for(self._producer.stop(), CLOSE_TIMEOUT_S)
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self._producer.stop()
 
 
 class AiokafkaReader:

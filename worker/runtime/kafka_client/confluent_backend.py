@@ -545,9 +545,8 @@ class _ProducerBase:
 
     async def _stop(self) -> None:
         try:
-            await asyncio.wait_for(
-                self._thread.run(self._producer.flush, CLOSE_TIMEOUT_S), CLOSE_TIMEOUT_S + 1
-            )
+            async with asyncio.timeout(CLOSE_TIMEOUT_S + 1):
+                await self._thread.run(self._producer.flush, CLOSE_TIMEOUT_S)
         finally:
             self._thread.shutdown()
 
@@ -577,7 +576,8 @@ class ConfluentTransactionalProducer(_ProducerBase):
         """
         self._refuse_if_given_up()
         try:
-            return await asyncio.wait_for(self._thread.run(call, *args), timeout_s + STUCK_MARGIN_S)
+            async with asyncio.timeout(timeout_s + STUCK_MARGIN_S):
+                return await self._thread.run(call, *args)
         except KafkaException as exc:
             raise _translated(exc) from exc
         except asyncio.CancelledError:
