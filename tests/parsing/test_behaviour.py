@@ -120,7 +120,6 @@ def test_include_reasoning_false_hides_reasoning() -> None:
     parsing = make("qwen3", None)
     req = ParseRequest(None, "none", None, False, {}, [])
     session = parsing.new_stream(req, encode(PROMPT))
-    assert session.hide_metadata
     delta, _ = session.step("think", encode("think"), None)
     assert delta is None
 

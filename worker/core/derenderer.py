@@ -78,6 +78,12 @@ def _skip_special(request: ChatCompletionRequest | CompletionRequest | None, pre
     return request is None or request.skip_special_tokens is not False
 
 
+def _shows_metadata(request: ChatCompletionRequest | None, *, parsed: bool) -> bool:
+    """Whether a chat choice carries logprobs and token ids: vLLM leaves them out of a parsed
+    response whose request turned reasoning off, as they would show the hidden reasoning."""
+    return not parsed or request is None or bool(request.include_reasoning)
+
+
 def pin_tool_call_ids(delta: JsonDict, pinned: list[str]) -> None:
     """Give each id-bearing call of ``delta`` the id first sent for its index (also when the
     session was rebuilt); a new index's id is appended to ``pinned``.
@@ -232,8 +238,8 @@ class Derenderer:
         seed_ids = body.prompt_token_ids if body.prompt_token_ids is not None else gen.prompt_token_ids
         seed = self.decoder.seed_window(seed_ids, skip_special)
         policy = self._stop_policy(request)
-        hide_metadata = parsing is not None and request is not None and not request.include_reasoning
-        return_token_ids = bool(request is not None and request.return_token_ids and not hide_metadata)
+        show_metadata = _shows_metadata(request, parsed=parsing is not None)
+        return_token_ids = bool(request is not None and request.return_token_ids and show_metadata)
         top_limit = chat_top_limit(request)
         parse_request = _parse_request(request) if parsing is not None and request is not None else None
 
@@ -243,7 +249,7 @@ class Derenderer:
                 raise RequestError(f"choice {choice.index} has empty or null token_ids")
             logprobs = (
                 resolve_chat_logprobs(self.decoder, choice.logprobs, top_limit=top_limit)
-                if choice.logprobs is not None and not hide_metadata
+                if choice.logprobs is not None and show_metadata
                 else None
             )
             text, stop_reason = self._decode_output(
@@ -508,7 +514,7 @@ class Derenderer:
                 state.output_chunk_lens.append(len(delta_ids))
             return delta, finish_reason
 
-        show_metadata = bool(request.include_reasoning)  # a session's ``hide_metadata``, inverted
+        show_metadata = _shows_metadata(request, parsed=True)
         return_token_ids = bool(request.return_token_ids and show_metadata)
         choices = [
             self._chat_choice(

@@ -23,8 +23,6 @@ class ChatStreamSession:
         self._num_output_tokens = 0
         #: Settable: the carried stream state is authoritative after a replay.
         self.tools_streamed = False
-        #: Logprobs and token ids would leak hidden reasoning.
-        self.hide_metadata = not request.include_reasoning
 
     def step(
         self, delta_text: str, delta_token_ids: list[int], finish_reason: str | None
