@@ -118,3 +118,55 @@ def test_a_stream_state_carries_the_bounded_window() -> None:
         )
         _, state = derenderer.completion_stream(body, state)
         assert len(state.to_wire()["prev_tokens"]) <= MAX_PENDING_TOKENS + 2
+
+
+def _vllm_incremental(decoder: TextDecoder, prompt: list[int], ids: Sequence[int], skip: bool) -> str:
+    """vLLM's incremental detokenization, one token at a time over the whole unbounded token list
+    (no rebasing, no remembered joins): the reference ``extend`` must equal."""
+    join = decoder.tokenizer.backend.decoder.decode
+    special = decoder.tokenizer.special_ids
+    tokens = [decoder.piece(i) or "" for i in prompt if not (skip and i in special)]
+    read = len(tokens)
+    prefix = max(read - 5, 0)
+    parts = []
+    for token_id in ids:
+        if not skip or token_id not in special:
+            tokens.append(decoder.piece(token_id) or "")
+        prefix_text, new_text = join(tokens[prefix:read]), join(tokens[prefix:])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            parts.append(new_text[len(prefix_text) :])
+            prefix, read = read, len(tokens)
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("model_dir", MODELS)
+def test_extend_equals_vllms_incremental_detokenization(
+    model_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(decoding, "MAX_PENDING_TOKENS", 10**9)  # the reference has no bound
+    decoder = _decoder(model_dir)
+    backend = decoder.tokenizer.backend
+    words = backend.encode(" hello world, café 北京 🚀 ok\n  x", add_special_tokens=False).ids
+    pool = words + _byte_ids(decoder)[:20] + sorted(decoder.tokenizer.special_ids)[:5]
+    rng = random.Random(3)
+    for _ in range(60):
+        ids = [rng.choice(pool) for _ in range(rng.randint(1, 80))]
+        skip = rng.random() < 0.5
+        window = decoder.seed_window(PROMPT, skip_special_tokens=skip)
+        chunk = rng.choice([1, 1, 2, 7])
+        got = "".join(
+            decoder.extend(window, ids[start : start + chunk], skip) for start in range(0, len(ids), chunk)
+        )
+        assert got == _vllm_incremental(decoder, PROMPT, ids, skip), (ids, skip, chunk)
+
+
+def test_remembered_one_token_joins_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    decoder = _decoder("qwen3")
+    monkeypatch.setattr(decoder, "_join_one_cache", {})  # the decoder is shared between tests
+    monkeypatch.setattr(decoding, "_JOIN_ONE_ENTRIES", 3)
+    long_piece = "x" * (decoding._JOIN_ONE_MAX_CHARS + 1)
+    assert decoder._join_one(long_piece) == long_piece
+    assert long_piece not in decoder._join_one_cache  # a carried window's string, not a piece
+    for piece in ("a", "b", "c", "d", "e"):
+        assert decoder._join_one(piece) == piece
+    assert len(decoder._join_one_cache) <= 3

@@ -43,6 +43,9 @@ _SEED_OFFSET = 5
 #: spans at most 4 pending byte tokens; 4x that leaves every ordinary stream
 #: (a few pending tokens at most) exactly as vLLM chunks it.
 MAX_PENDING_TOKENS = 16
+# ``_join_one``'s memory: at most this many pieces of at most this many characters (~10 MB).
+_JOIN_ONE_ENTRIES = 1 << 17
+_JOIN_ONE_MAX_CHARS = 32
 #: A byte-fallback token that no UTF-8 sequence can start: as the window's
 #: context it keeps a run that can never become valid text invalid.
 _INVALID_BYTE_TOKEN = "<0xFF>"
@@ -152,6 +155,7 @@ class TextDecoder:
         # transformers skips its clean-up for BPE models; only others get it.
         self._clean_up = tokenizer.clean_up_tokenization_spaces and type(backend.model).__name__ != "BPE"
         self._piece_cache: dict[int, str] = {}
+        self._join_one_cache: dict[str, str] = {}
         # Logprob candidates repeat across positions: each id is decoded once (vocabulary-bounded).
         self._string_cache: dict[int, tuple[str, bytes | None]] = {}
         self._kind = _decoder_kind(decoder) if decoder is not None else _DecoderKind.OTHER
@@ -203,7 +207,8 @@ class TextDecoder:
         """Feed ``token_ids`` through the window (mutated in place); return the new text.
 
         A window keeps ``prefix_offset <= read_offset <= len(tokens)`` (the schema holds a carried
-        one to it), so it is rebased once to prefix offset 0, and each token then costs two joins.
+        one to it), so it is rebased once to prefix offset 0. A token then costs two joins, where
+        the prefix is most often the one token read before it: that join is remembered per piece.
         """
         parts: list[str] = []
         join = self._join
@@ -220,7 +225,7 @@ class TextDecoder:
                 tokens.append(piece(token_id) or "")
             # (A skipped special token adds nothing, yet may release text held back before it.)
             new_text = join(tokens)
-            prefix_text = join(tokens[:read_offset])
+            prefix_text = self._join_one(tokens[0]) if read_offset == 1 else join(tokens[:read_offset])
             if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT_CHAR):
                 parts.append(new_text[len(prefix_text) :])
                 # Everything before the old read offset is never read again: drop it.
@@ -233,6 +238,17 @@ class TextDecoder:
         window.prefix_offset = 0
         window.read_offset = read_offset
         return "".join(parts)
+
+    def _join_one(self, token: str) -> str:
+        """``self._join([token])``, remembered for vocabulary-sized pieces (a carried window's
+        tokens are the caller's strings: long ones are not kept)."""
+        cache = self._join_one_cache
+        text = cache.get(token)
+        if text is None:
+            text = self._join([token])
+            if len(token) <= _JOIN_ONE_MAX_CHARS and len(cache) < _JOIN_ONE_ENTRIES:
+                cache[token] = text
+        return text
 
     def _force_forward(self, tokens: list[str], read_offset: int) -> tuple[str, list[str], int]:
         """Emit what no later token can change; the new window and its read offset (prefix 0).
