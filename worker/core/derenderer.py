@@ -409,9 +409,11 @@ class Derenderer:
                 parsed_state.live = None
                 if isinstance(exc, RequestError):
                     raise
-                if isinstance(exc, ParserSetupError) or body.stream_state is not None:
+                if isinstance(exc, ParserSetupError | RecursionError) or body.stream_state is not None:
                     # vLLM rebuilds the parser from the caller's state on every call and answers
-                    # any failure there with a 400 (also a parser this request cannot use).
+                    # any failure there with a 400 (also a parser this request cannot use, and
+                    # model output nested past what Python's json reads: vLLM's parsers fail on
+                    # it where ours do).
                     raise RequestError("invalid stream_state: derender failed") from exc
                 # No state came from the caller: the failure is ours, a 500 at the record boundary.
                 raise

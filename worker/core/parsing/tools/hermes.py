@@ -111,10 +111,31 @@ class HermesToolParser(ToolParser):
             content = content or None
         else:
             self._tail += delta_text
-        deltas = self._scan_calls() if self._in_calls and not self._blocked else []
+        deltas: list[ToolCallDeltaOut] = []
+        if self._in_calls and not self._blocked:
+            saved = self._saved()
+            try:
+                deltas = self._scan_calls()
+            except RecursionError:
+                # An open call nested past what Python's json reads: vLLM's hermes swallows the
+                # failure, so the record sends nothing (its content included) and no call moves.
+                self._restore(saved)
+                return None
         if content or deltas:
             return DeltaOut(content=content, tool_calls=deltas)
         return None
+
+    def _saved(self) -> tuple[str, int, list[tuple[str | None, str | None, str]]]:
+        """What ``_scan_calls`` may change: the tail, the closed count and the open calls."""
+        return self._tail, self._closed, [(c.name, c.args, c.streamed) for c in self._calls[self._closed :]]
+
+    def _restore(self, saved: tuple[str, int, list[tuple[str | None, str | None, str]]]) -> None:
+        self._tail, self._closed, calls = saved
+        del self._calls[self._closed :]
+        for name, args, streamed in calls:
+            call = _Call()
+            call.name, call.args, call.streamed = name, args, streamed
+            self._calls.append(call)
 
     def _scan_calls(self) -> list[ToolCallDeltaOut]:
         deltas: list[ToolCallDeltaOut] = []
