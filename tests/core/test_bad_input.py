@@ -251,6 +251,43 @@ def test_a_rejected_later_record_keeps_the_request_going() -> None:
     assert results[2].closed
 
 
+def _continued_by(later: dict[str, Any], seq: int) -> list[Any]:
+    """A three-record stream with ``later`` (a record of the same request) put in at ``seq``."""
+    records = chat_stream("r", [[9707], [0], [151645]], prompt_token_ids=PROMPT)
+    later = {"request_id": "r", "seq": seq, **later}
+    stream = [*records[:seq], later, *[{**r, "seq": r["seq"] + 1} for r in records[seq:]]]
+    return _outputs(_processor(), [orjson.dumps(r) for r in stream])
+
+
+def test_a_later_record_on_another_endpoint_is_a_400_and_the_request_goes_on() -> None:
+    results = _continued_by({"endpoint": "completion", "body": {"stream": True}}, 1)
+    assert [r.output["seq"] for r in results] == [0, 1, 2, 3]
+    error = results[1].output["error"]
+    assert (error["code"], error["message"]) == (
+        400,
+        "request 'r' started on endpoint 'chat', not 'completion'",
+    )
+    assert "body" in results[2].output and results[3].output["body"]["chunk"]["choices"][0]["finish_reason"]
+    assert results[3].closed
+
+
+def test_a_one_shot_record_under_an_open_streams_id_is_a_400_and_the_stream_goes_on() -> None:
+    one_shot = orjson.loads(orjson.dumps(chat_one_shot("r", [9707], prompt_token_ids=PROMPT)))
+    results = _continued_by({"endpoint": "chat", "body": one_shot["body"]}, 1)
+    error = results[1].output["error"]
+    assert error["code"] == 400 and "is an open stream" in error["message"]
+    assert not results[1].closed
+    assert "body" in results[2].output and results[3].closed
+
+
+def test_a_one_shot_record_past_an_open_streams_seq_is_a_gap() -> None:
+    records = chat_stream("r", [[9707], [0], [151645]], prompt_token_ids=PROMPT)
+    one_shot = {**chat_one_shot("r", [9707], prompt_token_ids=PROMPT), "seq": 10}
+    results = _outputs(_processor(), [orjson.dumps(r) for r in [records[0], one_shot, *records[1:]]])
+    assert results[1].output["error"]["code"] == 409 and results[1].closed
+    assert [r.duplicate for r in results[2:]] == [True, True]  # the request is over at seq 10
+
+
 @pytest.mark.parametrize(
     ("tools", "tool_choice", "message"),
     [

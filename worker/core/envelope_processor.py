@@ -472,6 +472,7 @@ class EnvelopeProcessor:
     ) -> ProcessResult:
         if self._is_duplicate(rid, seq):
             return ProcessResult(request_id=rid, duplicate=True)
+        self._open_request(rid, seq, endpoint, stream=False)  # raises for an open stream's id
         self._remember_closed(rid, seq)
         if too_deep:
             raise _too_deep_error()
@@ -498,15 +499,7 @@ class EnvelopeProcessor:
     ) -> ProcessResult:
         if self._is_duplicate(rid, seq):
             return ProcessResult(request_id=rid, duplicate=True)
-        ctx = self.requests.get(rid)
-        if ctx is not None and ctx.endpoint != endpoint:
-            raise RequestError(f"request {rid!r} started on endpoint {ctx.endpoint!r}, not {endpoint!r}")
-        if ctx is not None and seq > ctx.last_seq + 1:
-            self._close(rid, seq)
-            raise SequenceGapError(
-                f"seq {seq} of request {rid!r} skips ahead of the last processed seq {ctx.last_seq}; "
-                "the request is failed because records are missing"
-            )
+        ctx = self._open_request(rid, seq, endpoint, stream=True)
         # Admission first: every record of a request refused at a cap gets the same 503.
         refusal = self.admission.refusal(record_bytes) if ctx is None and self.admission is not None else None
         if refusal is not None:
@@ -535,6 +528,29 @@ class EnvelopeProcessor:
             if created or isinstance(exc, RequestStateTooLargeError):
                 self._close(rid, seq)
             raise
+
+    def _open_request(self, rid: str, seq: int, endpoint: Endpoint, *, stream: bool) -> RequestContext | None:
+        """The open request a record that is not a duplicate continues, if any, once it passed the
+        checks of a later record. A record past a gap fails the request (409); one that cannot
+        continue it (another endpoint, or ``stream`` false) is a 400 that takes its seq, so the
+        request goes on with the next record."""
+        ctx = self.requests.get(rid)
+        if ctx is None:
+            return None
+        if seq > ctx.last_seq + 1:
+            self._close(rid, seq)
+            raise SequenceGapError(
+                f"seq {seq} of request {rid!r} skips ahead of the last processed seq {ctx.last_seq}; "
+                "the request is failed because records are missing"
+            )
+        if ctx.endpoint != endpoint or not stream:
+            ctx.last_seq = seq
+            if ctx.endpoint != endpoint:
+                raise RequestError(f"request {rid!r} started on endpoint {ctx.endpoint!r}, not {endpoint!r}")
+            raise RequestError(
+                f"request {rid!r} is an open stream: a record with stream=false cannot continue it"
+            )
+        return ctx
 
     def _derender_stream(
         self,
