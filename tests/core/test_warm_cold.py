@@ -43,12 +43,14 @@ def _warm(case: GoldenCase, records: list[JsonDict], max_live_parsers: int = 10_
 
 
 def _cold(case: GoldenCase, records: list[JsonDict]) -> list[JsonDict]:
-    context = {k: v for k, v in records[0]["body"].items() if k not in ("generate_chunk", "stream_state")}
+    """Each record with the whole context (the latest each field was given) and the last state."""
+    context: JsonDict = {}
     states: dict[int, Any] = {}
     last_index = 0
     outputs = []
     for record in records:
         record = copy.deepcopy(record)
+        context |= {k: v for k, v in record["body"].items() if k not in ("generate_chunk", "stream_state")}
         choices = record["body"]["generate_chunk"]["choices"]
         index = choices[0]["index"] if choices else last_index
         record["body"].update(context)
@@ -141,6 +143,24 @@ def test_a_record_after_its_choice_finished_continues_as_a_rebuilt_parser_would(
             body |= {"model": "test-model", "prompt_token_ids": prompt, "chat_request": request}
         records.append({"request_id": "after", "seq": seq, "endpoint": "chat", "body": body})
     case = GoldenCase("adhoc", "after-finish", sample_config(parsers=True), records, [])
+    cold = normalize(_cold(case, records))
+    assert normalize(_warm(case, records)) == cold
+    assert normalize(_warm(case, records, max_live_parsers=0)) == cold
+
+
+@pytest.mark.parametrize("case", [c for c in STREAM_PARSER_CASES if _single_choice(c)], ids=lambda c: c.id)
+def test_a_record_that_changes_the_request_rebuilds_the_session_from_it(case: GoldenCase) -> None:
+    """vLLM builds the parser from each call's ``chat_request``: a later record that brings another
+    one (here ``tool_choice: "none"``, or reasoning hidden) is parsed with it, as cold replay does."""
+    request = case.input[0]["body"]["chat_request"]
+    changed = (
+        {**request, "tool_choice": "none"}
+        if request.get("tools")
+        else {**request, "include_reasoning": False}
+    )
+    records = copy.deepcopy(case.input)
+    middle = len(records) // 2
+    records[middle]["body"]["chat_request"] = changed
     cold = normalize(_cold(case, records))
     assert normalize(_warm(case, records)) == cold
     assert normalize(_warm(case, records, max_live_parsers=0)) == cold

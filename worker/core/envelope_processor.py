@@ -575,7 +575,10 @@ class EnvelopeProcessor:
 
         body_cls, request_cls = _STREAM_MODELS[endpoint]
         validated = _validate(body_cls, body)
+        previous = ctx.request
         request = self._request_for(ctx, raw_request, request_cls, given)
+        if previous is not None and request is not previous:
+            self._drop_live_parsers(rid, ctx)
         _set_fields(validated, {**carried, request_field: request})
         chunk_in = validated.generate_chunk
         index = self._choice_index(ctx, chunk_in.choices)
@@ -718,6 +721,14 @@ class EnvelopeProcessor:
         if self.requests.pop(rid, None) is not None:
             self.parsers.drop_request(self, rid)
         self._remember_closed(rid, seq)
+
+    def _drop_live_parsers(self, rid: str, ctx: RequestContext) -> None:
+        """A record changed the request: vLLM builds its parser from each call's request, so the
+        sessions built from the old one are rebuilt from the history with the new one."""
+        for index, state in ctx.sequences.items():
+            if state.live is not None:
+                state.live = None
+                self.parsers.discard((self, rid, index))
 
     def _track_live_parser(self, rid: str, index: int, state: SequenceState) -> None:
         """Keep parsers alive within the pool's cap; an evicted one is rebuilt by replay."""
