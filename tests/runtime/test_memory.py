@@ -39,7 +39,19 @@ def _processor(parsers: bool, pool: LiveParserPool | None = None) -> EnvelopePro
     return EnvelopeProcessor(derenderer, live_parsers=pool if pool is not None else LiveParserPool(10_000))
 
 
-def _stream(rid: str, *, prompt: int, content: int, records: int, tokens: int, seed: int) -> list[bytes]:
+# A message's extra structure (vLLM's messages take any extra field): a request small encoded
+# and large held.
+STRUCTURES: dict[str, Any] = {
+    "none": None,
+    "empty lists": lambda: [[] for _ in range(20_000)],
+    "small objects": lambda: [{"a": i} for i in range(5_000)],
+    "numbers": lambda: list(range(10_000, 30_000)),
+}
+
+
+def _stream(
+    rid: str, *, prompt: int, content: int, records: int, tokens: int, seed: int, structure: str = "none"
+) -> list[bytes]:
     """One open chat stream (never finished): ``records`` records of ``tokens`` output ids each."""
     rng = random.Random(seed)
     out = []
@@ -54,10 +66,10 @@ def _stream(rid: str, *, prompt: int, content: int, records: int, tokens: int, s
         if seq == 0:
             body["prompt_token_ids"] = [rng.randrange(300, 150_000) for _ in range(prompt)]
             body["prompt_tokens"] = prompt
-            body["chat_request"] = {
-                "model": "test-model",
-                "messages": [{"role": "user", "content": "ab c" * (content // 4)}],
-            }
+            message: dict[str, Any] = {"role": "user", "content": "ab c" * (content // 4)}
+            if STRUCTURES[structure] is not None:
+                message["extra"] = STRUCTURES[structure]()
+            body["chat_request"] = {"model": "test-model", "messages": [message]}
         out.append(orjson.dumps({"request_id": rid, "seq": seq, "endpoint": "chat", "body": body}))
     return out
 
@@ -79,6 +91,18 @@ SHAPES = {
         "records": 2,
         "tokens": 300,
     },
+    **{
+        f"request of {structure}": {
+            "parsers": False,
+            "prompt": 20,
+            "content": 20,
+            "records": 2,
+            "tokens": 2,
+            "structure": structure,
+        }
+        for structure in STRUCTURES
+        if structure != "none"
+    },
 }
 
 
@@ -86,7 +110,8 @@ SHAPES = {
 def test_live_estimate_tracks_measured_allocations(shape: str) -> None:
     params = dict(SHAPES[shape])
     processor = _processor(bool(params.pop("parsers")))
-    streams = [_stream(f"mem-{i}", seed=i, **params) for i in range(60)]
+    count = 60 if "structure" not in params else 10
+    streams = [_stream(f"mem-{i}", seed=i, **params) for i in range(count)]
     # A first pass fills the worker-wide caches (vocabulary pieces, bounded; regexes) outside the
     # count; the measured pass runs the same records as fresh requests.
     for i, records in enumerate(streams):
@@ -109,12 +134,17 @@ def test_live_estimate_tracks_measured_allocations(shape: str) -> None:
     finally:
         tracemalloc.stop()
     estimate = _estimate(processor)
-    assert len(processor.requests) == 60
+    assert len(processor.requests) == count
     ratio = measured / estimate
     assert 1 / FACTOR <= ratio <= FACTOR, f"{shape}: measured {measured}, estimated {estimate} ({ratio:.2f}x)"
 
 
-def test_closed_request_memory_is_counted() -> None:
+@pytest.mark.parametrize(
+    "request_id",
+    [lambda i: f"closed-request-{i:06d}", lambda i: f"{i:06d}" + "\U0001f680" * 500],
+    ids=["short ASCII ids", "ids of 500 emoji"],
+)
+def test_closed_request_memory_is_counted(request_id: Any) -> None:
     processor = _processor(False)
     tiny = [
         orjson.dumps({**orjson.loads(v), "seq": 0})
@@ -126,7 +156,7 @@ def test_closed_request_memory_is_counted() -> None:
         before = tracemalloc.get_traced_memory()[0]
         for i in range(3000):
             envelope = orjson.loads(tiny[0])
-            envelope["request_id"] = f"closed-request-{i:06d}"
+            envelope["request_id"] = request_id(i)
             envelope["body"]["generate_chunk"]["choices"][0]["finish_reason"] = "stop"
             processor.process(orjson.dumps(envelope), envelope["request_id"].encode())
         gc.collect()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 import time
 from array import array
 from collections import OrderedDict
@@ -73,8 +74,9 @@ _STREAM_MODELS: dict[
     "completion": (DerenderCompletionStreamRequest, CompletionRequest),
 }
 _CLOSED_MEMORY = 65536
-# One remembered closed request (for duplicate detection): its id, seq and the dict slot.
-CLOSED_ENTRY_BYTES = 200
+# One remembered closed request (for duplicate detection): its seq and the dict slot; its id
+# is counted as it is (``_closed_entry_bytes``).
+CLOSED_ENTRY_BYTES = 130
 _MISSING = object()
 # A progress record's fixed part: {"v":2,"kind":"progress","offset":N,"last_seq":N,...}.
 _PROGRESS_OVERHEAD = 200
@@ -86,6 +88,11 @@ _CONTEXT_OVERHEAD = 96
 _CONTEXT_BASE_BYTES = 1200
 _INT_IN_LIST_BYTES = 36
 _REQUEST_FIXED_BYTES = 1100
+# A request's structure costs more held than encoded (``json_structure_bytes``): a dict with a
+# key or two, a list, and each further element's slot and object, past their JSON text.
+_OBJECT_BYTES = 200
+_ARRAY_BYTES = 60
+_ELEMENT_BYTES = 32
 
 
 @dataclass(slots=True)
@@ -109,6 +116,8 @@ class RequestContext:
     """Size of the encoded context (endpoint, inherited fields, request), checked when it is set."""
     request_bytes: int = 0
     """Size of the encoded request alone (part of ``context_bytes``)."""
+    request_live_bytes: int = 0
+    """The request's estimated memory held, parsed and raw (``measure_context``)."""
     measured_request: JsonDict | None = None
     """The ``request_raw`` that ``context_bytes`` was measured with."""
     wire_bytes: dict[int, int] = field(default_factory=dict)
@@ -141,7 +150,7 @@ class RequestContext:
         """
         size = _CONTEXT_BASE_BYTES
         if self.request is not None:
-            size += _REQUEST_FIXED_BYTES + self.request_bytes
+            size += _REQUEST_FIXED_BYTES + self.request_live_bytes
         prompt = self.inherited.get("prompt_token_ids")
         if isinstance(prompt, list):
             size += _INT_IN_LIST_BYTES * len(prompt)
@@ -191,18 +200,22 @@ class RequestContext:
             finished=set(finished),
             last_choice_index=last_choice_index,
         )
-        ctx.context_bytes, ctx.request_bytes = measure_context(ctx.inherited, request_raw)
+        ctx.context_bytes, ctx.request_bytes, ctx.request_live_bytes = measure_context(
+            ctx.inherited, request_raw
+        )
         ctx.measured_request = request_raw
         for index, wire in sequences.items():
             ctx.note_wire(index, len(orjson.dumps(wire)))
         return ctx
 
 
-def measure_context(inherited: JsonDict, request: Any) -> tuple[int, int]:
+def measure_context(inherited: JsonDict, request: Any) -> tuple[int, int, int]:
     """Encoded sizes of a request context as its state record holds it, whole and of its request
-    alone; ``TypeError`` when it cannot be encoded."""
-    request_size = len(orjson.dumps(request))
-    return request_size + len(orjson.dumps(inherited)) + _CONTEXT_OVERHEAD, request_size
+    alone, and the request's estimated memory held; ``TypeError`` when it cannot be encoded."""
+    encoded = orjson.dumps(request)
+    request_size = len(encoded)
+    context_size = request_size + len(orjson.dumps(inherited)) + _CONTEXT_OVERHEAD
+    return context_size, request_size, request_size + json_structure_bytes(encoded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +306,19 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 
 
+def json_structure_bytes(value: bytes) -> int:
+    """What the JSON document ``value`` costs held in Python beyond its length: each object, array
+    and further element (counted outside strings). A request of two million empty lists is 6 MB
+    encoded and ~130 MB held."""
+    if b'"' in value and value.count(b"{") + value.count(b"[") + value.count(b",") > 64:
+        value = _JSON_STRING.sub(b"", value)
+    return (
+        _OBJECT_BYTES * value.count(b"{")
+        + _ARRAY_BYTES * value.count(b"[")
+        + _ELEMENT_BYTES * value.count(b",")
+    )
+
+
 def json_depth_exceeds(value: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether the JSON document ``value`` nests arrays and objects deeper than ``limit``.
 
@@ -336,6 +362,7 @@ class EnvelopeProcessor:
         self.require_key = require_key
         self.requests: dict[str, RequestContext] = {}
         self._closed: OrderedDict[str, int] = OrderedDict()
+        self._closed_bytes = 0
         # Sequences holding a live parser; a worker shares one pool between its processors.
         self.parsers = live_parsers if live_parsers is not None else LiveParserPool(max_live_parsers)
         self._clock = clock
@@ -631,7 +658,7 @@ class EnvelopeProcessor:
         ):
             return
         try:
-            size, request_size = measure_context({**ctx.inherited, **given}, request_raw)
+            size, request_size, request_live = measure_context({**ctx.inherited, **given}, request_raw)
         except TypeError as exc:  # cannot happen for input within the bounds; refused if it does
             raise RequestError(f"the request context cannot be stored: {exc}") from exc
         if size > self.max_request_state_bytes:
@@ -639,7 +666,7 @@ class EnvelopeProcessor:
                 f"the request context of {size} bytes (request and prompt) exceeds the limit of "
                 f"{self.max_request_state_bytes} bytes per request"
             )
-        ctx.context_bytes, ctx.request_bytes = size, request_size
+        ctx.context_bytes, ctx.request_bytes, ctx.request_live_bytes = size, request_size, request_live
         ctx.measured_request = request_raw
 
     def _choice_index(self, ctx: RequestContext, choices: Sequence[Any]) -> int:
@@ -712,10 +739,13 @@ class EnvelopeProcessor:
         return closed_at is not None and seq <= closed_at
 
     def _remember_closed(self, rid: str, seq: int) -> None:
-        self._closed[rid] = max(seq, self._closed.get(rid, seq))
+        known = self._closed.get(rid)
+        if known is None:
+            self._closed_bytes += _closed_entry_bytes(rid)
+        self._closed[rid] = max(seq, seq if known is None else known)
         self._closed.move_to_end(rid)
         while len(self._closed) > _CLOSED_MEMORY:
-            self._closed.popitem(last=False)
+            self._closed_bytes -= _closed_entry_bytes(self._closed.popitem(last=False)[0])
 
     def _close(self, rid: str, seq: int) -> None:
         if self.requests.pop(rid, None) is not None:
@@ -736,7 +766,7 @@ class EnvelopeProcessor:
 
     def closed_live_bytes(self) -> int:
         """The memory of closed requests kept for duplicate detection (bounded: ``_CLOSED_MEMORY``)."""
-        return CLOSED_ENTRY_BYTES * len(self._closed)
+        return self._closed_bytes
 
     @property
     def live_parsers(self) -> int:
@@ -771,6 +801,15 @@ class EnvelopeProcessor:
                 self.output_result(rid, _error_envelope(rid, seq, ctx.endpoint, error), closed=True)
             )
         return results
+
+
+def _closed_entry_bytes(rid: str) -> int:
+    """A remembered closed request's memory: a ``request_id`` may be 512 characters of any script,
+    and CPython keeps a UTF-8 copy of a non-ASCII string once it was written out."""
+    size = CLOSED_ENTRY_BYTES + sys.getsizeof(rid)
+    if not rid.isascii():
+        size += len(rid.encode("utf-8", "surrogatepass")) + 1
+    return size
 
 
 def _too_deep_error() -> RequestError:

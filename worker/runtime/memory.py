@@ -2,10 +2,10 @@
 
 What is counted (``--max-state-bytes``): the *live* bytes of every open streamed request, the
 core's estimate of what it holds in memory (``RequestContext.live_bytes``: its prompt ids as Python
-ints, its request, each choice's decode window and output ids), plus each processor's memory of
-closed requests (``EnvelopeProcessor.closed_live_bytes``). Serialized sizes undercount these
-several times (a prompt id is ~7 bytes of JSON but ~36 bytes of Python int and list slot). An
-owned partition updates its requests' share after every record (``OwnedPartition``).
+ints, its request with its structure, each choice's decode window and output ids), plus each
+processor's memory of closed requests (``EnvelopeProcessor.closed_live_bytes``). Serialized
+sizes undercount these several times (a prompt id is ~7 bytes of JSON but ~36 bytes of Python
+int and list slot). An owned partition updates its requests' share after every record (``OwnedPartition``).
 
 Live parser sessions (~32 KB each, ``LIVE_PARSER_BYTES``) are capped by count instead, in the
 worker-wide pool (``--max-live-parsers``, ``worker.core.live_parsers``): past the cap the least
