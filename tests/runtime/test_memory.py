@@ -79,7 +79,7 @@ def _estimate(processor: EnvelopeProcessor) -> int:
     return requests + LIVE_PARSER_BYTES * len(processor.parsers) + processor.closed_live_bytes()
 
 
-SHAPES = {
+SHAPES: dict[str, dict[str, Any]] = {
     "long prompts": {"parsers": False, "prompt": 4000, "content": 10, "records": 3, "tokens": 3},
     "long messages": {"parsers": False, "prompt": 20, "content": 40_000, "records": 3, "tokens": 3},
     "parsers, long outputs": {"parsers": True, "prompt": 50, "content": 100, "records": 40, "tokens": 8},
