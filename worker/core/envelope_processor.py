@@ -36,7 +36,7 @@ from schemas.derender import (
     DerenderStreamState,
 )
 from schemas.envelope import InputEnvelope
-from schemas.openai import ChatCompletionRequest, CompletionRequest
+from schemas.openai import ChatCompletionRequest, CompletionRequest, RequestRuleError
 from worker.core.cycle_collection import pause_cycle_collection, resume_cycle_collection
 from worker.core.derenderer import Derenderer
 from worker.core.live_parsers import LiveParserPool
@@ -258,16 +258,25 @@ class ProcessResult:
 _LISTED_ERRORS = 20
 
 
-def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+def _validation_message(exc: ValidationError, at: tuple[str, ...] = ()) -> tuple[str, str | None]:
+    """The message and ``param`` of a 400 for ``exc``; ``at`` is where the validated part sits in
+    the body. As vLLM's handler does, ``param`` is the parameter of the first broken request rule
+    that names one, else where the first error is."""
+    errors = exc.errors(include_url=False, include_input=False)
     lines = [f"{len(errors)} validation error{'s' if len(errors) != 1 else ''}:"]
     for err in errors[:_LISTED_ERRORS]:
-        loc = clip(".".join(str(part) for part in ("body", *err["loc"])), 256)
+        loc = clip(".".join(str(part) for part in ("body", *at, *err["loc"])), 256)
         lines.append(f"  {{'type': {err['type']!r}, 'loc': {loc!r}, 'msg': {err['msg']!r}}}")
     if len(errors) > _LISTED_ERRORS:
         lines.append(f"  ... and {len(errors) - _LISTED_ERRORS} more")
-    first = errors[0]["loc"] if errors else ()
-    param = clip(".".join(str(part) for part in ("body", *first)), 256) if errors else None
+    param = None
+    for err in errors:
+        rule = err.get("ctx", {}).get("error")
+        if isinstance(rule, RequestRuleError):
+            param = rule.parameter
+            break
+    if param is None and errors:
+        param = clip(".".join(str(part) for part in ("body", *at, *errors[0]["loc"])), 256)
     return "\n".join(lines), param
 
 
@@ -655,7 +664,7 @@ class EnvelopeProcessor:
                 try:
                     request = model_cls.model_validate(raw)
                 except ValidationError as exc:
-                    message, param = _validation_message(exc)
+                    message, param = _validation_message(exc, (_REQUEST_FIELD[ctx.endpoint],))
                     raise RequestError(message, error_type="Bad Request", param=param) from exc
                 request_raw = raw
         self._check_context(ctx, given, request_raw)
