@@ -10,7 +10,7 @@ and the tests check the two agree.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from schemas.bounds import Int64
+from schemas.bounds import INT64_MAX, Int64, NonNegativeInt64
 
 
 class StreamOptions(BaseModel):
@@ -59,6 +59,10 @@ class NamedToolChoice(BaseModel):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | None
 
 
+MAX_STOP_STRINGS = 4
+"""vLLM's default ``VLLM_MAX_STOP_STRINGS``: a ``stop`` list may hold at most this many strings."""
+
+
 class _SamplingFields(BaseModel):
     """Fields both request kinds share that change how output is decoded."""
 
@@ -68,7 +72,7 @@ class _SamplingFields(BaseModel):
     n: Int64 | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = Field(default_factory=list)
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = Field(default_factory=list)
     stop_token_ids: list[Int64] | None = Field(default_factory=list)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
@@ -77,6 +81,14 @@ class _SamplingFields(BaseModel):
     spaces_between_special_tokens: bool = True
     return_token_ids: bool | None = None
     logprob_token_ids: list[Int64] | None = None
+    # Not read here, but bounded as vLLM's request models bound them, so that a body it refuses
+    # is refused here too.
+    seed: Int64 | None = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
+    priority: Int64 = 0
+    routed_experts_prompt_start: NonNegativeInt64 = 0
+    stream_interval: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     def stop_strings(self) -> list[str]:
         """``stop`` as a list without empty strings, as ``SamplingParams`` normalizes it."""
@@ -428,8 +440,9 @@ class ChatCompletionRequest(_SamplingFields):
 class CompletionRequest(_SamplingFields):
     """The original (post ``adjust_request``) completion request from ``/render``."""
 
-    prompt: Any = None
+    prompt: list[NonNegativeInt64] | list[list[NonNegativeInt64]] | str | list[str] | None = None
     logprobs: Int64 | None = None
+    n: Int64 = 1
     echo: bool | None = False
 
     @model_validator(mode="before")
