@@ -257,6 +257,52 @@ class ProcessResult:
 
 _LISTED_ERRORS = 20
 
+# Names pydantic-core puts into an error's loc for a union member or a wrapping validator
+# (``str``, ``list[int]``, ``function-after[...]``), not for a field. vLLM's handler leaves them
+# out of both the listed loc and ``param``: ``body.stop``, not ``body.stop.list[str]``.
+_SCHEMA_KINDS = frozenset(
+    [
+        "function-wrap",
+        "function-after",
+        "function-before",
+        "function-plain",
+        "json-or-python",
+        "lax-or-strict",
+        "chain",
+        "default",
+        "nullable",
+        "tagged-union",
+        "union",
+        "call",
+        "arguments",
+        "is-instance",
+        "is-subclass",
+        "callable",
+        "str",
+        "int",
+        "float",
+        "bool",
+        "bytes",
+        "bytearray",
+        "list",
+        "tuple",
+        "dict",
+        "set",
+        "frozenset",
+        "complex",
+        "none",
+        "nonetype",
+    ]
+)
+_BRACKETED = re.compile(r"[\[\]{}()]")
+
+
+def _where(at: tuple[str, ...], loc: tuple[int | str, ...]) -> str:
+    """An error's place in the body, as a dotted path without pydantic's schema kinds."""
+    parts = [str(part) for part in loc]
+    kept = [p for p in parts if not _BRACKETED.search(p) and p.lower() not in _SCHEMA_KINDS]
+    return clip(".".join(("body", *at, *kept)), 256)
+
 
 def _validation_message(exc: ValidationError, at: tuple[str, ...] = ()) -> tuple[str, str | None]:
     """The message and ``param`` of a 400 for ``exc``; ``at`` is where the validated part sits in
@@ -265,8 +311,9 @@ def _validation_message(exc: ValidationError, at: tuple[str, ...] = ()) -> tuple
     errors = exc.errors(include_url=False, include_input=False)
     lines = [f"{len(errors)} validation error{'s' if len(errors) != 1 else ''}:"]
     for err in errors[:_LISTED_ERRORS]:
-        loc = clip(".".join(str(part) for part in ("body", *at, *err["loc"])), 256)
-        lines.append(f"  {{'type': {err['type']!r}, 'loc': {loc!r}, 'msg': {err['msg']!r}}}")
+        lines.append(
+            f"  {{'type': {err['type']!r}, 'loc': {_where(at, err['loc'])!r}, 'msg': {err['msg']!r}}}"
+        )
     if len(errors) > _LISTED_ERRORS:
         lines.append(f"  ... and {len(errors) - _LISTED_ERRORS} more")
     param = None
@@ -276,7 +323,7 @@ def _validation_message(exc: ValidationError, at: tuple[str, ...] = ()) -> tuple
             param = rule.parameter
             break
     if param is None and errors:
-        param = clip(".".join(str(part) for part in ("body", *at, *errors[0]["loc"])), 256)
+        param = _where(at, errors[0]["loc"])
     return "\n".join(lines), param
 
 
