@@ -174,6 +174,7 @@ def test_a_usage_only_record_after_the_finish_does_not_rebuild_the_session(
     request = {
         "model": "test-model",
         "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
         "stream_options": {"include_usage": True},
     }
     chunks: list[JsonDict] = [

@@ -37,7 +37,7 @@ from schemas.derender import (
     DerenderStreamState,
 )
 from schemas.envelope import InputEnvelope
-from schemas.openai import ChatCompletionRequest, CompletionRequest
+from schemas.openai import ChatCompletionRequest, CompletionRequest, RequestRuleError
 from worker.core.cycle_collection import pause_cycle_collection, resume_cycle_collection
 from worker.core.derenderer import Derenderer
 from worker.core.live_parsers import LiveParserPool
@@ -270,17 +270,73 @@ class ProcessResult:
 
 _LISTED_ERRORS = 20
 
+# Names pydantic-core puts into an error's loc for a union member or a wrapping validator
+# (``str``, ``list[int]``, ``function-after[...]``), not for a field. vLLM's handler leaves them
+# out of both the listed loc and ``param``: ``body.stop``, not ``body.stop.list[str]``.
+_SCHEMA_KINDS = frozenset(
+    [
+        "function-wrap",
+        "function-after",
+        "function-before",
+        "function-plain",
+        "json-or-python",
+        "lax-or-strict",
+        "chain",
+        "default",
+        "nullable",
+        "tagged-union",
+        "union",
+        "call",
+        "arguments",
+        "is-instance",
+        "is-subclass",
+        "callable",
+        "str",
+        "int",
+        "float",
+        "bool",
+        "bytes",
+        "bytearray",
+        "list",
+        "tuple",
+        "dict",
+        "set",
+        "frozenset",
+        "complex",
+        "none",
+        "nonetype",
+    ]
+)
+_BRACKETED = re.compile(r"[\[\]{}()]")
 
-def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+
+def _where(at: tuple[str, ...], loc: tuple[int | str, ...]) -> str:
+    """An error's place in the body, as a dotted path without pydantic's schema kinds."""
+    parts = [str(part) for part in loc]
+    kept = [p for p in parts if not _BRACKETED.search(p) and p.lower() not in _SCHEMA_KINDS]
+    return clip(".".join(("body", *at, *kept)), 256)
+
+
+def _validation_message(exc: ValidationError, at: tuple[str, ...] = ()) -> tuple[str, str | None]:
+    """The message and ``param`` of a 400 for ``exc``; ``at`` is where the validated part sits in
+    the body. As vLLM's handler does, ``param`` is the parameter of the first broken request rule
+    that names one, else where the first error is."""
+    errors = exc.errors(include_url=False, include_input=False)
     lines = [f"{len(errors)} validation error{'s' if len(errors) != 1 else ''}:"]
     for err in errors[:_LISTED_ERRORS]:
-        loc = clip(".".join(str(part) for part in ("body", *err["loc"])), 256)
-        lines.append(f"  {{'type': {err['type']!r}, 'loc': {loc!r}, 'msg': {err['msg']!r}}}")
+        lines.append(
+            f"  {{'type': {err['type']!r}, 'loc': {_where(at, err['loc'])!r}, 'msg': {err['msg']!r}}}"
+        )
     if len(errors) > _LISTED_ERRORS:
         lines.append(f"  ... and {len(errors) - _LISTED_ERRORS} more")
-    first = errors[0]["loc"] if errors else ()
-    param = clip(".".join(str(part) for part in ("body", *first)), 256) if errors else None
+    param = None
+    for err in errors:
+        rule = err.get("ctx", {}).get("error")
+        if isinstance(rule, RequestRuleError):
+            param = rule.parameter
+            break
+    if param is None and errors:
+        param = _where(at, errors[0]["loc"])
     return "\n".join(lines), param
 
 
@@ -701,7 +757,7 @@ class EnvelopeProcessor:
                 try:
                     request = model_cls.model_validate(raw)
                 except ValidationError as exc:
-                    message, param = _validation_message(exc)
+                    message, param = _validation_message(exc, (_REQUEST_FIELD[ctx.endpoint],))
                     raise RequestError(message, error_type="Bad Request", param=param) from exc
                 request_raw = raw
         self._check_context(ctx, given, request_raw)
