@@ -19,9 +19,15 @@ ratio <= 4):
   arguments, duplicate keys, both argument keys, a syntax error, a number
   ending in a point before a delimiter; pythonic
   list and dict arguments) or still do (a syntax error in an array's tail after a
-  string, which the completion may still mend).
+  string, which the completion may still mend);
+* one-shot (non-streaming) records whose tool markup never closes, at 1,000,
+  2,000 and 4,000 tokens, vs ordinary text through the same parser: the call
+  and argument patterns vLLM matches the whole output against
+  (``deepseek_v31`` call-begin/separator pairs without a call end, ``glm45``
+  argument values without ``</arg_value>``, pre-v11 ``mistral`` ``[{`` runs
+  after a payload JSON rejects).
 
-``python -m benchmarks adversarial [--rounds N] [--tokens N] [--shapes records|parsers]
+``python -m benchmarks adversarial [--rounds N] [--tokens N] [--shapes records|parsers|oneshot]
 [--only TEXT]...`` (``--only``: the parser rows whose label holds TEXT, e.g. ``"list argument"``);
 prints figures, asserts nothing.
 """
@@ -241,6 +247,12 @@ STRUCTURED_SHAPES: list[tuple[str, str, str, str, str]] = [
         "'v{0}', ",
     ),
 ]
+#: One-shot outputs whose markup never closes: (parser, model, text prefix, repeated unit).
+ONESHOT_SHAPES: list[tuple[str, str, str, str]] = [
+    ("deepseek_v31", "deepseek-v3", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>f<｜tool▁sep｜>{"),
+    ("glm45", "qwen3", "<tool_call>write_file\n", "<arg_key>k</arg_key><arg_value>v"),
+    ("mistral", "mistral-7b-v0.3", "[TOOL_CALLS] x", "[{ "),
+]
 FILLER = "Line of text, numbers 12345 and punctuation; café, 北京. "
 
 
@@ -349,6 +361,44 @@ def _record_rows(rounds: int) -> list[tuple[str, list[float], list[float]]]:
     return rows
 
 
+def _oneshot_record(ids: list[int]) -> bytes:
+    request: JsonDict = {
+        "model": "bench",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [_STRING_TOOL],
+    }
+    body: JsonDict = {
+        "model": "bench",
+        "prompt_token_ids": PROMPT,
+        "generate_response": {
+            "request_id": "b",
+            "choices": [{"index": 0, "token_ids": ids, "finish_reason": "stop"}],
+        },
+        "chat_request": request,
+    }
+    return orjson.dumps({"request_id": "b", "seq": 0, "endpoint": "chat", "body": body})
+
+
+def _oneshot_rows(rounds: int, only: list[str]) -> list[tuple[str, list[float], list[float]]]:
+    rows = []
+    for parser, model, prefix, unit in ONESHOT_SHAPES:
+        if not _wanted(f"{parser} one-shot", only):
+            continue
+        settings = _settings(model, tool_parser=parser, enable_auto_tool_choice=True)
+        backend = settings.build_derenderer().tokenizer.backend
+        for n in (1000, 2000, 4000):
+            ids = backend.encode(prefix + unit * n, add_special_tokens=False).ids[:n]
+            ordinary = backend.encode(FILLER * (n // 4), add_special_tokens=False).ids[: len(ids)]
+            rows.append(
+                (
+                    f"{parser} one-shot, open markup, {len(ids):,} tokens",
+                    _record_cost(settings, _oneshot_record(ids), rounds),
+                    _record_cost(settings, _oneshot_record(ordinary), rounds),
+                )
+            )
+    return rows
+
+
 def _parser_stream_costs(parser: str, model: str, text: str, tools: list[JsonDict]) -> list[float]:
     """Per-record seconds of one call in 1-token records through a live parser session."""
     loaded = load_tokenizer(MODELS / model)
@@ -432,7 +482,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks adversarial")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=3500, help="tokens per long tool call")
-    parser.add_argument("--shapes", choices=("all", "records", "parsers"), default="all")
+    parser.add_argument("--shapes", choices=("all", "records", "parsers", "oneshot"), default="all")
     parser.add_argument(
         "--only", action="append", default=[], help="parser rows whose label holds this text (repeatable)"
     )
@@ -443,6 +493,8 @@ def main(argv: list[str]) -> None:
     rows = _record_rows(args.rounds) if records else []
     if args.shapes in ("all", "parsers"):
         rows += _parser_rows(args.rounds, args.tokens, args.only)
+    if args.shapes in ("all", "oneshot"):
+        rows += _oneshot_rows(args.rounds, args.only)
     for label, bad, good in rows:
         bad_m, bad_s = _median_spread(bad)
         good_m, good_s = _median_spread(good)

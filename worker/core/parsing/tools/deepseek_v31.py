@@ -48,9 +48,49 @@ CALL_BEGIN = "<｜tool▁call▁begin｜>"
 CALL_END = "<｜tool▁call▁end｜>"
 SEP = "<｜tool▁sep｜>"
 
-_CALL_RE = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>([\s\S]*?)<｜tool▁call▁end｜>")
+#: vLLM's call pattern; ``find_calls`` returns what its ``findall`` does.
+CALL_RE = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>([\s\S]*?)<｜tool▁call▁end｜>")
 # The name runs up to the last separator of the portion's first line.
 _PORTION_RE = re.compile(r"(.*)<｜tool▁sep｜>([\s\S]*)")
+
+
+def _next(text: str, marker: str, start: int, last: int) -> int:
+    """``text.find(marker, start)``, given ``last``, its answer for an earlier start (-2: none yet)."""
+    return last if last == -1 or last >= start else text.find(marker, start)
+
+
+def find_calls(text: str) -> list[tuple[str, str]]:
+    """``CALL_RE.findall(text)`` in time linear in the text.
+
+    The regex retries from every call-begin marker and, for each, scans to the
+    end of the text for a call end, so output of call-begin/separator pairs
+    with no call end costs it cubic time. A match at a begin marker takes the
+    first separator after it, when the name before that separator has no
+    newline (``.`` stops there), and then the first call end after the
+    separator; with no such separator or call end no later begin marker can
+    match either. The next separator, newline and call end are searched from
+    ever later positions, so each search resumes where the last one found
+    its answer: every character is examined once per marker.
+    """
+    calls: list[tuple[str, str]] = []
+    sep = newline = end = -2
+    begin = text.find(CALL_BEGIN)
+    while begin >= 0:
+        name_start = begin + len(CALL_BEGIN)
+        sep = _next(text, SEP, name_start, sep)
+        if sep < 0:
+            break
+        newline = _next(text, "\n", name_start, newline)
+        if 0 <= newline < sep:
+            begin = text.find(CALL_BEGIN, begin + 1)
+            continue
+        args_start = sep + len(SEP)
+        end = _next(text, CALL_END, args_start, end)
+        if end < 0:
+            break
+        calls.append((text[name_start:sep], text[args_start:end]))
+        begin = text.find(CALL_BEGIN, end + len(CALL_END))
+    return calls
 
 
 def _after_last(text: str, marker: str) -> str:
@@ -90,7 +130,7 @@ class DeepSeekV31ToolParser(ToolParser):
             return ExtractedCalls(False, [], text)
         calls = [
             ToolCallOut(id=random_tool_call_id(), name=name, arguments=args)
-            for name, args in _CALL_RE.findall(text)
+            for name, args in find_calls(text)
         ]
         content = text[: text.find(CALLS_BEGIN)]
         return ExtractedCalls(True, calls, content or None)

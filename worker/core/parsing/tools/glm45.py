@@ -53,22 +53,84 @@ GLM_TOOL_MARKERS = {
     "ARG_VALUE_START": "<arg_value>",
     "ARG_VALUE_END": "</arg_value>",
 }
-_ARG_RE = re.compile(rf"<arg_key>(.*?)</arg_key>{WS}*<arg_value>(.*?)</arg_value>", re.DOTALL)
-_OPEN_ARG_RE = re.compile(rf"<arg_key>(.*?)</arg_key>{WS}*<arg_value>(.*)$", re.DOTALL)
+#: vLLM's argument patterns: ``find_args`` and ``find_open_arg`` return what they match.
+ARG_RE = re.compile(rf"<arg_key>(.*?)</arg_key>{WS}*<arg_value>(.*?)</arg_value>", re.DOTALL)
+OPEN_ARG_RE = re.compile(rf"<arg_key>(.*?)</arg_key>{WS}*<arg_value>(.*)$", re.DOTALL)
+_KEY, _KEY_END = "<arg_key>", "</arg_key>"
+_VALUE, _VALUE_END = "<arg_value>", "</arg_value>"
+_WS_RUN = re.compile(rf"{WS}*")
+
+
+def _value_start(raw: str, key_start: int) -> tuple[int, int] | None:
+    """Where the key from ``key_start`` ends and its value starts: the first
+    ``</arg_key>`` from there followed by blanks and ``<arg_value>``."""
+    key_end = raw.find(_KEY_END, key_start)
+    while key_end >= 0:
+        # A blank run stops at the next tag's "<": the runs are disjoint.
+        blanks = _WS_RUN.match(raw, key_end + len(_KEY_END))
+        blanks_end = blanks.end() if blanks else key_end + len(_KEY_END)
+        if raw.startswith(_VALUE, blanks_end):
+            return key_end, blanks_end + len(_VALUE)
+        key_end = raw.find(_KEY_END, blanks_end)
+    return None
+
+
+def find_args(raw: str) -> list[tuple[str, str, int, int]]:
+    """``(key, value, start, end)`` of each ``ARG_RE.finditer(raw)`` match, in linear time.
+
+    The regex retries every later ``</arg_key>`` and, from each, scans to the end
+    for ``</arg_value>``, for every ``<arg_key>``: cubic on values that never
+    close. A match takes the first ``</arg_key>`` followed by blanks and
+    ``<arg_value>`` (later ones only come with later values) and the first
+    ``</arg_value>`` after it; when either is missing, every later ``<arg_key>``
+    fails the same way, so the scan stops.
+    """
+    found: list[tuple[str, str, int, int]] = []
+    key = raw.find(_KEY)
+    while key >= 0:
+        value = _value_start(raw, key + len(_KEY))
+        if value is None:
+            break
+        key_end, value_start = value
+        value_end = raw.find(_VALUE_END, value_start)
+        if value_end < 0:
+            break
+        end = value_end + len(_VALUE_END)
+        found.append((raw[key + len(_KEY) : key_end], raw[value_start:value_end], key, end))
+        key = raw.find(_KEY, end)
+    return found
+
+
+def find_open_arg(text: str) -> tuple[str, str] | None:
+    """The groups of ``OPEN_ARG_RE.search(text)``: the value runs to the end
+    (``$`` then matches at the very end), so only the first ``<arg_key>`` can match."""
+    key = text.find(_KEY)
+    value = _value_start(text, key + len(_KEY)) if key >= 0 else None
+    if value is None:
+        return None
+    key_end, value_start = value
+    return text[key + len(_KEY) : key_end], text[value_start:]
 
 
 def _parse_args(raw: str, partial: bool) -> tuple[dict[str, Any], str | None]:
     """The arguments, and the key of a still-open trailing value."""
     params: dict[str, Any] = {}
-    for match in _ARG_RE.finditer(raw):
-        params[match.group(1).strip()] = match.group(2)
+    matches = find_args(raw)
+    for key, value, _, _ in matches:
+        params[key.strip()] = value
     open_key = None
     if partial:
-        open_match = _OPEN_ARG_RE.search(_ARG_RE.sub("", raw))
+        # what is left once the closed arguments are cut out (``ARG_RE.sub("", raw)``)
+        pieces, last = [], 0
+        for _, _, start, end in matches:
+            pieces.append(raw[last:start])
+            last = end
+        pieces.append(raw[last:])
+        open_match = find_open_arg("".join(pieces))
         if open_match:
-            key = open_match.group(1).strip()
+            key = open_match[0].strip()
             if key:
-                params[key] = open_match.group(2)
+                params[key] = open_match[1]
                 open_key = key
     return params, open_key
 

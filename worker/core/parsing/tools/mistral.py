@@ -61,7 +61,20 @@ from worker.errors import ParserSetupError
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
 _ALNUM = string.ascii_letters + string.digits
-_ARRAY_RE = re.compile(r"\[{.*}\]", re.DOTALL)
+#: vLLM's fallback for a payload JSON rejects; ``find_array`` returns what its ``findall`` does.
+ARRAY_RE = re.compile(r"\[{.*}\]", re.DOTALL)
+
+
+def find_array(text: str) -> list[str]:
+    """``ARRAY_RE.findall(text)`` in linear time: from the first ``[{`` to the last ``}]`` after it.
+
+    The regex tries every ``[{`` and, from each, backs off from the end of the
+    text to the last ``}]``: quadratic on many ``[{`` and no ``}]``. Its greedy
+    ``.*`` runs to the last ``}]`` of the text, so it matches at most once.
+    """
+    start = text.find("[{")
+    end = text.rfind("}]", start + 2) if start >= 0 else -1
+    return [text[start : end + 2]] if end >= 0 else []
 
 
 MISTRAL_TOOL_CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
@@ -474,7 +487,7 @@ class MistralToolParser(ToolParser):
         try:
             parsed, _ = json.JSONDecoder().raw_decode(payload)
         except ValueError:
-            found = _ARRAY_RE.findall(payload)
+            found = find_array(payload)
             try:
                 parsed = json.loads(found[0]) if found else None
             except ValueError:
