@@ -118,16 +118,8 @@ def test_warm_equals_cold_on_random_splits(case: GoldenCase, seed: int) -> None:
     assert normalize(_warm(case, records, max_live_parsers=0)) == warm
 
 
-@pytest.mark.parametrize(
-    ("finish_reason", "token_ids"), [("length", [9707]), ("stop", [9707, 151645]), ("abort", [151667])]
-)
-def test_a_record_after_its_choice_finished_continues_as_a_rebuilt_parser_would(
-    finish_reason: str, token_ids: list[int]
-) -> None:
-    """vLLM replays a chunk's history without its finish (and with its stop token): a live session
-    that took the finish must not carry it into a later record of the same choice (n=2 keeps the
-    request open, choice 1 unfinished), or warm output differs from cold, from an evicted session
-    and from a restart."""
+def _after_finish(finish_reason: str, token_ids: list[int]) -> list[JsonDict]:
+    """Records that step choice 0 after its finish (n=2 keeps the request open)."""
     prompt = [151644, 872, 198, 3872, 220, 16, 15, 15, 16, 264, 10250, 1372, 30, 151645, 198]
     prompt += [151644, 77091, 198]
     request = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "n": 2}
@@ -135,6 +127,7 @@ def test_a_record_after_its_choice_finished_continues_as_a_rebuilt_parser_would(
         {"index": 0, "token_ids": token_ids, "finish_reason": finish_reason},
         {"index": 0, "token_ids": [26549]},
         {"index": 0, "token_ids": [151668, 9707]},
+        {"index": 0, "token_ids": [], "finish_reason": "stop"},
     ]
     records = []
     for seq, choice in enumerate(choices):
@@ -142,28 +135,101 @@ def test_a_record_after_its_choice_finished_continues_as_a_rebuilt_parser_would(
         if seq == 0:
             body |= {"model": "test-model", "prompt_token_ids": prompt, "chat_request": request}
         records.append({"request_id": "after", "seq": seq, "endpoint": "chat", "body": body})
+    return records
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "token_ids"), [("length", [9707]), ("stop", [9707, 151645]), ("abort", [151667])]
+)
+def test_a_record_that_steps_a_finished_choice_is_refused_unless_it_carries_its_state(
+    finish_reason: str, token_ids: list[int]
+) -> None:
+    """vLLM answers such a record by replaying the choice's history without the finish; held
+    sessions could only rebuild, O(the output so far) for one record, and records alternating
+    finish and no finish made every record cost that. No engine sends one: with parsers on it is a
+    400 that leaves the request as it was. Carrying the ``stream_state`` (vLLM's way) still gets
+    vLLM's answer."""
+    records = _after_finish(finish_reason, token_ids)
     case = GoldenCase("adhoc", "after-finish", sample_config(parsers=True), records, [])
-    cold = normalize(_cold(case, records))
-    assert normalize(_warm(case, records)) == cold
-    assert normalize(_warm(case, records, max_live_parsers=0)) == cold
+    for warm in (_warm(case, records), _warm(case, records, max_live_parsers=0)):
+        assert "body" in warm[0]
+        for output in warm[1:]:
+            assert output["error"]["code"] == 400
+            assert output["error"]["message"].startswith("choice 0 of request 'after' already finished")
+    assert all("body" in output for output in _cold(case, records))
 
 
 @pytest.mark.parametrize("case", [c for c in STREAM_PARSER_CASES if _single_choice(c)], ids=lambda c: c.id)
-def test_a_record_that_changes_the_request_rebuilds_the_session_from_it(case: GoldenCase) -> None:
-    """vLLM builds the parser from each call's ``chat_request``: a later record that brings another
-    one (here ``tool_choice: "none"``, or reasoning hidden) is parsed with it, as cold replay does."""
+def test_a_record_that_changes_what_the_parsers_read_is_refused_once_there_is_output(
+    case: GoldenCase,
+) -> None:
+    """vLLM builds its parser from each call's ``chat_request`` and replays the history through it:
+    for held sessions that is a rebuild, O(the output so far) for one record. A later record that
+    changes what the parsers read (here ``tool_choice: "none"``, or reasoning shown or hidden) is a 400
+    and the request goes on with its request as it was, exactly as if the record had not come."""
     request = case.input[0]["body"]["chat_request"]
     changed = (
-        {**request, "tool_choice": "none"}
+        {**request, "tool_choice": "auto" if request.get("tool_choice") == "none" else "none"}
         if request.get("tools")
-        else {**request, "include_reasoning": False}
+        else {**request, "include_reasoning": not request.get("include_reasoning", True)}
     )
     records = copy.deepcopy(case.input)
     middle = len(records) // 2
     records[middle]["body"]["chat_request"] = changed
-    cold = normalize(_cold(case, records))
-    assert normalize(_warm(case, records)) == cold
-    assert normalize(_warm(case, records, max_live_parsers=0)) == cold
+    without = [{**r, "seq": seq} for seq, r in enumerate(records[:middle] + records[middle + 1 :])]
+    expected = [{**o, "seq": None} for o in normalize(_cold(case, without))]
+    for warm in (_warm(case, records), _warm(case, records, max_live_parsers=0)):
+        assert warm[middle]["error"]["code"] == 400, warm[middle]
+        assert warm[middle]["error"]["param"] == "chat_request"
+        rest = warm[:middle] + warm[middle + 1 :]
+        assert [{**o, "seq": None} for o in normalize(rest)] == expected
+
+
+@pytest.mark.parametrize("case", [c for c in STREAM_PARSER_CASES if _single_choice(c)], ids=lambda c: c.id)
+def test_a_record_that_changes_what_the_parsers_do_not_read_keeps_the_sessions(
+    case: GoldenCase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = copy.deepcopy(case.input)
+    middle = len(records) // 2
+    records[middle]["body"]["chat_request"] = {**records[0]["body"]["chat_request"], "temperature": 0.25}
+    derenderer = derenderer_for(case.config)
+    builds = 0
+    build = type(derenderer)._new_live_parser
+
+    def counting(self: Any, *args: Any) -> Any:
+        nonlocal builds
+        builds += 1
+        return build(self, *args)
+
+    monkeypatch.setattr(type(derenderer), "_new_live_parser", counting)
+    assert normalize(_warm(case, records)) == normalize(case.expected)
+    assert builds == 1  # the session built on the first record served every record
+
+
+def test_a_change_before_any_output_is_parsed_with_the_new_request() -> None:
+    """With no output yet, a session built from the new request costs nothing to build: the
+    change is taken, as vLLM takes it."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    first = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    call = [151657, 198, 4913, 606, 788, 330, 455, 69364, 497, 330, 16370, 788, 314, 3417, 198, 151658]
+    chunks: list[JsonDict] = [
+        {"index": 0, "token_ids": []},
+        {"index": 0, "token_ids": call},
+        {"index": 0, "token_ids": [151645], "finish_reason": "stop"},
+    ]
+    records = []
+    for seq, choice in enumerate(chunks):
+        body: JsonDict = {"stream": True, "generate_chunk": {"request_id": "early", "choices": [choice]}}
+        if seq == 0:
+            body |= {"model": "test-model", "prompt_token_ids": [151644, 77091, 198], "chat_request": first}
+        if seq == 1:
+            body["chat_request"] = {**first, "tool_choice": "none"}
+        records.append({"request_id": "early", "seq": seq, "endpoint": "chat", "body": body})
+    case = GoldenCase("adhoc", "change-before-output", sample_config(parsers=True), records, [])
+    warm = normalize(_warm(case, records))
+    assert all("body" in output for output in warm)
+    assert not any(c["delta"].get("tool_calls") for o in warm for c in o["body"]["chunk"]["choices"])
+    assert warm == normalize(_cold(case, records))
 
 
 def test_a_usage_only_record_after_the_finish_does_not_rebuild_the_session(

@@ -129,6 +129,14 @@ class Derenderer:
             int, tuple[weakref.ref[ChatCompletionRequest | CompletionRequest], StopPolicy]
         ] = {}
 
+    def parses_differently(
+        self, old: ChatCompletionRequest | CompletionRequest, new: ChatCompletionRequest | CompletionRequest
+    ) -> bool:
+        """Whether a parser session built from ``old`` would parse otherwise with ``new``."""
+        if self.parsing is None or not isinstance(old, ChatCompletionRequest):
+            return False
+        return not isinstance(new, ChatCompletionRequest) or _parse_request(old) != _parse_request(new)
+
     def check_model(self, model: str | None) -> str:
         """The model name to report; 404 for a name this server does not serve."""
         return check_model(self.options, model)

@@ -658,13 +658,16 @@ class EnvelopeProcessor:
 
         body_cls, request_cls = _STREAM_MODELS[endpoint]
         validated = _validate(body_cls, body)
-        previous = ctx.request
-        request = self._request_for(ctx, raw_request, request_cls, given)
-        if previous is not None and request is not previous:
-            self._drop_live_parsers(rid, ctx)
+        request, request_raw = self._validated_request(ctx, raw_request, request_cls)
+        rebuilt = validated.stream_state is not None  # a carried state rebuilds its parser anyway
+        if ctx.request is not None and request is not None and request is not ctx.request:
+            self._check_request_change(ctx, rid, ctx.request, request, rebuilt)
+        self._adopt_request(ctx, given, request, request_raw)
         _set_fields(validated, {**carried, request_field: request})
         chunk_in = validated.generate_chunk
         index = self._choice_index(ctx, chunk_in.choices)
+        if index in ctx.finished and not rebuilt and self.derenderer.parsing is not None:
+            _refuse_stepping_a_finished_choice(rid, index, chunk_in.choices)
         state = self._state_for(ctx, index, validated.stream_state)
         if isinstance(validated, DerenderChatStreamRequest):
             chunk, state = self.derenderer.chat_stream(validated, state)
@@ -738,15 +741,14 @@ class EnvelopeProcessor:
             )
         return index
 
-    def _request_for(
+    def _validated_request(
         self,
         ctx: RequestContext,
         raw: Any,
         model_cls: type[ChatCompletionRequest] | type[CompletionRequest],
-        given: JsonDict,
-    ) -> ChatCompletionRequest | CompletionRequest | None:
-        """The request object for this record: its own, else the one the request started with.
-        A new one is adopted once the context it makes was measured (``_check_context``)."""
+    ) -> tuple[ChatCompletionRequest | CompletionRequest | None, JsonDict | None]:
+        """The request object for this record and its raw form: its own, else the one the request
+        started with (the same object when the record resends an equal one)."""
         request, request_raw = ctx.request, ctx.request_raw
         if raw is not None:
             if not isinstance(raw, dict):
@@ -760,9 +762,42 @@ class EnvelopeProcessor:
                     message, param = _validation_message(exc, (_REQUEST_FIELD[ctx.endpoint],))
                     raise RequestError(message, error_type="Bad Request", param=param) from exc
                 request_raw = raw
+        return request, request_raw
+
+    def _adopt_request(
+        self,
+        ctx: RequestContext,
+        given: JsonDict,
+        request: ChatCompletionRequest | CompletionRequest | None,
+        request_raw: JsonDict | None,
+    ) -> None:
+        """Make ``request`` the request's own, once the context it makes was measured."""
         self._check_context(ctx, given, request_raw)
         ctx.request, ctx.request_raw = request, request_raw
-        return request
+
+    def _check_request_change(
+        self,
+        ctx: RequestContext,
+        rid: str,
+        old: ChatCompletionRequest | CompletionRequest,
+        new: ChatCompletionRequest | CompletionRequest,
+        rebuilt: bool,
+    ) -> None:
+        """A record brings a request other than the one the request's parser sessions were built
+        from. vLLM builds its parser from each call's request and replays the history through it;
+        held sessions would have to do the same, at O(the output so far) for one record, so once
+        there is output a change the parsers read is refused (a 400; the request goes on as it
+        was), unless the record carries its ``stream_state`` (it pays for its own replay)."""
+        if not self.derenderer.parses_differently(old, new):
+            return
+        if not rebuilt and any(state.output_token_ids for state in ctx.sequences.values()):
+            raise RequestError(
+                f"the {_REQUEST_FIELD[ctx.endpoint]} of request {rid!r} changes what the parsers read "
+                "(tools, tool_choice, parallel_tool_calls, include_reasoning, template kwargs or messages) "
+                "after output was parsed: send the record with its stream_state to have it replayed",
+                param=_REQUEST_FIELD[ctx.endpoint],
+            )
+        self._drop_live_parsers(rid, ctx)
 
     def _state_for(
         self, ctx: RequestContext, index: int, carried: DerenderStreamState | None
@@ -809,8 +844,8 @@ class EnvelopeProcessor:
         self._remember_closed(rid, seq)
 
     def _drop_live_parsers(self, rid: str, ctx: RequestContext) -> None:
-        """A record changed the request: vLLM builds its parser from each call's request, so the
-        sessions built from the old one are rebuilt from the history with the new one."""
+        """The request changed what the parsers read: sessions built from the old one go (rebuilt
+        with the new one from the history, which ``_check_request_change`` keeps empty or carried)."""
         for index, state in ctx.sequences.items():
             if state.live is not None:
                 state.live = None
@@ -857,6 +892,20 @@ class EnvelopeProcessor:
                 self.output_result(rid, _error_envelope(rid, seq, ctx.endpoint, error), closed=True)
             )
         return results
+
+
+def _refuse_stepping_a_finished_choice(rid: str, index: int, choices: Sequence[Any]) -> None:
+    """A record that steps a choice after its finish. No engine sends one; vLLM answers it by
+    replaying the choice's history without the finish, which held sessions can only do by a
+    rebuild: O(the output so far) for one record. So with parsers on it is a 400 (the request goes
+    on), unless it carries its ``stream_state``."""
+    for choice in choices:
+        if choice.index == index and (choice.token_ids or choice.finish_reason is not None):
+            raise RequestError(
+                f"choice {index} of request {rid!r} already finished: a later record cannot step it "
+                "(send it with its stream_state to have the history replayed)",
+                param="generate_chunk.choices.0",
+            )
 
 
 def _closed_entry_bytes(rid: str) -> int:
