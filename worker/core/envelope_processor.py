@@ -687,7 +687,7 @@ class EnvelopeProcessor:
             if choice.finish_reason is not None:
                 ctx.finished.add(choice.index)
         wire = state.to_wire()
-        wire_json = orjson.dumps(wire)  # validated, bounded values: it cannot fail
+        wire_json = state.wire_json()  # validated, bounded values: it cannot fail
         ctx.note_wire(index, len(wire_json))
         if ctx.state_bytes() > self.max_request_state_bytes:
             raise RequestStateTooLargeError(

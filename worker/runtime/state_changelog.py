@@ -91,7 +91,7 @@ def _progress(ctx: RequestContext, offset: int | None) -> JsonDict:
         "kind": "progress",
         "offset": offset,
         "last_seq": ctx.last_seq,
-        "sequences": {str(i): s.to_wire() for i, s in ctx.sequences.items()},
+        "sequences": {str(i): orjson.Fragment(s.wire_json()) for i, s in ctx.sequences.items()},
         "finished": sorted(ctx.finished),
         "last_choice_index": ctx.last_choice_index,
     }
