@@ -268,3 +268,49 @@ def test_a_usage_only_record_after_the_finish_does_not_rebuild_the_session(
     warm = normalize(_warm(case, records))
     assert builds == 1
     assert warm == normalize(_cold(case, records))
+
+
+def test_a_refused_record_leaves_the_request_as_it_was() -> None:
+    """A record refused after its request was read (here: it steps a finished choice, with a
+    request asking for n=3) must not make that request the request's own."""
+    prompt = [151644, 872, 198, 3872, 151645, 198, 151644, 77091, 198]
+    request = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "n": 2}
+
+    def record(seq: int, choice: JsonDict, **extra: Any) -> bytes:
+        body = {"stream": True, "generate_chunk": {"request_id": "x", "choices": [choice]}, **extra}
+        return orjson.dumps({"request_id": "x", "seq": seq, "endpoint": "chat", "body": body})
+
+    processor = EnvelopeProcessor(derenderer_for(sample_config(parsers=True)))
+    first = {"index": 0, "token_ids": [9707], "finish_reason": "length"}
+    processor.process(record(0, first, model="test-model", prompt_token_ids=prompt, chat_request=request))
+    refused = processor.process(
+        record(1, {"index": 0, "token_ids": [9707]}, chat_request={**request, "n": 3})
+    )
+    assert refused.output is not None and refused.output["error"]["code"] == 400
+    last = processor.process(record(2, {"index": 1, "token_ids": [9707], "finish_reason": "length"}))
+    assert last.closed and processor.requests == {}  # both of the n=2 choices finished
+
+
+def test_a_later_record_that_changes_the_prompt_is_refused_once_there_is_output() -> None:
+    """The parsers read the prompt too (a thinking-off prompt ends reasoning before the output):
+    a later record bringing other prompt ids is held to the same rule as a changed request."""
+    prompt = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
+    thinking_off = [*prompt, 151667, 271, 151668, 271]
+    request = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}]}
+    records = []
+    for seq, ids in enumerate([[9707], [11, 1879], [9707], [151645]]):
+        choice: JsonDict = {"index": 0, "token_ids": ids}
+        if seq == 3:
+            choice["finish_reason"] = "stop"
+        body: JsonDict = {"stream": True, "generate_chunk": {"request_id": "p", "choices": [choice]}}
+        if seq == 0:
+            body |= {"model": "test-model", "prompt_token_ids": prompt, "chat_request": request}
+        if seq == 1:
+            body["prompt_token_ids"] = thinking_off
+        records.append({"request_id": "p", "seq": seq, "endpoint": "chat", "body": body})
+    case = GoldenCase("adhoc", "prompt-change", sample_config(parsers=True), records, [])
+    without = [{**r, "seq": seq} for seq, r in enumerate([records[0], *records[2:]])]
+    expected = [{**o, "seq": None} for o in normalize(_cold(case, without))]
+    for warm in (_warm(case, records), _warm(case, records, max_live_parsers=0)):
+        assert warm[1]["error"]["code"] == 400 and warm[1]["error"]["param"] == "prompt_token_ids"
+        assert [{**o, "seq": None} for o in normalize([warm[0], *warm[2:]])] == expected

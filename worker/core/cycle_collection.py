@@ -26,22 +26,20 @@ _resume = False  # whether the collector was enabled when the outermost pause be
 def pause_cycle_collection() -> None:
     """Hold off automatic cycle collection until the matching ``resume_cycle_collection``."""
     global _depth, _resume
-    _lock.acquire()
-    if _depth == 0:
-        _resume = gc.isenabled()
-        gc.disable()
-    _depth += 1
-    _lock.release()
+    with _lock:
+        if _depth == 0:
+            _resume = gc.isenabled()
+            gc.disable()
+        _depth += 1
 
 
 def resume_cycle_collection() -> None:
     """End one pause (call it in a ``finally``)."""
     global _depth
-    _lock.acquire()
-    _depth -= 1
-    if _depth == 0 and _resume:
-        gc.enable()
-    _lock.release()
+    with _lock:
+        _depth -= 1
+        if _depth == 0 and _resume:
+            gc.enable()
 
 
 def freeze_startup_objects() -> None:

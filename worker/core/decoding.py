@@ -43,9 +43,8 @@ _SEED_OFFSET = 5
 #: spans at most 4 pending byte tokens; 4x that leaves every ordinary stream
 #: (a few pending tokens at most) exactly as vLLM chunks it.
 MAX_PENDING_TOKENS = 16
-# ``_join_one``'s memory: at most this many pieces of at most this many characters (~10 MB).
-_JOIN_ONE_ENTRIES = 1 << 17
-_JOIN_ONE_MAX_CHARS = 32
+# ``_join_one``'s memory: at most this many vocabulary pieces and their text (~10 MB).
+_JOIN_ONE_ENTRIES = 1 << 16
 #: A byte-fallback token that no UTF-8 sequence can start: as the window's
 #: context it keeps a run that can never become valid text invalid.
 _INVALID_BYTE_TOKEN = "<0xFF>"
@@ -147,6 +146,7 @@ class TextDecoder:
         self.tokenizer = tokenizer
         backend = tokenizer.backend
         self._id_to_token = backend.id_to_token
+        self._token_to_id = backend.token_to_id
         decoder = backend.decoder
         self._join = decoder.decode if decoder is not None else " ".join
         self._backend_decode = backend.decode
@@ -240,13 +240,13 @@ class TextDecoder:
         return "".join(parts)
 
     def _join_one(self, token: str) -> str:
-        """``self._join([token])``, remembered for vocabulary-sized pieces (a carried window's
-        tokens are the caller's strings: long ones are not kept)."""
+        """``self._join([token])``, remembered for vocabulary pieces only (a carried window's tokens
+        are the caller's strings: they could fill the cache with junk)."""
         cache = self._join_one_cache
         text = cache.get(token)
         if text is None:
             text = self._join([token])
-            if len(token) <= _JOIN_ONE_MAX_CHARS and len(cache) < _JOIN_ONE_ENTRIES:
+            if len(cache) < _JOIN_ONE_ENTRIES and self._token_to_id(token) is not None:
                 cache[token] = text
         return text
 

@@ -161,8 +161,7 @@ class RequestContext:
 
     @property
     def expected_choices(self) -> int:
-        n = self.request.n if self.request is not None else 1
-        return n if n and n > 0 else 1
+        return _expected_choices(self.request)
 
     @property
     def wants_usage_record(self) -> bool:
@@ -417,7 +416,8 @@ class EnvelopeProcessor:
         # Kafka records must be keyed by request_id (placement); JSON Lines have no keys.
         self.require_key = require_key
         self.requests: dict[str, RequestContext] = {}
-        self._closed: OrderedDict[str, int] = OrderedDict()
+        # Closed request -> (its last seq, the bytes counted for it when it was remembered).
+        self._closed: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._closed_bytes = 0
         # Sequences holding a live parser; a worker shares one pool between its processors.
         self.parsers = live_parsers if live_parsers is not None else LiveParserPool(max_live_parsers)
@@ -660,12 +660,15 @@ class EnvelopeProcessor:
         validated = _validate(body_cls, body)
         request, request_raw = self._validated_request(ctx, raw_request, request_cls)
         rebuilt = validated.stream_state is not None  # a carried state rebuilds its parser anyway
-        if ctx.request is not None and request is not None and request is not ctx.request:
-            self._check_request_change(ctx, rid, ctx.request, request, rebuilt)
-        self._adopt_request(ctx, given, request, request_raw)
+        prompt_changed = "prompt_token_ids" in given and validated.prompt_token_ids != ctx.inherited.get(
+            "prompt_token_ids"
+        )
+        if prompt_changed or (ctx.request is not None and request is not None and request is not ctx.request):
+            self._check_parser_inputs(ctx, rid, request, prompt_changed, rebuilt)
+        measured = self._measured_context(ctx, given, request_raw)
         _set_fields(validated, {**carried, request_field: request})
         chunk_in = validated.generate_chunk
-        index = self._choice_index(ctx, chunk_in.choices)
+        index = _choice_index(request, ctx.last_choice_index, chunk_in.choices)
         if index in ctx.finished and not rebuilt and self.derenderer.parsing is not None:
             _refuse_stepping_a_finished_choice(rid, index, chunk_in.choices)
         state = self._state_for(ctx, index, validated.stream_state)
@@ -675,6 +678,12 @@ class EnvelopeProcessor:
             chunk, state = self.derenderer.completion_stream(validated, state)
         choices = chunk_in.choices
         has_usage = chunk_in.usage is not None
+
+        # The record is taken: what it brought becomes the request's (a refused one changes nothing).
+        ctx.request, ctx.request_raw = request, request_raw
+        if measured is not None:
+            ctx.context_bytes, ctx.request_bytes, ctx.request_live_bytes = measured
+            ctx.measured_request = request_raw
 
         if given or not ctx.inherited_validated:  # else ``inherited`` holds these values already
             for name in (*given, *ctx.inherited):
@@ -708,14 +717,16 @@ class EnvelopeProcessor:
             self._close(rid, seq)
         return self.output_result(rid, output, closed=done, source=source, wire=orjson.Fragment(wire_json))
 
-    def _check_context(self, ctx: RequestContext, given: JsonDict, request_raw: JsonDict | None) -> None:
-        """Measure the request context when this record sets or changes it: it must encode (for
-        the state topic) and fit the per-request state limit, or the record is refused here,
-        before the request takes any of it."""
+    def _measured_context(
+        self, ctx: RequestContext, given: JsonDict, request_raw: JsonDict | None
+    ) -> tuple[int, int, int] | None:
+        """Measure the request context when this record sets or changes it (None: unchanged): it
+        must encode (for the state topic) and fit the per-request state limit, or the record is
+        refused here, before the request takes any of it."""
         if request_raw is ctx.measured_request and (
             not given or all(ctx.inherited.get(name, _MISSING) == v for name, v in given.items())
         ):
-            return
+            return None
         try:
             size, request_size, request_live = measure_context({**ctx.inherited, **given}, request_raw)
         except TypeError as exc:  # cannot happen for input within the bounds; refused if it does
@@ -725,21 +736,7 @@ class EnvelopeProcessor:
                 f"the request context of {size} bytes (request and prompt) exceeds the limit of "
                 f"{self.max_request_state_bytes} bytes per request"
             )
-        ctx.context_bytes, ctx.request_bytes, ctx.request_live_bytes = size, request_size, request_live
-        ctx.measured_request = request_raw
-
-    def _choice_index(self, ctx: RequestContext, choices: Sequence[Any]) -> int:
-        """The choice this record continues; it must be one of the request's ``n``."""
-        if not choices:
-            return ctx.last_choice_index
-        index: int = choices[0].index
-        n = ctx.expected_choices
-        if not 0 <= index < n:
-            raise RequestError(
-                f"choice index {index} is out of range: the request has n={n} choice(s)",
-                param="generate_chunk.choices.0.index",
-            )
-        return index
+        return size, request_size, request_live
 
     def _validated_request(
         self,
@@ -764,38 +761,33 @@ class EnvelopeProcessor:
                 request_raw = raw
         return request, request_raw
 
-    def _adopt_request(
-        self,
-        ctx: RequestContext,
-        given: JsonDict,
-        request: ChatCompletionRequest | CompletionRequest | None,
-        request_raw: JsonDict | None,
-    ) -> None:
-        """Make ``request`` the request's own, once the context it makes was measured."""
-        self._check_context(ctx, given, request_raw)
-        ctx.request, ctx.request_raw = request, request_raw
-
-    def _check_request_change(
+    def _check_parser_inputs(
         self,
         ctx: RequestContext,
         rid: str,
-        old: ChatCompletionRequest | CompletionRequest,
-        new: ChatCompletionRequest | CompletionRequest,
+        new: ChatCompletionRequest | CompletionRequest | None,
+        prompt_changed: bool,
         rebuilt: bool,
     ) -> None:
-        """A record brings a request other than the one the request's parser sessions were built
-        from. vLLM builds its parser from each call's request and replays the history through it;
-        held sessions would have to do the same, at O(the output so far) for one record, so once
-        there is output a change the parsers read is refused (a 400; the request goes on as it
-        was), unless the record carries its ``stream_state`` (it pays for its own replay)."""
-        if not self.derenderer.parses_differently(old, new):
+        """A record brings a request or prompt ids other than those the request's parser sessions
+        were built from. vLLM builds its parser from each call's request and prompt and replays the
+        history through it; held sessions would have to do the same, at O(the output so far) for
+        one record, so once there is output a change the parsers read is refused (a 400; the
+        request goes on as it was), unless the record carries its ``stream_state`` (it pays for
+        its own replay)."""
+        old = ctx.request
+        changed = prompt_changed or (
+            old is not None and new is not None and self.derenderer.parses_differently(old, new)
+        )
+        if not changed or self.derenderer.parsing is None:
             return
         if not rebuilt and any(state.output_token_ids for state in ctx.sequences.values()):
             raise RequestError(
-                f"the {_REQUEST_FIELD[ctx.endpoint]} of request {rid!r} changes what the parsers read "
-                "(tools, tool_choice, parallel_tool_calls, include_reasoning, template kwargs or messages) "
-                "after output was parsed: send the record with its stream_state to have it replayed",
-                param=_REQUEST_FIELD[ctx.endpoint],
+                f"the {_REQUEST_FIELD[ctx.endpoint]} or prompt_token_ids of request {rid!r} change what "
+                "the parsers read (tools, tool_choice, parallel_tool_calls, include_reasoning, template "
+                "kwargs, messages, the prompt) after output was parsed: send the record with its "
+                "stream_state to have it replayed",
+                param="prompt_token_ids" if prompt_changed else _REQUEST_FIELD[ctx.endpoint],
             )
         self._drop_live_parsers(rid, ctx)
 
@@ -826,17 +818,20 @@ class EnvelopeProcessor:
         ctx = self.requests.get(rid)
         if ctx is not None:
             return seq <= ctx.last_seq
-        closed_at = self._closed.get(rid)
-        return closed_at is not None and seq <= closed_at
+        closed = self._closed.get(rid)
+        return closed is not None and seq <= closed[0]
 
     def _remember_closed(self, rid: str, seq: int) -> None:
         known = self._closed.get(rid)
         if known is None:
-            self._closed_bytes += _closed_entry_bytes(rid)
-        self._closed[rid] = max(seq, seq if known is None else known)
-        self._closed.move_to_end(rid)
+            size = _closed_entry_bytes(rid)
+            self._closed_bytes += size
+            self._closed[rid] = (seq, size)
+        else:
+            self._closed[rid] = (max(seq, known[0]), known[1])
+            self._closed.move_to_end(rid)
         while len(self._closed) > _CLOSED_MEMORY:
-            self._closed_bytes -= _closed_entry_bytes(self._closed.popitem(last=False)[0])
+            self._closed_bytes -= self._closed.popitem(last=False)[1][1]
 
     def _close(self, rid: str, seq: int) -> None:
         if self.requests.pop(rid, None) is not None:
@@ -892,6 +887,28 @@ class EnvelopeProcessor:
                 self.output_result(rid, _error_envelope(rid, seq, ctx.endpoint, error), closed=True)
             )
         return results
+
+
+def _choice_index(
+    request: ChatCompletionRequest | CompletionRequest | None, last_index: int, choices: Sequence[Any]
+) -> int:
+    """The choice a record continues (with none, the last one); it must be one of the ``n`` its
+    request asks for."""
+    if not choices:
+        return last_index
+    index: int = choices[0].index
+    n = _expected_choices(request)
+    if not 0 <= index < n:
+        raise RequestError(
+            f"choice index {index} is out of range: the request has n={n} choice(s)",
+            param="generate_chunk.choices.0.index",
+        )
+    return index
+
+
+def _expected_choices(request: ChatCompletionRequest | CompletionRequest | None) -> int:
+    n = request.n if request is not None else 1
+    return n if n and n > 0 else 1
 
 
 def _refuse_stepping_a_finished_choice(rid: str, index: int, choices: Sequence[Any]) -> None:
