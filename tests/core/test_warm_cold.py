@@ -314,3 +314,25 @@ def test_a_later_record_that_changes_the_prompt_is_refused_once_there_is_output(
     for warm in (_warm(case, records), _warm(case, records, max_live_parsers=0)):
         assert warm[1]["error"]["code"] == 400 and warm[1]["error"]["param"] == "prompt_token_ids"
         assert [{**o, "seq": None} for o in normalize([warm[0], *warm[2:]])] == expected
+
+
+def test_a_carried_state_does_not_pay_for_the_other_choices_replay() -> None:
+    """With n=2 and output in both choices, a record that changes the request while carrying one
+    choice's state would leave the other choice's session to be rebuilt from its whole history,
+    unpaid: refused too."""
+    prompt = [151644, 872, 198, 3872, 151645, 198, 151644, 77091, 198]
+    request = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "n": 2}
+
+    def record(seq: int, index: int, **extra: Any) -> bytes:
+        choice = {"index": index, "token_ids": [9707]}
+        body = {"stream": True, "generate_chunk": {"request_id": "n2", "choices": [choice]}, **extra}
+        return orjson.dumps({"request_id": "n2", "seq": seq, "endpoint": "chat", "body": body})
+
+    processor = EnvelopeProcessor(derenderer_for(sample_config(parsers=True)))
+    first = processor.process(record(0, 0, model="test-model", prompt_token_ids=prompt, chat_request=request))
+    processor.process(record(1, 1))
+    assert first.output is not None
+    changed = {**request, "include_reasoning": False}
+    state = first.output["body"]["stream_state"]
+    refused = processor.process(record(2, 0, chat_request=changed, stream_state=state))
+    assert refused.output is not None and refused.output["error"]["code"] == 400

@@ -781,7 +781,9 @@ class EnvelopeProcessor:
         )
         if not changed or self.derenderer.parsing is None:
             return
-        if not rebuilt and any(state.output_token_ids for state in ctx.sequences.values()):
+        # A carried state pays for its own choice's replay, not for the other choices' sessions.
+        with_output = sum(1 for state in ctx.sequences.values() if state.output_token_ids)
+        if with_output > (1 if rebuilt else 0):
             raise RequestError(
                 f"the {_REQUEST_FIELD[ctx.endpoint]} or prompt_token_ids of request {rid!r} change what "
                 "the parsers read (tools, tool_choice, parallel_tool_calls, include_reasoning, template "
