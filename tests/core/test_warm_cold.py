@@ -101,6 +101,20 @@ def _single_choice(case: GoldenCase) -> bool:
     return indexes <= {0}
 
 
+def _counted_session_builds(monkeypatch: pytest.MonkeyPatch, case: GoldenCase) -> list[int]:
+    """A one-element list counting the parser sessions ``case``'s derenderer builds from now on."""
+    derenderer = derenderer_for(case.config)
+    builds = [0]
+    build = type(derenderer)._new_live_parser
+
+    def counting(self: Any, *args: Any) -> Any:
+        builds[0] += 1
+        return build(self, *args)
+
+    monkeypatch.setattr(type(derenderer), "_new_live_parser", counting)
+    return builds
+
+
 @pytest.mark.parametrize("case", STREAM_PARSER_CASES, ids=lambda c: c.id)
 def test_warm_equals_cold_and_evicted_on_golden_streams(case: GoldenCase) -> None:
     warm = normalize(_warm(case, case.input))
@@ -192,18 +206,9 @@ def test_a_record_that_changes_what_the_parsers_do_not_read_keeps_the_sessions(
     records = copy.deepcopy(case.input)
     middle = len(records) // 2
     records[middle]["body"]["chat_request"] = {**records[0]["body"]["chat_request"], "temperature": 0.25}
-    derenderer = derenderer_for(case.config)
-    builds = 0
-    build = type(derenderer)._new_live_parser
-
-    def counting(self: Any, *args: Any) -> Any:
-        nonlocal builds
-        builds += 1
-        return build(self, *args)
-
-    monkeypatch.setattr(type(derenderer), "_new_live_parser", counting)
+    builds = _counted_session_builds(monkeypatch, case)
     assert normalize(_warm(case, records)) == normalize(case.expected)
-    assert builds == 1  # the session built on the first record served every record
+    assert builds == [1]  # the session built on the first record served every record
 
 
 def test_a_change_before_any_output_is_parsed_with_the_new_request() -> None:
@@ -255,18 +260,9 @@ def test_a_usage_only_record_after_the_finish_does_not_rebuild_the_session(
             body |= {"model": "test-model", "prompt_token_ids": [151644, 77091, 198], "chat_request": request}
         records.append({"request_id": "usage", "seq": seq, "endpoint": "chat", "body": body})
     case = GoldenCase("adhoc", "usage-after-finish", sample_config(parsers=True), records, [])
-    derenderer = derenderer_for(case.config)
-    builds = 0
-    build = type(derenderer)._new_live_parser
-
-    def counting(self: Any, *args: Any) -> Any:
-        nonlocal builds
-        builds += 1
-        return build(self, *args)
-
-    monkeypatch.setattr(type(derenderer), "_new_live_parser", counting)
+    builds = _counted_session_builds(monkeypatch, case)
     warm = normalize(_warm(case, records))
-    assert builds == 1
+    assert builds == [1]
     assert warm == normalize(_cold(case, records))
 
 
