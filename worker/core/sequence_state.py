@@ -81,42 +81,40 @@ class SequenceState:
 
     def to_wire(self) -> dict[str, Any]:
         """The ``stream_state`` object, keys in vLLM's order; lists are copies."""
-        return {
-            "prev_tokens": list(self.window.tokens),
-            "prefix_offset": self.window.prefix_offset,
-            "read_offset": self.window.read_offset,
-            "role_sent": self.role_sent,
-            "logprob_context_token_ids": list(self.logprob_context_token_ids),
-            "logprob_text_offset": self.logprob_text_offset,
-            "output_token_ids": list(self.output_token_ids),
-            "output_chunk_lens": list(self.output_chunk_lens),
-            "tools_streamed": self.tools_streamed,
-            "last_tool_call_ids": list(self.last_tool_call_ids),
-        }
+        return self._wire(list(self.output_token_ids), list(self.output_chunk_lens), copy=True)
 
     def wire_json(self) -> bytes:
         """``orjson.dumps(self.to_wire())``, in O(this record's ids): the two output lists only grow
         (a list that shrank is encoded again)."""
-        return orjson.dumps(
-            {
-                "prev_tokens": self.window.tokens,
-                "prefix_offset": self.window.prefix_offset,
-                "read_offset": self.window.read_offset,
-                "role_sent": self.role_sent,
-                "logprob_context_token_ids": self.logprob_context_token_ids,
-                "logprob_text_offset": self.logprob_text_offset,
-                "output_token_ids": self._ids_json.encoded(self.output_token_ids),
-                "output_chunk_lens": self._lens_json.encoded(self.output_chunk_lens),
-                "tools_streamed": self.tools_streamed,
-                "last_tool_call_ids": self.last_tool_call_ids,
-            }
-        )
+        ids = self._ids_json.encoded(self.output_token_ids)
+        lens = self._lens_json.encoded(self.output_chunk_lens)
+        return orjson.dumps(self._wire(ids, lens, copy=False))
+
+    def _wire(self, output_token_ids: Any, output_chunk_lens: Any, *, copy: bool) -> dict[str, Any]:
+        """The ``stream_state`` fields in vLLM's order, the other lists copied or as they are."""
+        return {
+            "prev_tokens": list(self.window.tokens) if copy else self.window.tokens,
+            "prefix_offset": self.window.prefix_offset,
+            "read_offset": self.window.read_offset,
+            "role_sent": self.role_sent,
+            "logprob_context_token_ids": (
+                list(self.logprob_context_token_ids) if copy else self.logprob_context_token_ids
+            ),
+            "logprob_text_offset": self.logprob_text_offset,
+            "output_token_ids": output_token_ids,
+            "output_chunk_lens": output_chunk_lens,
+            "tools_streamed": self.tools_streamed,
+            "last_tool_call_ids": list(self.last_tool_call_ids) if copy else self.last_tool_call_ids,
+        }
 
     def live_bytes(self) -> int:
         """A cheap estimate of its Python memory, without a live parser (see ``RequestContext``):
-        the object and its lists, a token string ~ 60 bytes plus its length, an id ~ 36 bytes."""
+        the object and its lists, a token string ~ 60 bytes plus its length, an id ~ 36 bytes, and
+        the output lists' kept JSON."""
         return (
             _STATE_BASE_BYTES
+            + len(self._ids_json.body)
+            + len(self._lens_json.body)
             + sum(60 + len(t) for t in self.window.tokens)
             + 36 * (len(self.output_token_ids) + len(self.logprob_context_token_ids))
             + 8 * len(self.output_chunk_lens)
