@@ -660,8 +660,11 @@ class EnvelopeProcessor:
         validated = _validate(body_cls, body)
         request, request_raw = self._validated_request(ctx, raw_request, request_cls)
         rebuilt = validated.stream_state is not None  # a carried state rebuilds its parser anyway
-        prompt_changed = "prompt_token_ids" in given and validated.prompt_token_ids != ctx.inherited.get(
-            "prompt_token_ids"
+        held_prompt = ctx.inherited.get("prompt_token_ids")
+        prompt_changed = (
+            held_prompt is not None
+            and "prompt_token_ids" in given
+            and (validated.prompt_token_ids != held_prompt)
         )
         if prompt_changed or (ctx.request is not None and request is not None and request is not ctx.request):
             self._check_parser_inputs(ctx, rid, request, prompt_changed, rebuilt)
@@ -842,7 +845,7 @@ class EnvelopeProcessor:
 
     def _drop_live_parsers(self, rid: str, ctx: RequestContext) -> None:
         """The request changed what the parsers read: sessions built from the old one go (rebuilt
-        with the new one from the history, which ``_check_request_change`` keeps empty or carried)."""
+        with the new one from the history, which ``_check_parser_inputs`` keeps empty or carried)."""
         for index, state in ctx.sequences.items():
             if state.live is not None:
                 state.live = None
