@@ -232,7 +232,7 @@ class Gateway:
 
     async def _next(self, waiter: _Waiter) -> tuple[str, JsonDict]:
         try:
-            async with asyncio.timeout(self.settings.request_timeout_s):  # not wait_for: see vllm_client
+            async with asyncio.timeout(self.settings.request_timeout_s):
                 return await waiter.queue.get()
         except TimeoutError:
             self._cancel_later(waiter.request_id)

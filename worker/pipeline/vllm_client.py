@@ -132,8 +132,6 @@ class VllmClient:
         buffer = b""
         while True:
             try:
-                # Not wait_for: on Python 3.11 it returns a read that completed as the task was
-                # cancelled and drops the cancellation, so a cancelled reader read on.
                 async with asyncio.timeout(self._idle_timeout_s):
                     piece = await response.content.readany()
             except TimeoutError:

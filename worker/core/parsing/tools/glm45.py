@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, cast
 
 from worker.core.parsing.engine.arguments import WS, GlmArgScanner, XmlArguments
 from worker.core.parsing.engine.config import EngineConfig, Event, State, Transitions, thinking_requested
@@ -66,9 +66,8 @@ def _value_start(raw: str, key_start: int) -> tuple[int, int] | None:
     ``</arg_key>`` from there followed by blanks and ``<arg_value>``."""
     key_end = raw.find(_KEY_END, key_start)
     while key_end >= 0:
-        # A blank run stops at the next tag's "<": the runs are disjoint.
-        blanks = _WS_RUN.match(raw, key_end + len(_KEY_END))
-        blanks_end = blanks.end() if blanks else key_end + len(_KEY_END)
+        # A blank run stops at the next tag's "<": the runs are disjoint. (``*`` always matches.)
+        blanks_end = cast(re.Match[str], _WS_RUN.match(raw, key_end + len(_KEY_END))).end()
         if raw.startswith(_VALUE, blanks_end):
             return key_end, blanks_end + len(_VALUE)
         key_end = raw.find(_KEY_END, blanks_end)
