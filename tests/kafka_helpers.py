@@ -450,6 +450,18 @@ def outputs_by_request(records: Iterable[Any]) -> dict[str, list[dict[str, Any]]
     return dict(grouped)
 
 
+def _where_by_request(records: Iterable[Any]) -> dict[str, list[str]]:
+    """Per request, each output's ``partition:offset`` and its input's (``source``), in read order:
+    a duplicate read twice at one offset is the reader's; at two offsets, the worker wrote it twice."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for record in records:
+        source = orjson.loads(record.value).get("source") or {}
+        found[record.key.decode()].append(
+            f"{record.partition}:{record.offset}<{source.get('partition')}:{source.get('offset')}"
+        )
+    return dict(found)
+
+
 def strip_source(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in o.items() if k != "source"} for o in outputs]
 
@@ -457,6 +469,7 @@ def strip_source(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def compare_with_replay(records: Iterable[Any], reference: Replay) -> list[str]:
     """Problems found (empty: identical): missing, duplicated, reordered or different outputs."""
     got = outputs_by_request(records)
+    where = _where_by_request(records)
     problems: list[str] = []
     for rid in sorted(set(got) - set(reference.outputs)):
         problems.append(f"{rid}: unexpected request in the output ({len(got[rid])} records)")
@@ -467,7 +480,10 @@ def compare_with_replay(records: Iterable[Any], reference: Replay) -> list[str]:
         if got_seqs != want_seqs:
             dups = sorted({s for s in got_seqs if got_seqs.count(s) > 1})
             missing = sorted(set(want_seqs) - set(got_seqs))
-            problems.append(f"{rid}: seqs {got_seqs} != {want_seqs} (duplicated {dups}, missing {missing})")
+            problems.append(
+                f"{rid}: seqs {got_seqs} != {want_seqs} (duplicated {dups}, missing {missing}); "
+                f"read at / from {where.get(rid, [])}"
+            )
             continue
         if normalize(strip_source(actual)) != normalize(expected):
             for a, e in zip(normalize(strip_source(actual)), normalize(expected), strict=True):

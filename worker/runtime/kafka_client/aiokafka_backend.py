@@ -25,6 +25,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import (
+    CoordinatorNotAvailableError,
     GroupAuthorizationFailedError,
     IllegalStateError,
     InconsistentGroupProtocolError,
@@ -33,10 +34,14 @@ from aiokafka.errors import (
     KafkaConnectionError,
     KafkaError,
     MessageSizeTooLargeError,
+    NoError,
+    NotCoordinatorError,
     ProducerFenced,
     RecordListTooLargeError,
     TopicAuthorizationFailedError,
+    for_code,
 )
+from aiokafka.protocol.commit import OffsetFetchRequest
 
 from worker.errors import (
     ConfigurationError,
@@ -225,9 +230,9 @@ class AiokafkaConsumer:
         return _ours(self._consumer.paused())
 
     async def committed(self, tp: TopicPartition) -> int | None:
+        # Not aiokafka's committed(): see fetch_committed.
         with mapped_errors():
-            committed: int | None = await self._consumer.committed(_atp(tp))
-        return committed
+            return await fetch_committed(self._consumer._coordinator, self.group_id, _atp(tp))
 
     async def beginning_offset(self, tp: TopicPartition) -> int:
         with mapped_errors():
@@ -253,6 +258,49 @@ class AiokafkaConsumer:
     async def stop(self) -> None:
         with mapped_errors():
             await self._consumer.stop()
+
+
+COMMITTED_DEADLINE_S = 60.0
+
+
+async def fetch_committed(coordinator: Any, group_id: str, tp: aiokafka.TopicPartition) -> int | None:
+    """The group's committed offset of ``tp``; ``None`` only when the broker says there is none.
+
+    aiokafka's ``committed()`` reads OffsetFetch errors per partition only. From version 2 a broker
+    puts a group-level error at the top of the response with no partitions (NOT_COORDINATOR while
+    it shuts down or the coordinator moves, COORDINATOR_LOAD_IN_PROGRESS as it starts), which
+    aiokafka returns as "nothing committed": a partition reopened on that answer started from the
+    beginning and wrote its outputs again. Here every error is read and the retriable ones retried
+    (through the consumer's own coordinator connection), for at most ``COMMITTED_DEADLINE_S``.
+    """
+    request = OffsetFetchRequest(group_id, [(tp.topic, [tp.partition])])
+    backoff_s = coordinator._retry_backoff_ms / 1000
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + COMMITTED_DEADLINE_S
+    while True:
+        try:
+            await coordinator.ensure_coordinator_known()
+            return _committed_in(await coordinator._send_req(request), tp)
+        except KafkaError as exc:
+            if not exc.retriable or loop.time() >= deadline:
+                raise
+            if isinstance(exc, NotCoordinatorError | CoordinatorNotAvailableError):
+                coordinator.coordinator_dead()
+            await asyncio.sleep(backoff_s)
+
+
+def _committed_in(response: Any, tp: aiokafka.TopicPartition) -> int | None:
+    top = for_code(getattr(response, "error_code", 0))  # versions 0 and 1 have no top-level error
+    if top is not NoError:
+        raise top()
+    for topic, partitions in response.topics:
+        for partition, offset, _metadata, code in partitions:
+            if (topic, partition) == (tp.topic, tp.partition):
+                error = for_code(code)
+                if error is not NoError:
+                    raise error()
+                return None if offset < 0 else int(offset)
+    raise KafkaError(f"OffsetFetch answered without {tp.topic}-{tp.partition}")
 
 
 def _first_failure(futures: list[asyncio.Future[Any]]) -> DeliveryFailedError | None:

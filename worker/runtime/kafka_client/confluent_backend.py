@@ -426,6 +426,8 @@ class ConfluentConsumer:
 
     async def committed(self, tp: TopicPartition) -> int | None:
         (found,) = await _call(self._call_thread, self._consumer.committed, [_lib(tp)], CALL_TIMEOUT_S)
+        if found.error is not None:  # the partition's own error: its offset says nothing
+            raise translate(found.error)
         offset: int = found.offset
         return None if offset < 0 else offset
 

@@ -1,0 +1,78 @@
+"""The client layer's ``committed`` against a real broker that restarts: never "nothing committed"
+for a partition that has an offset.
+
+A partition is (re)opened at its committed offset, and ``None`` means "from the beginning": a wrong
+``None`` makes the worker write every output of the partition again. aiokafka's own
+``committed()`` gave one while the group coordinator was shutting down (a top-level
+NOT_COORDINATOR it does not read); this reproduced a CI failure of ``test_broker_restart_mid_run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from tests.async_helpers import run_bounded
+from tests.kafka_broker import KafkaBroker, TopicFactory
+from worker.errors import KafkaClientError
+from worker.runtime.kafka_client import make_client
+from worker.runtime.kafka_client.base import ClientKind, ConsumerConfig, Partitions, TopicPartition
+from worker.runtime.kafka_security import KafkaSecurity
+
+pytestmark = pytest.mark.kafka
+
+COMMITTED = 5
+
+
+async def _nothing(partitions: Partitions) -> None:
+    del partitions
+
+
+@pytest.mark.parametrize("kind", [ClientKind.AIOKAFKA, ClientKind.CONFLUENT])
+def test_committed_offset_is_never_lost_while_the_broker_restarts(
+    kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory, kind: ClientKind
+) -> None:
+    if not kafka_broker.restartable:
+        pytest.skip(f"the {kafka_broker.source} broker cannot be restarted by tests")
+    tp = TopicPartition(kafka_topic_factory("committed"), 0)
+
+    async def body() -> None:
+        consumer = make_client(kind, KafkaSecurity()).consumer(
+            ConsumerConfig(
+                bootstrap_servers=kafka_broker.bootstrap,
+                client_id="committed-test",
+                group_id=f"committed-{uuid.uuid4().hex[:8]}",
+                session_timeout_ms=30_000,
+                rebalance_timeout_ms=30_000,
+                heartbeat_interval_ms=1_000,
+                max_poll_records=500,
+                metadata_max_age_ms=5_000,
+            )
+        )
+        await consumer.start()
+        consumer.subscribe([tp.topic], on_assign=_nothing, on_revoke=_nothing, on_lost=_nothing)
+        answers: list[int | None] = []
+        errors: list[KafkaClientError] = []
+        try:
+            while not consumer.assignment():  # a commit needs the group joined
+                await consumer.poll(200, 500)
+            await consumer.commit({tp: COMMITTED})
+            assert await consumer.committed(tp) == COMMITTED
+            restart = asyncio.ensure_future(asyncio.to_thread(kafka_broker.restart))
+            # Ask as often as the client answers, through the shutdown, the outage and the start.
+            while not restart.done() or len(answers) < 10:
+                try:
+                    answers.append(await consumer.committed(tp))
+                except KafkaClientError as exc:  # an error is safe: the worker retries the open
+                    errors.append(exc)
+                    await asyncio.sleep(0.05)
+            await restart
+        finally:
+            await consumer.stop()
+        wrong = [a for a in answers if a != COMMITTED]
+        assert not wrong, f"{len(wrong)} of {len(answers)} answers were {sorted(set(map(repr, wrong)))}"
+        assert len(answers) >= 10
+
+    run_bounded(body(), 240)
