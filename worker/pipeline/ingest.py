@@ -41,6 +41,7 @@ from worker.errors import UpstreamError
 from worker.pipeline.connection import Connection, add_connection_arguments, require_topics
 from worker.pipeline.vllm_client import VllmClient
 from worker.runtime.genai_metrics import request_start_header
+from worker.runtime.kafka_client.aiokafka_backend import fetch_committed
 from worker.runtime.tracing import Headers, propagated
 from worker.settings import IngestOptions, LoggingSettings, add_arguments, load
 
@@ -518,8 +519,15 @@ class Ingest:
         producer = self.connection.producer(transactional_id=s.transactional_id(tp.partition), linger_ms=0)
         await producer.start()  # init_transactions: fences the last owner, aborts its open transaction
         assert self._consumer is not None
-        committed = await self._consumer.committed(tp)
-        restored = await self._restore(tp, committed or 0)
+        try:
+            # Not aiokafka's committed() and position: see fetch_committed.
+            committed = await fetch_committed(self._consumer._coordinator, s.group_id, tp)
+            if committed is not None:
+                self._consumer.seek(tp, committed)
+            restored = await self._restore(tp, committed or 0)
+        except BaseException:
+            await producer.stop()
+            raise
         partition = _Partition(self, tp, producer, restored)
         partition.committed = committed
         self.partitions[tp] = partition

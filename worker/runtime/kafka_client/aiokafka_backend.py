@@ -232,7 +232,10 @@ class AiokafkaConsumer:
     async def committed(self, tp: TopicPartition) -> int | None:
         # Not aiokafka's committed(): see fetch_committed.
         with mapped_errors():
-            return await fetch_committed(self._consumer._coordinator, self.group_id, _atp(tp))
+            try:
+                return await fetch_committed(self._consumer._coordinator, self.group_id, _atp(tp))
+            except TimeoutError as exc:
+                raise KafkaUnreachableError(f"no committed offset of {tp} within the deadline") from exc
 
     async def beginning_offset(self, tp: TopicPartition) -> int:
         with mapped_errors():
@@ -271,22 +274,24 @@ async def fetch_committed(coordinator: Any, group_id: str, tp: aiokafka.TopicPar
     it shuts down or the coordinator moves, COORDINATOR_LOAD_IN_PROGRESS as it starts), which
     aiokafka returns as "nothing committed": a partition reopened on that answer started from the
     beginning and wrote its outputs again. Here every error is read and the retriable ones retried
-    (through the consumer's own coordinator connection), for at most ``COMMITTED_DEADLINE_S``.
+    (through the consumer's own coordinator connection); ``TimeoutError`` after
+    ``COMMITTED_DEADLINE_S``.
     """
     request = OffsetFetchRequest(group_id, [(tp.topic, [tp.partition])])
     backoff_s = coordinator._retry_backoff_ms / 1000
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + COMMITTED_DEADLINE_S
-    while True:
-        try:
-            await coordinator.ensure_coordinator_known()
-            return _committed_in(await coordinator._send_req(request), tp)
-        except KafkaError as exc:
-            if not exc.retriable or loop.time() >= deadline:
-                raise
-            if isinstance(exc, NotCoordinatorError | CoordinatorNotAvailableError):
-                coordinator.coordinator_dead()
-            await asyncio.sleep(backoff_s)
+    async with asyncio.timeout(COMMITTED_DEADLINE_S):  # the lookup itself retries without end
+        while True:
+            try:
+                await coordinator.ensure_coordinator_known()
+                if coordinator.coordinator_id is None:  # it returns so only once the consumer closes
+                    raise KafkaError("the consumer is closing")
+                return _committed_in(await coordinator._send_req(request), tp)
+            except KafkaError as exc:
+                if not exc.retriable:
+                    raise
+                if isinstance(exc, NotCoordinatorError | CoordinatorNotAvailableError):
+                    coordinator.coordinator_dead()
+                await asyncio.sleep(backoff_s)
 
 
 def _committed_in(response: Any, tp: aiokafka.TopicPartition) -> int | None:
