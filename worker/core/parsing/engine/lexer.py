@@ -7,6 +7,7 @@ stream ends); everything else comes out at once.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 #: Lexed pieces: ``(marker_name, text)``; ``marker_name`` None for plain text.
@@ -26,6 +27,12 @@ class MarkerLexer:
             prefixes.update(literal[:i] for i in range(1, len(literal)))
         self._prefixes = frozenset(prefixes)
         self._first_chars = frozenset(self._by_first)
+        self._longest = max(map(len, self._literals), default=0)
+        self._starts = (
+            re.compile("[" + "".join(map(re.escape, sorted(self._first_chars))) + "]")
+            if self._first_chars
+            else None
+        )
         self.buffer = ""
 
     def reset(self) -> None:
@@ -45,46 +52,52 @@ class MarkerLexer:
         return pieces
 
     def _drain(self, *, final: bool) -> list[Piece]:
+        # One pass over the buffer by index: slicing off the rest after every piece made a record
+        # with many markers quadratic (each marker copied everything after it).
         out: list[Piece] = []
-        while self.buffer:
-            buf = self.buffer
-            if self._first_chars.isdisjoint(buf):
-                out.append((None, buf))
-                self.buffer = ""
+        buf = self.buffer
+        size = len(buf)
+        pos = 0
+        while pos < size:
+            if self._next_start(buf, pos) == size:  # no marker can start in the rest
+                out.append((None, buf[pos:]))
+                pos = size
                 break
-            candidates = self._by_first.get(buf[0], ())
+            candidates = self._by_first.get(buf[pos], ())
             best: tuple[str, str] | None = None
             for literal, name in candidates:
-                if buf.startswith(literal) and (best is None or len(literal) > len(best[0])):
+                if buf.startswith(literal, pos) and (best is None or len(literal) > len(best[0])):
                     best = (literal, name)
             # Could still become a (longer) marker: wait for more text.
-            if (
-                buf in self._prefixes
-                and not final
-                and (
+            if not final and size - pos < self._longest:
+                rest = buf[pos:]
+                if rest in self._prefixes and (
                     best is None
-                    or any(len(lit) > len(best[0]) and lit.startswith(buf) for lit, _ in candidates)
-                )
-            ):
-                break
+                    or any(len(lit) > len(best[0]) and lit.startswith(rest) for lit, _ in candidates)
+                ):
+                    break
             if best is not None:
                 out.append((best[1], best[0]))
-                self.buffer = buf[len(best[0]) :]
+                pos += len(best[0])
                 continue
-            end = self._content_end(buf)
-            out.append((None, buf[:end]))
-            self.buffer = buf[end:]
+            end = self._content_end(buf, pos)
+            out.append((None, buf[pos:end]))
+            pos = end
+        self.buffer = buf[pos:]
         return out
 
-    def _content_end(self, buf: str) -> int:
-        """First index ≥ 1 where a marker (or its beginning) could start."""
+    def _next_start(self, buf: str, pos: int) -> int:
+        """The first index ≥ ``pos`` holding a marker's first character (``len(buf)``: none)."""
+        found = self._starts.search(buf, pos) if self._starts is not None else None
+        return found.start() if found is not None else len(buf)
+
+    def _content_end(self, buf: str, pos: int) -> int:
+        """First index > ``pos`` where a marker (or its beginning) could start."""
         size = len(buf)
-        for i in range(1, size):
-            if buf[i] not in self._first_chars:
-                continue
+        i = pos
+        while (i := self._next_start(buf, i + 1)) < size:
             rest = size - i
             for literal in self._literals:
-                n = min(rest, len(literal))
-                if buf[i : i + n] == literal[:n]:
+                if buf.startswith(literal[: min(rest, len(literal))], i):
                     return i
         return size
