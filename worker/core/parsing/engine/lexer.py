@@ -17,21 +17,23 @@ Piece = tuple[str | None, str]
 class MarkerLexer:
     def __init__(self, markers: Iterable[tuple[str, str]]) -> None:
         self._by_first: dict[str, list[tuple[str, str]]] = {}
-        self._literals: list[str] = []
+        #: each literal's first name: the longest literal matching at a position is found in C
+        self._names: dict[str, str] = {}
         prefixes: set[str] = set()
         for name, literal in markers:
             if not literal:
                 continue
             self._by_first.setdefault(literal[0], []).append((literal, name))
-            self._literals.append(literal)
+            self._names.setdefault(literal, name)
             prefixes.update(literal[:i] for i in range(1, len(literal)))
+        self._literals = list(self._names)
         self._prefixes = frozenset(prefixes)
         self._first_chars = frozenset(self._by_first)
         self._longest = max(map(len, self._literals), default=0)
-        self._starts = (
-            re.compile("[" + "".join(map(re.escape, sorted(self._first_chars))) + "]")
-            if self._first_chars
-            else None
+        by_length = sorted(self._literals, key=len, reverse=True)
+        self._longest_at = re.compile("|".join(map(re.escape, by_length)) or "(?!)").match
+        self._starts = re.compile(
+            "[" + "".join(map(re.escape, sorted(self._first_chars))) + "]" if self._first_chars else "(?!)"
         )
         self.buffer = ""
 
@@ -64,10 +66,8 @@ class MarkerLexer:
                 pos = size
                 break
             candidates = self._by_first.get(buf[pos], ())
-            best: tuple[str, str] | None = None
-            for literal, name in candidates:
-                if buf.startswith(literal, pos) and (best is None or len(literal) > len(best[0])):
-                    best = (literal, name)
+            found = self._longest_at(buf, pos)
+            best = (found[0], self._names[found[0]]) if found is not None else None
             # Could still become a (longer) marker: wait for more text.
             if not final and size - pos < self._longest:
                 rest = buf[pos:]
@@ -88,7 +88,7 @@ class MarkerLexer:
 
     def _next_start(self, buf: str, pos: int) -> int:
         """The first index ≥ ``pos`` holding a marker's first character (``len(buf)``: none)."""
-        found = self._starts.search(buf, pos) if self._starts is not None else None
+        found = self._starts.search(buf, pos)
         return found.start() if found is not None else len(buf)
 
     def _content_end(self, buf: str, pos: int) -> int:

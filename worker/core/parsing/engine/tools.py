@@ -15,6 +15,7 @@ length; family hooks are the methods marked as such (vLLM's overridable ones).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
 from typing import Any
 
 from worker.core.parsing.base import ToolParser
@@ -78,6 +79,26 @@ class CallSlot:
 
     def add_args(self, text: str) -> None:
         self._parts.append(text)
+
+
+_JOINABLE = frozenset({Event.TEXT, Event.REASONING, Event.NAME})
+
+
+def joined(events: list[EngineEvent]) -> list[EngineEvent]:
+    """Each run of text, reasoning or name events of one call as one event.
+
+    A name or held text grows by ``+=`` on an object's attribute, which copies it every time:
+    a call name made of 40,000 marker pieces in one record was quadratic (0.35 s).
+    """
+    if len(events) < 2:
+        return events
+    out: list[EngineEvent] = []
+    for (kind, index), run in groupby(events, key=lambda event: (event[0], event[2])):
+        if kind in _JOINABLE:
+            out.append((kind, "".join(value for _, value, _ in run), index))
+        else:
+            out.extend(run)
+    return out
 
 
 class EngineToolParser(ToolParser):
@@ -166,7 +187,7 @@ class EngineToolParser(ToolParser):
         carried = self._content.held
         seen_tool = False
         live = not self._suppress
-        for kind, value, index in events:
+        for kind, value, index in joined(events):
             if kind is Event.TEXT:
                 # Text after tool markup in the same record waits for the next one.
                 if seen_tool:
