@@ -45,6 +45,9 @@ _ARGS_RE = re.compile(r'"arguments"\s*:\s*')
 
 
 def _is_json(text: str) -> bool:
+    """Whether stripped ``text`` is one JSON document."""
+    if text[0] == "{" and text[-1] != "}":
+        return False  # an object ends with its brace: an open call's body, not worth a full parse
     try:
         json.loads(text)
     except ValueError:

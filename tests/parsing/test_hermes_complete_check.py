@@ -1,0 +1,28 @@
+"""hermes asks whether an open call's body is already one JSON document at every record; the
+answer must be json's, also where a brace-ended shortcut skips the parse."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from worker.core.parsing.tools.hermes import _is_json
+
+BODY = st.text(alphabet='{}[]":, abn0-\\ \u3000', min_size=1, max_size=30)
+
+
+def parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+@given(BODY | st.builds(lambda inner: "{" + inner, BODY) | st.builds(lambda inner: "{" + inner + "}", BODY))
+def test_is_json_is_json_loads(text: str) -> None:
+    body = text.strip()
+    if body:
+        assert _is_json(body) == parses(body)
