@@ -37,6 +37,9 @@ from tests.kafka_broker import TopicFactory
 from tests.paths import REPO_ROOT
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
+from worker.runtime.kafka_client import make_client
+from worker.runtime.kafka_client.base import ClientKind, ConsumerConfig, GroupConsumer, Partitions
+from worker.runtime.kafka_security import KafkaSecurity
 from worker.runtime.topics import LARGE_RECORDS, STATE_TOPIC_CONFIG
 
 QWEN3_CONFIG = sample_config()
@@ -51,6 +54,35 @@ CLIENT_FLAGS: dict[str, tuple[str, ...]] = {
     "confluent-per-worker": ("--kafka-client", "confluent", "--transactional-id-mode", "per-worker"),
 }
 CLIENTS = list(CLIENT_FLAGS)
+
+
+# --- the client layer alone ---------------------------------------------------------------------
+
+
+async def ignore_partitions(partitions: Partitions) -> None:
+    """An assign, revoke or lost callback for a test that only needs the group joined."""
+    del partitions
+
+
+async def joined_consumer(kind: ClientKind, bootstrap: str, topic: str, name: str) -> GroupConsumer:
+    """A started client-layer consumer of ``kind`` in a fresh group, subscribed to ``topic``."""
+    consumer = make_client(kind, KafkaSecurity()).consumer(
+        ConsumerConfig(
+            bootstrap_servers=bootstrap,
+            client_id=f"{name}-test",
+            group_id=f"{name}-{uuid.uuid4().hex[:8]}",
+            session_timeout_ms=30_000,
+            rebalance_timeout_ms=30_000,
+            heartbeat_interval_ms=1_000,
+            max_poll_records=500,
+            metadata_max_age_ms=5_000,
+        )
+    )
+    await consumer.start()
+    consumer.subscribe(
+        [topic], on_assign=ignore_partitions, on_revoke=ignore_partitions, on_lost=ignore_partitions
+    )
+    return consumer
 
 
 # --- topics -----------------------------------------------------------------------------------

@@ -10,24 +10,18 @@ NOT_COORDINATOR it does not read); this reproduced a CI failure of ``test_broker
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 
 from tests.async_helpers import run_bounded
 from tests.kafka_broker import KafkaBroker, TopicFactory
+from tests.kafka_helpers import joined_consumer
 from worker.errors import KafkaClientError
-from worker.runtime.kafka_client import make_client
-from worker.runtime.kafka_client.base import ClientKind, ConsumerConfig, Partitions, TopicPartition
-from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.kafka_client.base import ClientKind, TopicPartition
 
 pytestmark = pytest.mark.kafka
 
 COMMITTED = 5
-
-
-async def _nothing(partitions: Partitions) -> None:
-    del partitions
 
 
 @pytest.mark.parametrize("kind", [ClientKind.AIOKAFKA, ClientKind.CONFLUENT])
@@ -39,20 +33,7 @@ def test_committed_offset_is_never_lost_while_the_broker_restarts(
     tp = TopicPartition(kafka_topic_factory("committed"), 0)
 
     async def body() -> None:
-        consumer = make_client(kind, KafkaSecurity()).consumer(
-            ConsumerConfig(
-                bootstrap_servers=kafka_broker.bootstrap,
-                client_id="committed-test",
-                group_id=f"committed-{uuid.uuid4().hex[:8]}",
-                session_timeout_ms=30_000,
-                rebalance_timeout_ms=30_000,
-                heartbeat_interval_ms=1_000,
-                max_poll_records=500,
-                metadata_max_age_ms=5_000,
-            )
-        )
-        await consumer.start()
-        consumer.subscribe([tp.topic], on_assign=_nothing, on_revoke=_nothing, on_lost=_nothing)
+        consumer = await joined_consumer(kind, kafka_broker.bootstrap, tp.topic, "committed")
         answers: list[int | None] = []
         errors: list[KafkaClientError] = []
         during = 0  # answers given while the broker was restarting

@@ -8,24 +8,18 @@ timeout (librdkafka's batch call does, unless the batch fills) added up to that 
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 from aiokafka import AIOKafkaProducer
 
 from tests.async_helpers import run_bounded
 from tests.kafka_broker import TopicFactory
-from worker.runtime.kafka_client import make_client
-from worker.runtime.kafka_client.base import ClientKind, ConsumerConfig, Partitions
-from worker.runtime.kafka_security import KafkaSecurity
+from tests.kafka_helpers import joined_consumer
+from worker.runtime.kafka_client.base import ClientKind
 
 pytestmark = pytest.mark.kafka
 
 LONG_POLL_MS = 30_000
-
-
-async def _nothing(partitions: Partitions) -> None:
-    del partitions
 
 
 @pytest.mark.parametrize("kind", [ClientKind.AIOKAFKA, ClientKind.CONFLUENT])
@@ -35,20 +29,7 @@ def test_poll_returns_what_is_there_before_its_timeout(
     topic = kafka_topic_factory("poll")
 
     async def body() -> None:
-        consumer = make_client(kind, KafkaSecurity()).consumer(
-            ConsumerConfig(
-                bootstrap_servers=kafka_bootstrap,
-                client_id="poll-test",
-                group_id=f"poll-{uuid.uuid4().hex[:8]}",
-                session_timeout_ms=10_000,
-                rebalance_timeout_ms=10_000,
-                heartbeat_interval_ms=1_000,
-                max_poll_records=500,
-                metadata_max_age_ms=5_000,
-            )
-        )
-        await consumer.start()
-        consumer.subscribe([topic], on_assign=_nothing, on_revoke=_nothing, on_lost=_nothing)
+        consumer = await joined_consumer(kind, kafka_bootstrap, topic, "poll")
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
         await producer.start()
         try:
