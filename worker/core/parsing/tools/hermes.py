@@ -44,10 +44,17 @@ _NAME_RE = re.compile(r'"name"\s*:\s*"([^"]+)"')
 _ARGS_RE = re.compile(r'"arguments"\s*:\s*')
 
 
-def _is_json(text: str) -> bool:
-    """Whether stripped ``text`` is one JSON document."""
-    if text[0] == "{" and text[-1] != "}":
-        return False  # an object ends with its brace: an open call's body, not worth a full parse
+_SHALLOW = 200  # brackets: far below the nesting at which json's parse raises RecursionError
+
+
+def _is_json(text: str, shallow: bool = False) -> bool:
+    """Whether stripped ``text`` is one JSON document (``RecursionError`` past json's nesting limit,
+    as vLLM's parse raises it: see ``stream``). ``shallow``: it holds fewer than ``_SHALLOW``
+    brackets."""
+    if text[0] == "{" and text[-1] != "}" and shallow:
+        # An object ends with its brace, so this open call's body cannot be one yet; too few
+        # brackets to reach the nesting limit, so the parse could not raise either.
+        return False
     try:
         json.loads(text)
     except ValueError:
@@ -72,6 +79,7 @@ class HermesToolParser(ToolParser):
         self._in_calls = False  # first <tool_call> seen: content is over
         self._held = ""  # content tail that may be a partial <tool_call>
         self._tail = ""  # text from the current call region (or search point) on
+        self._brackets = (0, 0)  # the tail's { and [ up to an index: counted once per character
         self._calls: list[_Call] = []
         self._closed = 0  # regions already final
         self._blocked = False
@@ -111,6 +119,7 @@ class HermesToolParser(ToolParser):
                 content, self._held = text[:pos], ""
                 self._in_calls = True
                 self._tail = text[pos:]
+                self._brackets = (0, 0)
             content = content or None
         else:
             self._tail += delta_text
@@ -134,6 +143,7 @@ class HermesToolParser(ToolParser):
 
     def _restore(self, saved: tuple[str, int, list[tuple[str | None, str | None, str]]]) -> None:
         self._tail, self._closed, calls = saved
+        self._brackets = (0, 0)
         del self._calls[self._closed :]
         for name, args, streamed in calls:
             call = _Call()
@@ -148,6 +158,7 @@ class HermesToolParser(ToolParser):
                 # Between regions: only a partial start tag matters later.
                 keep = partial_tag_overlap(self._tail, START)
                 self._tail = self._tail[len(self._tail) - keep :] if keep else ""
+                self._brackets = (0, 0)
                 return deltas
             body_start = start + len(START)
             end = self._tail.find(END, body_start)
@@ -161,17 +172,28 @@ class HermesToolParser(ToolParser):
                 if overlap:
                     raw = raw[:-overlap]
                 body = raw.strip()
-                complete = _is_json(body) if body else False
+                complete = _is_json(body, self._shallow()) if body else False
             if not self._update_call(index, body, complete, deltas):
                 if end >= 0:
                     self._blocked = True  # a closed call without a name stops everything
-                self._tail = self._tail[start:]
+                self._cut(start)
                 return deltas
             if end < 0:
-                self._tail = self._tail[start:]
+                self._cut(start)
                 return deltas
             self._closed += 1
-            self._tail = self._tail[end + len(END) :]
+            self._cut(end + len(END))
+
+    def _cut(self, start: int) -> None:
+        if start:
+            self._tail = self._tail[start:]
+            self._brackets = (0, 0)
+
+    def _shallow(self) -> bool:
+        count, upto = self._brackets
+        count += self._tail.count("{", upto) + self._tail.count("[", upto)
+        self._brackets = (count, len(self._tail))
+        return count < _SHALLOW
 
     def _update_call(self, index: int, body: str, complete: bool, deltas: list[ToolCallDeltaOut]) -> bool:
         if index >= len(self._calls):
