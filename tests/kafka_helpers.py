@@ -65,7 +65,7 @@ async def ignore_partitions(partitions: Partitions) -> None:
 
 
 async def joined_consumer(kind: ClientKind, bootstrap: str, topic: str, name: str) -> GroupConsumer:
-    """A started client-layer consumer of ``kind`` in a fresh group, subscribed to ``topic``."""
+    """A started client-layer consumer of ``kind`` in a fresh group that has ``topic`` assigned."""
     consumer = make_client(kind, KafkaSecurity()).consumer(
         ConsumerConfig(
             bootstrap_servers=bootstrap,
@@ -82,6 +82,8 @@ async def joined_consumer(kind: ClientKind, bootstrap: str, topic: str, name: st
     consumer.subscribe(
         [topic], on_assign=ignore_partitions, on_revoke=ignore_partitions, on_lost=ignore_partitions
     )
+    while not consumer.assignment():  # the empty topic gives nothing meanwhile
+        await consumer.poll(200, 500)
     return consumer
 
 

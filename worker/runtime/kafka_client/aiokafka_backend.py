@@ -33,6 +33,7 @@ from aiokafka.errors import (
     InvalidSessionTimeoutError,
     KafkaConnectionError,
     KafkaError,
+    KafkaTimeoutError,
     MessageSizeTooLargeError,
     NoError,
     NotCoordinatorError,
@@ -232,10 +233,7 @@ class AiokafkaConsumer:
     async def committed(self, tp: TopicPartition) -> int | None:
         # Not aiokafka's committed(): see fetch_committed.
         with mapped_errors():
-            try:
-                return await fetch_committed(self._consumer._coordinator, self.group_id, _atp(tp))
-            except TimeoutError as exc:
-                raise KafkaUnreachableError(f"no committed offset of {tp} within the deadline") from exc
+            return await fetch_committed(self._consumer._coordinator, self.group_id, _atp(tp))
 
     async def beginning_offset(self, tp: TopicPartition) -> int:
         with mapped_errors():
@@ -274,24 +272,26 @@ async def fetch_committed(coordinator: Any, group_id: str, tp: aiokafka.TopicPar
     it shuts down or the coordinator moves, COORDINATOR_LOAD_IN_PROGRESS as it starts), which
     aiokafka returns as "nothing committed": a partition reopened on that answer started from the
     beginning and wrote its outputs again. Here every error is read and the retriable ones retried
-    (through the consumer's own coordinator connection); ``TimeoutError`` after
-    ``COMMITTED_DEADLINE_S``.
+    (through the consumer's own coordinator connection) for at most ``COMMITTED_DEADLINE_S``.
     """
     request = OffsetFetchRequest(group_id, [(tp.topic, [tp.partition])])
     backoff_s = coordinator._retry_backoff_ms / 1000
-    async with asyncio.timeout(COMMITTED_DEADLINE_S):  # the lookup itself retries without end
-        while True:
-            try:
-                await coordinator.ensure_coordinator_known()
-                if coordinator.coordinator_id is None:  # it returns so only once the consumer closes
-                    raise KafkaError("the consumer is closing")
-                return _committed_in(await coordinator._send_req(request), tp)
-            except KafkaError as exc:
-                if not exc.retriable:
-                    raise
-                if isinstance(exc, NotCoordinatorError | CoordinatorNotAvailableError):
-                    coordinator.coordinator_dead()
-                await asyncio.sleep(backoff_s)
+    try:
+        async with asyncio.timeout(COMMITTED_DEADLINE_S):  # the lookup itself retries without end
+            while True:
+                try:
+                    await coordinator.ensure_coordinator_known()
+                    if coordinator.coordinator_id is None:  # it returns so only once the consumer closes
+                        raise KafkaError("the consumer is closing")
+                    return _committed_in(await coordinator._send_req(request), tp)
+                except KafkaError as exc:
+                    if not exc.retriable:
+                        raise
+                    if isinstance(exc, NotCoordinatorError | CoordinatorNotAvailableError):
+                        coordinator.coordinator_dead()
+                    await asyncio.sleep(backoff_s)
+    except TimeoutError as exc:
+        raise KafkaTimeoutError(f"no committed offset of {tp} in {COMMITTED_DEADLINE_S:.0f} s") from exc
 
 
 def _committed_in(response: Any, tp: aiokafka.TopicPartition) -> int | None:
