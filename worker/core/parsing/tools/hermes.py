@@ -8,6 +8,12 @@ streamed. A call whose name never appears blocks all later calls.
 One-shot: every region must be JSON with ``name`` and ``arguments`` or the
 whole output stays content. Hermes has a structural tag, so with strict tool
 calling ``required``/named choices are parsed like ``auto``.
+
+vLLM re-reads the open call whole at every record (finds its end tag, strips it,
+searches its name and arguments, parses it as JSON). Here :class:`_OpenBody` reads
+each character of an open call once and answers the same questions; the whole
+re-read stays as the reference (``incremental = False``) and for calls nested past
+``_SHALLOW`` levels, where json's ``RecursionError`` decides.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from worker.core.parsing.base import ToolParser
 from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
 from worker.core.parsing.registry import tool_parser
+from worker.core.parsing.tools._json_document import JsonDocument
 from worker.core.parsing.types import (
     DeltaOut,
     ExtractedCalls,
@@ -31,9 +38,12 @@ from worker.core.parsing.types import (
 
 def partial_tag_overlap(text: str, tag: str) -> int:
     """Length of the longest proper prefix of ``tag`` that ends ``text``."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
+    # Such a prefix starts with the tag's first character: try those in the window, leftmost first.
+    at = text.find(tag[0], max(0, len(text) - len(tag) + 1))
+    while at >= 0:
+        if tag.startswith(text[at:]):
+            return len(text) - at
+        at = text.find(tag[0], at + 1)
     return 0
 
 
@@ -45,6 +55,7 @@ _ARGS_RE = re.compile(r'"arguments"\s*:\s*')
 
 
 _SHALLOW = 200  # brackets: far below the nesting at which json's parse raises RecursionError
+_BLANK_RUN = re.compile(r"\s*")  # what the patterns' \s* take
 
 
 def _is_json(text: str, shallow: bool = False) -> bool:
@@ -63,17 +74,153 @@ def _is_json(text: str, shallow: bool = False) -> bool:
 
 
 class _Call:
-    __slots__ = ("args", "name", "streamed")
+    __slots__ = ("name", "streamed")
 
     def __init__(self) -> None:
         self.name: str | None = None
-        self.args: str | None = None  # last extracted arguments text
-        self.streamed = ""
+        self.streamed = 0  # length of the arguments text sent
+
+
+class _KeyFinder:
+    r"""The first ``"key"\s*:`` in a growing text, as ``re.search`` finds it (with
+    ``string_value``: ``"key"\s*:\s*"([^"]+)"``, hermes's name), each character looked at a
+    bounded number of times. While a candidate runs to the end of the text no later one can
+    match, so the search waits on it. Positions are relative to ``base``."""
+
+    __slots__ = ("_at", "_literal", "_pos", "_resume", "_stage", "_string_value", "end", "value_start")
+
+    def __init__(self, key: str, string_value: bool) -> None:
+        self._literal = f'"{key}"'
+        self._string_value = string_value
+        self._pos = 0  # no match starts before this
+        self._at = -1  # the candidate in progress
+        self._stage = 0  # 0: blanks then ":", 1: blanks then '"', 2: the value up to '"'
+        self._resume = 0  # where the candidate's scan goes on
+        self.value_start = -1
+        self.end = -1  # the match's end (after ":", or after the value's closing quote)
+
+    def search(self, text: str, base: int, end: int) -> None:
+        """Go on over ``text[base:end]`` (``end`` absolute)."""
+        while self.end < 0:
+            if self._at < 0:
+                hit = text.find(self._literal, base + self._pos, end)
+                if hit < 0:
+                    self._pos = max(self._pos, end - base - len(self._literal) + 1)
+                    return
+                self._at, self._stage = hit - base, 0
+                self._resume = self._at + len(self._literal)
+            pos = base + self._resume
+            if self._stage == 2:
+                close = text.find('"', pos, end)
+                if close < 0:
+                    self._resume = end - base
+                    return
+                if close - base > self.value_start:
+                    self.end = close + 1 - base
+                else:
+                    self._fail()  # "" is no name
+                continue
+            blanks = _BLANK_RUN.match(text, pos, end)
+            assert blanks is not None
+            pos = blanks.end()
+            if pos == end:
+                self._resume = pos - base
+                return
+            if text[pos] != (":" if self._stage == 0 else '"'):
+                self._fail()
+                continue
+            self._resume = pos + 1 - base
+            if not self._string_value:
+                self.end = self._resume
+            elif self._stage == 1:
+                self.value_start = self._resume
+            self._stage += 1
+
+    def _fail(self) -> None:
+        self._pos, self._at = self._at + 1, -1
+
+
+class _OpenBody:
+    """What hermes asks of an open call's body at every record, each character read once:
+    where its blanks end on either side, its name, where its arguments start, whether it is
+    one JSON document. Positions are relative to the body's start (the tail is cut between
+    records)."""
+
+    __slots__ = (
+        "_complete",
+        "_doc_fed",
+        "_raw",
+        "args",
+        "args_start",
+        "doc",
+        "index",
+        "lead",
+        "name",
+        "rend",
+        "searched",
+    )
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.searched = 0  # raw characters searched for the end tag
+        self._raw = 0  # raw characters taken
+        self.lead = -1  # the first non-blank
+        self.rend = 0  # the end of the last non-blank: the stripped body is raw[lead:rend]
+        self.doc = JsonDocument(_SHALLOW)
+        self._doc_fed = 0
+        self.name = _KeyFinder("name", True)
+        self.args = _KeyFinder("arguments", False)
+        self.args_start = -1  # the arguments' first non-blank
+        self._complete: tuple[int, int] = (-1, 0)  # (rend, arguments' length) once complete
+
+    def take(self, text: str, base: int, avail: int) -> None:
+        """Read the raw body up to ``avail`` (relative; a partial end tag after it is held)."""
+        if avail > self._raw:
+            piece = text[base + self._raw : base + avail]
+            kept = len(piece.rstrip())
+            if kept:
+                if self.lead < 0:
+                    self.lead = self._doc_fed = self._raw + len(piece) - len(piece.lstrip())
+                self.rend = self._raw + kept
+            self._raw = avail
+        if self.lead < 0:
+            return
+        self.doc.feed(text, base + self._doc_fed, base + self.rend)
+        self._doc_fed = self.rend
+        if self.name.end < 0:
+            self.name.search(text, base, base + avail)
+        if self.args_start < 0:
+            self.args.search(text, base, base + avail)
+            if self.args.end >= 0:
+                after = _BLANK_RUN.match(text, base + self.args.end, base + avail)
+                assert after is not None
+                if after.end() < base + avail:
+                    self.args_start = after.end() - base
+                else:
+                    self.args.end = after.end() - base  # blanks so far: go on from there
+
+    def args_length(self, text: str, base: int) -> int:
+        """The length of the arguments text vLLM would send now: to the body's end, or once the
+        body is one JSON document, without its last closing brace and the blanks before it."""
+        if self.args_start < 0:
+            return 0
+        if not self.doc.complete:
+            return self.rend - self.args_start
+        if self._complete[0] != self.rend:
+            end = self.rend
+            if text[base + end - 1] == "}":
+                end -= 1
+                while end > self.args_start and text[base + end - 1].isspace():
+                    end -= 1
+            self._complete = (self.rend, end - self.args_start)
+        return self._complete[1]
 
 
 @tool_parser("hermes", "qwen3_json")
 class HermesToolParser(ToolParser):
     supports_required_and_named = False
+    #: False: re-read the open call whole at every record, as vLLM does (the tests' reference).
+    incremental = True
 
     def setup(self) -> None:
         self._in_calls = False  # first <tool_call> seen: content is over
@@ -82,6 +229,7 @@ class HermesToolParser(ToolParser):
         self._brackets = (0, 0)  # the tail's { and [ up to an index: counted once per character
         self._calls: list[_Call] = []
         self._closed = 0  # regions already final
+        self._open: _OpenBody | None = None  # the open call's body, read so far
         self._blocked = False
 
     # -- one-shot ------------------------------------------------------
@@ -122,7 +270,9 @@ class HermesToolParser(ToolParser):
                 self._brackets = (0, 0)
             content = content or None
         else:
-            self._tail += delta_text
+            tail, self._tail = self._tail, ""
+            tail += delta_text  # CPython appends in place to a string only this name holds
+            self._tail = tail
         deltas: list[ToolCallDeltaOut] = []
         if self._in_calls and not self._blocked:
             saved = self._saved()
@@ -137,17 +287,18 @@ class HermesToolParser(ToolParser):
             return DeltaOut(content=content, tool_calls=deltas)
         return None
 
-    def _saved(self) -> tuple[str, int, list[tuple[str | None, str | None, str]]]:
+    def _saved(self) -> tuple[str, int, list[tuple[str | None, int]]]:
         """What ``_scan_calls`` may change: the tail, the closed count and the open calls."""
-        return self._tail, self._closed, [(c.name, c.args, c.streamed) for c in self._calls[self._closed :]]
+        return self._tail, self._closed, [(c.name, c.streamed) for c in self._calls[self._closed :]]
 
-    def _restore(self, saved: tuple[str, int, list[tuple[str | None, str | None, str]]]) -> None:
+    def _restore(self, saved: tuple[str, int, list[tuple[str | None, int]]]) -> None:
         self._tail, self._closed, calls = saved
         self._brackets = (0, 0)
+        self._open = None  # read again from the restored tail
         del self._calls[self._closed :]
-        for name, args, streamed in calls:
+        for name, streamed in calls:
             call = _Call()
-            call.name, call.args, call.streamed = name, args, streamed
+            call.name, call.streamed = name, streamed
             self._calls.append(call)
 
     def _scan_calls(self) -> list[ToolCallDeltaOut]:
@@ -160,20 +311,26 @@ class HermesToolParser(ToolParser):
                 self._tail = self._tail[len(self._tail) - keep :] if keep else ""
                 self._brackets = (0, 0)
                 return deltas
-            body_start = start + len(START)
-            end = self._tail.find(END, body_start)
+            base = start + len(START)
             index = self._closed
+            opened = self._opened(index)
+            end = self._tail.find(END, base + max(0, opened.searched - len(END) + 1) if opened else base)
             if end >= 0:
-                body = self._tail[body_start:end].strip()
-                complete = True
+                self._open = None
+                named = self._update_call(index, self._tail[base:end].strip(), True, deltas)
             else:
-                raw = self._tail[body_start:]
-                overlap = partial_tag_overlap(raw, END)
-                if overlap:
-                    raw = raw[:-overlap]
-                body = raw.strip()
-                complete = _is_json(body, self._shallow()) if body else False
-            if not self._update_call(index, body, complete, deltas):
+                # A partial end tag never reaches back into the start tag (no ">" in it).
+                avail = len(self._tail) - base - partial_tag_overlap(self._tail, END)
+                if opened is not None:
+                    opened.searched = len(self._tail) - base
+                    opened.take(self._tail, base, avail)
+                if opened is not None and not opened.doc.deep:
+                    named = self._update_open(index, opened, base, deltas)
+                else:
+                    body = self._tail[base : base + avail].strip()
+                    complete = _is_json(body, self._shallow()) if body else False
+                    named = self._update_call(index, body, complete, deltas)
+            if not named:
                 if end >= 0:
                     self._blocked = True  # a closed call without a name stops everything
                 self._cut(start)
@@ -183,6 +340,13 @@ class HermesToolParser(ToolParser):
                 return deltas
             self._closed += 1
             self._cut(end + len(END))
+
+    def _opened(self, index: int) -> _OpenBody | None:
+        if not self.incremental:
+            return None
+        if self._open is None or self._open.index != index:
+            self._open = _OpenBody(index)
+        return self._open
 
     def _cut(self, start: int) -> None:
         if start:
@@ -195,10 +359,28 @@ class HermesToolParser(ToolParser):
         self._brackets = (count, len(self._tail))
         return count < _SHALLOW
 
-    def _update_call(self, index: int, body: str, complete: bool, deltas: list[ToolCallDeltaOut]) -> bool:
+    def _call(self, index: int) -> _Call:
         if index >= len(self._calls):
             self._calls.append(_Call())
-        call = self._calls[index]
+        return self._calls[index]
+
+    def _update_open(self, index: int, body: _OpenBody, base: int, deltas: list[ToolCallDeltaOut]) -> bool:
+        """``_update_call`` for an open call from what ``body`` read."""
+        call = self._call(index)
+        if call.name is None:
+            if body.name.end < 0:
+                return False
+            call.name = self._tail[base + body.name.value_start : base + body.name.end - 1]
+            deltas.append(name_delta(index, call.name))
+        size = body.args_length(self._tail, base)
+        if size > call.streamed:
+            start = base + body.args_start
+            deltas.append(args_delta(index, self._tail[start + call.streamed : start + size]))
+            call.streamed = size
+        return True
+
+    def _update_call(self, index: int, body: str, complete: bool, deltas: list[ToolCallDeltaOut]) -> bool:
+        call = self._call(index)
         if call.name is None:
             match = _NAME_RE.search(body)
             if not match:
@@ -212,18 +394,14 @@ class HermesToolParser(ToolParser):
                 args = args.rstrip()
                 if args.endswith("}"):
                     args = args[:-1].rstrip()
-            if len(args) > len(call.streamed):
-                diff = args[len(call.streamed) :]
-                call.streamed = args
-                call.args = args
-                deltas.append(args_delta(index, diff))
+            if len(args) > call.streamed:
+                deltas.append(args_delta(index, args[call.streamed :]))
+                call.streamed = len(args)
         return True
 
     def remaining_unstreamed_args(self) -> str:
+        # vLLM compares the last call's arguments with what it sent: they are the same text
+        # once any was sent, and "{}" is due when none was.
         if not self._calls:
             return ""
-        call = self._calls[-1]
-        expected = call.args if call.args is not None else "{}"
-        if expected.startswith(call.streamed):
-            return expected[len(call.streamed) :]
-        return ""
+        return "" if self._calls[-1].streamed else "{}"
