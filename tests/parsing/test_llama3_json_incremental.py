@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from tests.parsing_helpers import (
+    LLAMA3_JSON_REQUEST,
     llama3_json_matches_whole_reread,
+    llama3_json_parser,
     sample_tokenizer,
     text_cuts,
 )
@@ -169,3 +171,34 @@ def test_random_splits_of_real_and_broken_calls(tokenizer: Any, seed: int) -> No
         fast += _same(tokenizer, pieces)
         records += len(pieces)
     assert fast > records // 4, (fast, records)
+
+
+def _name_closes(text: str) -> int:
+    value = text.index('"name": "') + len('"name": "')
+    return text.index('"', value)
+
+
+@pytest.mark.parametrize("text", [t for t in CORPUS if t.startswith('{"name": "')])
+def test_the_record_that_sends_the_name_may_open_a_string(tokenizer: Any, text: str) -> None:
+    """One record closes the name and goes on into the arguments (a string opened, say); the
+    records after it read incrementally and equal the whole re-read, wherever that record ends."""
+    close = _name_closes(text)
+    for end in range(close + 1, len(text)):
+        pieces = [text[:close], text[close:end], *text[end:]]
+        fast = _same(tokenizer, pieces)
+        if text in CORPUS[:6]:  # as a model writes them: the reader holds every record after it
+            assert fast == len(text) - end
+
+
+def test_a_long_string_opened_with_the_name_is_not_read_again(
+    tokenizer: Any, partial_json_reads: list[int]
+) -> None:
+    text = '{"name": "write_file", "parameters": {"content": "' + "some text, " * 300 + '"}}'
+    close = _name_closes(text)
+    parser = llama3_json_parser(tokenizer)
+    parser.stream(text[:close], [0], LLAMA3_JSON_REQUEST)
+    parser.stream(text[close : close + 40], [0], LLAMA3_JSON_REQUEST)
+    partial_json_reads.clear()
+    for char in text[close + 40 : -3]:
+        parser.stream(char, [0], LLAMA3_JSON_REQUEST)
+    assert partial_json_reads == []

@@ -179,6 +179,7 @@ class Llama3JsonToolParser(ToolParser):
         # Set while the call in progress is read incrementally (after its name was sent).
         self._reader: CallReader | None = None
         self._view = View(-1, "", False)  # the reader's last successful read
+        self._prev_read = False  # _prev is the last successful read (none since the reader took over)
         self._no_reader = -1  # the call the reader gave up on
         # Before a call's name is sent: a reader that tells when the whole read would surely
         # succeed without a name (nothing to send), so the record skips it.
@@ -219,7 +220,9 @@ class Llama3JsonToolParser(ToolParser):
     # -- streaming -----------------------------------------------------
 
     def stream(self, delta_text: str, delta_ids: Sequence[int], request: ParseRequest) -> DeltaOut | None:
-        self._text += delta_text
+        text, self._text = self._text, ""
+        text += delta_text  # in place: CPython appends to a string only this name holds
+        self._text = text
         if self._mode is None:
             text = self._text
             if text.startswith(BOT):
@@ -397,6 +400,7 @@ class Llama3JsonToolParser(ToolParser):
             self._stuck = True
 
     def _step(self) -> DeltaOut | None:
+        strings = self._name_sent  # this read completes a string in progress
         read = self._read(self._text)
         if read is None:
             return None
@@ -452,11 +456,17 @@ class Llama3JsonToolParser(ToolParser):
             and self._no_reader != self._index
             and len(self._text) > last  # the read ended with the call in progress
         ):
-            self._reader = self._start_reader(last, current)
+            self._reader = self._start_reader(last, current, strings)
+            self._prev_read = True
         return delta
 
-    def _start_reader(self, start: int, current: dict[str, Any]) -> CallReader | None:
-        """A reader of the call in progress, checked against the whole read this record made."""
+    def _start_reader(self, start: int, current: dict[str, Any], strings: bool) -> CallReader | None:
+        """A reader of the call in progress, checked against the whole read this record made.
+
+        When that read left a string in progress out (``strings`` False: the record sent the
+        name), the reader, whose reads complete it as the next records' do, is checked against
+        one such read of the text, and the view the next record compares with is this record's.
+        """
         reader = CallReader(start)
         try:
             reader.feed(self._text)
@@ -465,16 +475,34 @@ class Llama3JsonToolParser(ToolParser):
             view = FAILED
             self._note(exc)
         if view is not FAILED:
-            if "arguments" in current:
-                expected: str | None = dump(current["arguments"])
-            else:
-                expected = None
+            expected = _arguments_json(current)
             got = reader.text_of(view) if view.size >= 0 else None
-            if got == expected:
+            if strings and got == expected:
                 self._view = view
+                return reader
+            if not strings and self._reads_with_strings(start, got):
+                if expected is None:
+                    view = View(-1, "", False)
+                else:
+                    # The stable part this record's text shares with the reader's.
+                    size = common_prefix_len(reader.stable.between(0, view.size), expected)
+                    view = View(size, expected[size:], bool(current["arguments"]))
+                self._view = reader.last_view = view
                 return reader
         self._no_reader = self._index
         return None
+
+    def _reads_with_strings(self, start: int, got: str | None) -> bool:
+        """Whether a read completing strings gives ``got`` as the arguments of the call at ``start``."""
+        try:
+            obj, _ = partial_loads(self._text[start:], True)
+            if "parameters" in obj:
+                if "arguments" in obj:
+                    return False  # vLLM asserts
+                obj["arguments"] = obj["parameters"]
+            return _arguments_json(obj) == got
+        except Exception:  # the read fails
+            return False
 
     def _step_reader(self, reader: CallReader) -> DeltaOut | None:
         """``_step`` for a record of the call in progress, read incrementally."""
@@ -492,12 +520,15 @@ class Llama3JsonToolParser(ToolParser):
                     delta = self._args_delta(reader.text_of(now, sent, cut) if sent < cut else "")
         self._view = now
         self._prev_len = len(self._text)
+        self._prev_read = False
         return delta
 
     def _leave_reader(self) -> None:
-        """Back to whole reads: rebuild what the last successful read gave."""
+        """Back to whole reads: rebuild what the last successful read gave (unless ``_prev`` is it)."""
         if self._reader is not None:
             self._reader = None
+            if self._prev_read:
+                return
             read = self._read(self._text[: self._prev_len])
             if read is not None:
                 self._prev = read[0]
@@ -519,6 +550,10 @@ class Llama3JsonToolParser(ToolParser):
             return ""
         actual = self._streamed[index] if index < len(self._streamed) else ""
         return expected[len(actual) :] if expected.startswith(actual) else ""
+
+
+def _arguments_json(obj: dict[str, Any]) -> str | None:
+    return dump(obj["arguments"]) if "arguments" in obj else None
 
 
 def _after_blanks(text: str, pos: int) -> int:
