@@ -27,6 +27,7 @@ from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
 from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.tools._json_document import JsonDocument
+from worker.core.parsing.tools._partial_json import is_json
 from worker.core.parsing.types import (
     DeltaOut,
     ExtractedCalls,
@@ -66,11 +67,7 @@ def _is_json(text: str, shallow: bool = False) -> bool:
         # An object ends with its brace, so this open call's body cannot be one yet; too few
         # brackets to reach the nesting limit, so the parse could not raise either.
         return False
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
+    return is_json(text)
 
 
 class _Call:
