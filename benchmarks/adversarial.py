@@ -140,6 +140,13 @@ STRUCTURED_SHAPES: list[tuple[str, str, str, str, str]] = [
         "<|python_tag|>{}",
         '{{"name": "f", "parameters": {{"k": {0}}}}}; ',
     ),
+    (
+        "many objects",
+        "hermes",
+        "qwen3",
+        '<tool_call>\n{{"name": "f", "arguments": {{"rows": [{}]}}}}\n</tool_call>',
+        '{{"a": {0}, "b": [1, 2]}}, ',
+    ),
     ("many args", "pythonic", "llama-3", "[f({})]", "k{0}={0}, "),
     ("short strings", "pythonic", "llama-3", "[f({})]", "k{0}='v', "),
     ("numbers", "pythonic", "llama-3", "[f({})]", "n{0}=-{0}.5e3, "),
