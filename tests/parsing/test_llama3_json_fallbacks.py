@@ -49,6 +49,12 @@ DUPLICATES = [
     HEAD + '{"a": 1, "a": -Infinity, "c": 1, "a": nul',
     '{"name": "f", "arguments": {"a": 1, "b": 2, "a": "open string at the end',
 ]
+#: Syntax errors before the name that shift which quotes the library's scan takes to open strings.
+SHIFTED = [
+    '<|python_tag|>{"name": awrite_file", "parameters": 1e',
+    '{"name": x", "parameters": {"a": "b", "c": [1, 2]}}',
+    '{"name": "f"x "parameters": {"a": 1}}',
+]
 #: Both argument keys, and syntax errors the completion keeps or may still mend.
 BROKEN = [
     HEAD + '{"a": 1}, "arguments": {"b": 2, "c": "more text after both keys"}}; {"name": "g"}',
@@ -74,6 +80,7 @@ BROKEN = [
     HEAD + '{"a": [1, nullx], "b": -Inx}}',
     HEAD + '{"a": tru\u3000, "b": 2}}',
     '{"a": [Na "string opened after the literal", "name": "f"}',
+    *SHIFTED,
 ]
 #: Numbers ending in a sign, exponent or point before a delimiter: the completion cuts there.
 FROZEN = [
@@ -90,6 +97,13 @@ FROZEN = [
 @pytest.mark.parametrize("text", DUPLICATES + BROKEN + FROZEN)
 def test_one_character_records_match_the_whole_reread(text: str) -> None:
     _same(list(text))
+
+
+@pytest.mark.parametrize("text", SHIFTED)
+def test_three_records_cut_anywhere_match_the_whole_reread(text: str) -> None:
+    for first in range(1, len(text)):
+        for second in range(first + 1, len(text)):
+            _same([text[:first], text[first:second], text[second:]])
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -86,25 +86,22 @@ class _Broken:
     progress in an array), or up to where the walk of the last open container ends, and that
     walk reaches ``e`` and raises there (its leniencies are not at ``e``; the array tail after a
     string is no exception: the library completes it from its last comma, and an error there
-    raises). It keeps less only without incomplete strings, when a single quote follows ``e`` (it
-    cuts at the token before). Brackets and quotes only accumulate, so a case once ruled out
+    raises). It may keep less only without incomplete strings, once a quote follows ``e``: its
+    scan may then end inside what it takes for a string, and it cuts back to a comma or a key
+    before that string, which can lie before ``e`` (the error may have shifted which quotes open
+    strings, so any number of them counts). Quotes only accumulate, so a case once ruled out
     stays out.
     """
 
     def __init__(self, index: int, error: Broken, text: str) -> None:
         self.index = index
-        tokens = _TOKENS.findall(text, error.at)
-        self.count = len(tokens)  # brackets and quotes from the error on
-        self.first = tokens[0] if tokens else ""
+        self.quoted = '"' in text[error.at :]  # a quote follows the error
 
     def feed(self, delta: str) -> None:
-        if self.count < 2:
-            tokens = _TOKENS.findall(delta)
-            self.first = self.first or (tokens[0] if tokens else "")
-            self.count += len(tokens)
+        self.quoted = self.quoted or '"' in delta
 
     def fails(self, named: bool) -> bool:
-        return named or self.count != 1 or self.first != '"'
+        return named or not self.quoted
 
 
 class _Frozen:
