@@ -110,8 +110,6 @@ BODY = ", ".join(f'"k{i}": [{i}, "v{i}"]' for i in range(120))
         HEAD + '{"a\\q": {' + BODY + "}}}",
         HEAD + '{"k": 1, "a\x01": "' + "long text " * 60 + '"}}',
         HEAD + '{"a\\q": -' + "1" * 400 + "}}",
-        '{"parameters": {"a\\q": {' + BODY + '}}, "name": "f"}',
-        '{"parameters": {"a\\q": "' + "long text " * 60 + '"}, "name": "f"}',
     ],
 )
 def test_a_rejected_key_stops_the_reads_once_its_value_shows(
@@ -121,6 +119,25 @@ def test_a_rejected_key_stops_the_reads_once_its_value_shows(
     # A few records after the key closes its value has shown: no record reads from there.
     settled = text.index(":", text.index("\\q" if "\\q" in text else "\x01")) + 6
     assert not any(per_record[settled:]), sum(per_record[settled:])
+    _same(list(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"parameters": {"a\\q": {"k0": [0, "v0"], "k1": 1}}, "name": "f"}',
+        '{"parameters": {"a\\q": "v" \\"x", "name": "f"}',
+        '{"parameters": {"a\\q": "v"} \\"x, "name": "f"}',
+        '{"name": "f", "parameters": {"a\\q": "v" \\"x", "b": 1}}',
+    ],
+)
+def test_before_the_name_a_later_error_may_mend_a_rejected_key(text: str) -> None:
+    """Reads without incomplete strings: an error and a quote after the rejected key can shift
+    which quotes the library's scan takes to open strings, and it cuts back before the key. So
+    before the name is sent the record reads whole (README: not O(delta)), cut anywhere."""
+    for first in range(1, len(text), 3):
+        for second in range(first + 1, len(text), 2):
+            _same([text[:first], text[first:second], text[second:]])
     _same(list(text))
 
 

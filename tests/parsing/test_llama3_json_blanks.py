@@ -131,8 +131,6 @@ BODY = ", ".join(f'"k{i}": [{i}, "v{i}"]' for i in range(100))
         (HEAD + '{"a":\u2028{' + BODY + "}}}", "\u2028"),
         (HEAD + '{"a": [\u3000"x", ' + BODY[6:] + "]}}", "\u3000"),
         (HEAD + '{"a": [\u3000' + ", ".join(str(i) for i in range(300)) + "]}}", "\u3000"),
-        ('{"parameters": {"a": 1\u3000, ' + BODY + '}, "name": "f"}', "\u3000"),
-        ('{"parameters": {"a": [\u30001, ' + BODY[6:] + ']}, "name": "f"}', "\u3000"),
     ],
 )
 def test_a_blank_then_a_comma_or_a_value_stops_the_reads(
@@ -141,4 +139,17 @@ def test_a_blank_then_a_comma_or_a_value_stops_the_reads(
     """No record reads from the blank on: while blanks follow it the reader reads, then every read fails."""
     per_record = _reads_per_record(text, partial_json_reads)
     assert not any(per_record[text.index(settled) :]), sum(per_record[text.index(settled) :])
+    _same(list(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"parameters": {"a": 1\u3000, ' + BODY + '}, "name": "f"}',
+        '{"parameters": {"a": [\u30001, ' + BODY[6:] + ']}, "name": "f"}',
+    ],
+)
+def test_a_blank_before_the_name_matches_the_whole_reread(text: str) -> None:
+    """Before the name is sent these records read whole: a later error and a quote could still cut
+    a read back before the blank (see ``_skips_unnamed``)."""
     _same(list(text))

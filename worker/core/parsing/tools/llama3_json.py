@@ -308,8 +308,10 @@ class Llama3JsonToolParser(ToolParser):
             self._note(exc)
             return False
         if reader.failing:
-            self._stuck = True  # no read succeeds again, so no name is sent either
-            return True
+            # Both argument keys, or a rejected key and its value: the reads keep them and fail,
+            # until an error and a quote after them (see _Broken) cut a read back before them.
+            self._unnamed, self._no_unnamed = None, index
+            return False
         if not reader.reads_unnamed(self._text):
             return False
         self._prev_len = len(self._text)
