@@ -227,3 +227,31 @@ def test_a_long_call_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_partial_tag_overlap_is_the_longest_proper_prefix(text: str, tag: str) -> None:
     longest = max((k for k in range(1, len(tag)) if text.endswith(tag[:k])), default=0)
     assert hermes.partial_tag_overlap(text, tag) == longest
+
+
+@pytest.mark.parametrize("digits", [4_300, 4_301])
+@pytest.mark.parametrize("number", ["{}", "-{}", "{}.5", "[{}]", '{{"a": {}}}'])
+def test_an_integer_past_the_conversion_limit_is_no_document(number: str, digits: int) -> None:
+    """json.loads raises on an integer of more digits than int() converts from text."""
+    text = number.format("1" * digits)
+    for cuts in ([], [1] * 50, [4_000]):
+        assert fed(text, cuts).complete == loads(text)
+    same_as_whole_reread(['<tool_call>{"name": "f", "arguments": ' + text + "}", "\n</tool_call>"])
+
+
+@pytest.mark.parametrize("before", ["", '<tool_call>{"name": "g", "arguments": {}}</tool_call>'])
+def test_a_call_too_deep_for_json_is_read_once(monkeypatch: pytest.MonkeyPatch, before: str) -> None:
+    """Past json's nesting limit the parse's RecursionError undoes the record's calls; what the
+    open call's reading found stays (it was read again whole at every later record)."""
+    made: list[int] = []
+
+    class Counted(hermes._OpenBody):
+        def __init__(self, index: int) -> None:
+            made.append(index)
+            super().__init__(index)
+
+    monkeypatch.setattr(hermes, "_OpenBody", Counted)
+    text = before + '<tool_call>{"name": "f", "arguments": {"a": ' + "[" * 1_500 + "1, 2" * 20
+    pieces = [text[: len(before) + 60], *(text[at : at + 3] for at in range(len(before) + 60, len(text), 3))]
+    same_as_whole_reread(pieces)
+    assert made == [1 if before else 0]

@@ -3,7 +3,8 @@
 hermes asks this of an open call's body at every record (vLLM parses the body whole each
 time). :class:`JsonDocument` keeps the open containers and the token in progress and follows
 CPython's C scanner: strict strings (no control characters, only JSON's escapes), ASCII
-digits, ``NaN``/``Infinity``/``-Infinity``, JSON's four blanks between tokens. An error is
+digits, ``NaN``/``Infinity``/``-Infinity``, JSON's four blanks between tokens, and an integer
+of more digits than ``sys.get_int_max_str_digits()`` (its conversion raises). An error is
 final: no text after it makes the document valid. Nesting is counted, not parsed: at
 ``deep_at`` levels json's answer may be a ``RecursionError``, which depends on the caller's
 stack, so :attr:`deep` tells the caller to parse the text itself.
@@ -12,6 +13,7 @@ stack, so :attr:`deep` tells the caller to parse the text itself.
 from __future__ import annotations
 
 import re
+import sys
 
 _STRING_RUN = re.compile(r'[^"\\\x00-\x1f]+')
 _DIGITS = re.compile(r"[0-9]+")
@@ -41,6 +43,7 @@ _FRACTION = 15
 _E = 16
 _E_SIGN = 17
 _EXPONENT = 18
+# Last, in this order: ``feed`` stops at the states from _BROKEN on and steps numbers from _MINUS on.
 _BROKEN = 19
 _DEEP = 20
 
@@ -54,7 +57,17 @@ class JsonDocument:
     """Feed a text's characters in order (:meth:`feed`); :attr:`complete` says whether what was
     fed is exactly one JSON document, :attr:`deep` that nesting reached ``deep_at``."""
 
-    __slots__ = ("_key", "_left", "_stack", "_state", "_word", "deep_at")
+    __slots__ = (
+        "_digits",
+        "_hex_due",
+        "_key",
+        "_max_digits",
+        "_stack",
+        "_state",
+        "_word",
+        "_word_at",
+        "deep_at",
+    )
 
     def __init__(self, deep_at: int) -> None:
         self.deep_at = deep_at
@@ -62,11 +75,19 @@ class JsonDocument:
         self._state = _VALUE
         self._key = False  # the string in progress is an object key
         self._word = ""  # the rest of the literal in progress
-        self._left = 0  # its next index, or the hex digits still due
+        self._word_at = 0  # its next index
+        self._hex_due = 0  # hex digits of a \u escape still due
+        self._digits = 0  # the integer part's digits of the number in progress
+        self._max_digits = sys.get_int_max_str_digits()  # 0: no limit
 
     @property
     def complete(self) -> bool:
-        return self._state == _DONE or (not self._stack and self._state in _NUMBER_ENDS)
+        state = self._state
+        return state == _DONE or (not self._stack and state in _NUMBER_ENDS and not self._too_long(state))
+
+    def _too_long(self, state: int) -> bool:
+        """An integer (no fraction, no exponent) longer than int() converts from text."""
+        return state in (_ZERO, _INT) and 0 < self._max_digits < self._digits
 
     @property
     def broken(self) -> bool:
@@ -94,20 +115,20 @@ class JsonDocument:
             elif state == _ESCAPE:
                 pos += 1
                 if char == "u":
-                    state, self._left = _HEX_DIGITS, 4
+                    state, self._hex_due = _HEX_DIGITS, 4
                 else:
                     state = _STRING if char in _ESCAPES else _BROKEN
             elif state == _HEX_DIGITS:
                 pos += 1
-                self._left -= 1
-                state = _BROKEN if char not in _HEX else _STRING if not self._left else state
+                self._hex_due -= 1
+                state = _BROKEN if char not in _HEX else _STRING if not self._hex_due else state
             elif state == _WORD:
                 pos += 1
-                if char != self._word[self._left]:
+                if char != self._word[self._word_at]:
                     state = _BROKEN
                 else:
-                    self._left += 1
-                    if self._left == len(self._word):
+                    self._word_at += 1
+                    if self._word_at == len(self._word):
                         state = self._closed()
             elif state >= _MINUS:
                 state, pos = self._number(state, text, pos, end)
@@ -154,14 +175,13 @@ class JsonDocument:
             return _STRING
         if char == "-":
             return _MINUS
-        if char == "0":
-            return _ZERO
-        if "1" <= char <= "9":
-            return _INT
+        if "0" <= char <= "9":
+            self._digits = 1
+            return _ZERO if char == "0" else _INT
         word = _WORDS.get(char)
         if word is None:
             return _BROKEN
-        self._word, self._left = word, 0
+        self._word, self._word_at = word, 0
         return _WORD
 
     def _number(self, state: int, text: str, pos: int, end: int) -> tuple[int, int]:
@@ -171,11 +191,14 @@ class JsonDocument:
         if state in (_INT, _FRACTION, _EXPONENT) and digit:
             run = _DIGITS.match(text, pos, end)
             assert run is not None
+            if state == _INT:
+                self._digits += run.end() - pos
             return state, run.end()
         if state == _MINUS:
             if char == "I":  # -Infinity
-                self._word, self._left = _WORDS["I"], 0
+                self._word, self._word_at = _WORDS["I"], 0
                 return _WORD, pos + 1
+            self._digits = 1
             return (_ZERO if char == "0" else _INT if digit else _BROKEN), pos + 1
         if state in (_ZERO, _INT) and char == ".":
             return _DOT, pos + 1
@@ -185,4 +208,6 @@ class JsonDocument:
             if state == _E and char in "+-":
                 return _E_SIGN, pos + 1
             return (_FRACTION if state == _DOT else _EXPONENT) if digit else _BROKEN, pos + 1
+        if self._too_long(state):
+            return _BROKEN, pos
         return self._closed(), pos  # the number ended before this character

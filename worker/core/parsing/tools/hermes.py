@@ -12,8 +12,8 @@ calling ``required``/named choices are parsed like ``auto``.
 vLLM re-reads the open call whole at every record (finds its end tag, strips it,
 searches its name and arguments, parses it as JSON). Here :class:`_OpenBody` reads
 each character of an open call once and answers the same questions; the whole
-re-read stays as the reference (``incremental = False``) and for calls nested past
-``_SHALLOW`` levels, where json's ``RecursionError`` decides.
+re-read stays as the reference (``incremental = False``) and for calls nested
+``_DEEP_AT`` levels deep or more, where json's ``RecursionError`` may decide.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ _ARGS_RE = re.compile(r'"arguments"\s*:\s*')
 
 
 _SHALLOW = 200  # brackets: far below the nesting at which json's parse raises RecursionError
+#: Nesting from which the open call is parsed whole (json's RecursionError may decide there).
+_DEEP_AT = _SHALLOW
 _BLANK_RUN = re.compile(r"\s*")  # what the patterns' \s* take
 
 
@@ -163,7 +165,7 @@ class _OpenBody:
         self._raw = 0  # raw characters taken
         self.lead = -1  # the first non-blank
         self.rend = 0  # the end of the last non-blank: the stripped body is raw[lead:rend]
-        self.doc = JsonDocument(_SHALLOW)
+        self.doc = JsonDocument(_DEEP_AT)
         self._doc_fed = 0
         self.name = _KeyFinder("name", True)
         self.args = _KeyFinder("arguments", False)
@@ -291,7 +293,8 @@ class HermesToolParser(ToolParser):
     def _restore(self, saved: tuple[str, int, list[tuple[str | None, int]]]) -> None:
         self._tail, self._closed, calls = saved
         self._brackets = (0, 0)
-        self._open = None  # read again from the restored tail
+        # _open stays: its positions are from its body's start, which the restored tail holds
+        # unchanged (the same text, before this record's cuts).
         del self._calls[self._closed :]
         for name, streamed in calls:
             call = _Call()
@@ -310,14 +313,17 @@ class HermesToolParser(ToolParser):
                 return deltas
             base = start + len(START)
             index = self._closed
-            opened = self._opened(index)
+            opened = self._open if self._open is not None and self._open.index == index else None
             end = self._tail.find(END, base + max(0, opened.searched - len(END) + 1) if opened else base)
             if end >= 0:
-                self._open = None
+                if opened is not None:
+                    self._open = None
                 named = self._update_call(index, self._tail[base:end].strip(), True, deltas)
             else:
                 # A partial end tag never reaches back into the start tag (no ">" in it).
                 avail = len(self._tail) - base - partial_tag_overlap(self._tail, END)
+                if self.incremental and opened is None:
+                    opened = self._open = _OpenBody(index)
                 if opened is not None:
                     opened.searched = len(self._tail) - base
                     opened.take(self._tail, base, avail)
@@ -337,13 +343,6 @@ class HermesToolParser(ToolParser):
                 return deltas
             self._closed += 1
             self._cut(end + len(END))
-
-    def _opened(self, index: int) -> _OpenBody | None:
-        if not self.incremental:
-            return None
-        if self._open is None or self._open.index != index:
-            self._open = _OpenBody(index)
-        return self._open
 
     def _cut(self, start: int) -> None:
         if start:

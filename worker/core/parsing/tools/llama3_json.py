@@ -176,7 +176,7 @@ class Llama3JsonToolParser(ToolParser):
         # Set while the call in progress is read incrementally (after its name was sent).
         self._reader: CallReader | None = None
         self._view = View(-1, "", False)  # the reader's last successful read
-        self._prev_read = False  # _prev is the last successful read (none since the reader took over)
+        self._prev_is_last_read = False  # _prev is the last successful read (none since the reader took over)
         self._no_reader = -1  # the call the reader gave up on
         # Before a call's name is sent: a reader that tells when the whole read would surely
         # succeed without a name (nothing to send), so the record skips it.
@@ -399,7 +399,7 @@ class Llama3JsonToolParser(ToolParser):
             self._stuck = True
 
     def _step(self) -> DeltaOut | None:
-        strings = self._name_sent  # this read completes a string in progress
+        partial_strings = self._name_sent  # this read completes a string in progress
         read = self._read(self._text)
         if read is None:
             return None
@@ -455,14 +455,14 @@ class Llama3JsonToolParser(ToolParser):
             and self._no_reader != self._index
             and len(self._text) > last  # the read ended with the call in progress
         ):
-            self._reader = self._start_reader(last, current, strings)
-            self._prev_read = True
+            self._reader = self._start_reader(last, current, partial_strings)
+            self._prev_is_last_read = True
         return delta
 
-    def _start_reader(self, start: int, current: dict[str, Any], strings: bool) -> CallReader | None:
+    def _start_reader(self, start: int, current: dict[str, Any], partial_strings: bool) -> CallReader | None:
         """A reader of the call in progress, checked against the whole read this record made.
 
-        When that read left a string in progress out (``strings`` False: the record sent the
+        When that read left a string in progress out (``partial_strings`` False: the record sent the
         name), the reader, whose reads complete it as the next records' do, is checked against
         one such read of the text, and the view the next record compares with is this record's.
         """
@@ -476,10 +476,10 @@ class Llama3JsonToolParser(ToolParser):
         if view is not FAILED:
             expected = _arguments_json(current)
             got = reader.text_of(view) if view.size >= 0 else None
-            if strings and got == expected:
+            if partial_strings and got == expected:
                 self._view = view
                 return reader
-            if not strings and self._reads_with_strings(start, got):
+            if not partial_strings and self._reads_with_strings(start, got):
                 if expected is None:
                     view = View(-1, "", False)
                 else:
@@ -519,14 +519,14 @@ class Llama3JsonToolParser(ToolParser):
                     delta = self._args_delta(reader.text_of(now, sent, cut) if sent < cut else "")
         self._view = now
         self._prev_len = len(self._text)
-        self._prev_read = False
+        self._prev_is_last_read = False
         return delta
 
     def _leave_reader(self) -> None:
         """Back to whole reads: rebuild what the last successful read gave (unless ``_prev`` is it)."""
         if self._reader is not None:
             self._reader = None
-            if self._prev_read:
+            if self._prev_is_last_read:
                 return
             read = self._read(self._text[: self._prev_len])
             if read is not None:
