@@ -398,6 +398,17 @@ def text_cuts(text: str, rng: random.Random) -> list[str]:
     return pieces
 
 
+def long_cuts(text: str, rng: random.Random) -> list[str]:
+    """``text`` as records of 1 to 200 characters: a record may close one token and open the next
+    (the 1-3 character records of :func:`text_cuts` rarely do; bugs hid there)."""
+    pieces, pos = [], 0
+    while pos < len(text):
+        size = rng.choice([1, 2, 5, 10, 20, 40, 80, 200])
+        pieces.append(text[pos : pos + size])
+        pos += size
+    return pieces
+
+
 def delta_without_ids(delta: Any) -> Any:
     """A parser delta as plain data, with the random tool-call ids left out."""
     if delta is None:
@@ -490,6 +501,7 @@ def llama3_json_cuts_match(tokenizer: Any, corpus: Sequence[str], seed: int, rou
         if rng.random() < 0.3:
             text = text[: rng.randrange(1, len(text) + 1)]
         llama3_json_incremental_matches(tokenizer, text_cuts(text, rng))
+        llama3_json_incremental_matches(tokenizer, long_cuts(text, rng))
 
 
 def llama3_json_reads_per_record(tokenizer: Any, text: str, reads: list[int]) -> list[int]:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.parsing_helpers import matches_whole_reread, qwen3, text_cuts
+from tests.parsing_helpers import long_cuts, matches_whole_reread, qwen3, text_cuts
 from worker.core.parsing.tools import hermes
 from worker.core.parsing.tools._json_document import JsonDocument
 from worker.core.parsing.tools.hermes import HermesToolParser
@@ -183,7 +183,9 @@ def step(streaming: HermesToolParser, piece: str) -> Any:
 def test_random_calls_in_random_records(seed: int) -> None:
     rng = random.Random(seed)
     for _ in range(400):
-        same_as_whole_reread(text_cuts(call_text(rng), rng))
+        text = call_text(rng)
+        same_as_whole_reread(text_cuts(text, rng))
+        same_as_whole_reread(long_cuts(text, rng))
 
 
 @given(st.lists(st.sampled_from(CALL_PIECES), min_size=1, max_size=25), st.lists(st.integers(0, 6)))

@@ -19,6 +19,7 @@ from tests.parsing_helpers import (
     LLAMA3_JSON_REQUEST,
     llama3_json_matches_whole_reread,
     llama3_json_parser,
+    long_cuts,
     sample_tokenizer,
     text_cuts,
 )
@@ -170,6 +171,7 @@ def test_random_splits_of_real_and_broken_calls(tokenizer: Any, seed: int) -> No
         pieces = text_cuts(text, rng)
         fast += _same(tokenizer, pieces)
         records += len(pieces)
+        _same(tokenizer, long_cuts(text, rng))
     assert fast > records // 4, (fast, records)
 
 
