@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tests.parsing_helpers import long_cuts, matches_whole_reread, qwen3, text_cuts
 from worker.core.parsing.tools import hermes
 from worker.core.parsing.tools._json_document import JsonDocument
+from worker.core.parsing.tools._partial_json import is_json
 from worker.core.parsing.tools.hermes import HermesToolParser
 from worker.core.parsing.types import ParseRequest
 
@@ -46,14 +47,6 @@ JSON_PIECES = [
 ]
 
 
-def loads(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
-
-
 def fed(text: str, cuts: list[int], deep_at: int = 200) -> JsonDocument:
     document = JsonDocument(deep_at)
     pos = 0
@@ -68,9 +61,9 @@ def fed(text: str, cuts: list[int], deep_at: int = 200) -> JsonDocument:
 def test_document_answers_as_json_loads(pieces: list[str], cuts: list[int]) -> None:
     text = "".join(pieces)
     document = fed(text, cuts)
-    assert document.complete == loads(text)
+    assert document.complete == is_json(text)
     if document.broken:  # final: no text after it is one document
-        assert not any(loads(text + more) for more in ("}", "]", '"}', "0}", "]}", "}]", ""))
+        assert not any(is_json(text + more) for more in ("}", "]", '"}', "0}", "]}", "}]", ""))
 
 
 JSON_VALUES = st.recursive(
@@ -90,7 +83,7 @@ def test_every_document_json_writes_is_complete(
 ) -> None:
     text = json.dumps(value, ensure_ascii=ascii_only, indent=indent)
     assert fed(text, cuts).complete
-    assert not fed(text[:-1], cuts).complete or loads(text[:-1])
+    assert not fed(text[:-1], cuts).complete or is_json(text[:-1])
 
 
 def test_nesting_is_counted_not_parsed() -> None:
@@ -237,7 +230,7 @@ def test_an_integer_past_the_conversion_limit_is_no_document(number: str, digits
     """json.loads raises on an integer of more digits than int() converts from text."""
     text = number.format("1" * digits)
     for cuts in ([], [1] * 50, [4_000]):
-        assert fed(text, cuts).complete == loads(text)
+        assert fed(text, cuts).complete == is_json(text)
     same_as_whole_reread(['<tool_call>{"name": "f", "arguments": ' + text + "}", "\n</tool_call>"])
 
 
