@@ -157,3 +157,41 @@ def test_blanks_after_a_separator_are_not_read(partial_json_reads: list[int]) ->
     blanks = text.index(" \n")
     assert not any(per_record[blanks + 8 : blanks + 600]), sum(per_record[blanks + 8 : blanks + 600])
     _same(list(text))
+
+
+#: What a model may write after a call instead of another one; each read from its first character
+#: that is not blank gives a number or a word (which vLLM's ``in`` refuses) or fails.
+PROSE = [
+    "\n\nThe weather in Paris is sunny.",
+    " I have called the tool.",
+    "; Note: done",
+    '; 1. first {"a": [2]} then ]',
+    "; nullx {",
+    "; true",
+    '; tru"e" [',
+    "; -Infinity, {}",
+    ';\u3000x {"name": "g"}',
+    ". NaN",
+    ";\n\n  false {",
+]
+
+
+@pytest.mark.parametrize("prose", PROSE)
+def test_prose_after_a_call_matches_the_whole_reread(prose: str) -> None:
+    for text in (TAG + A + prose, TAG + A + "; " + B + prose, A + prose + " more"):
+        _same(list(text))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_prose_after_calls_in_random_cuts_matches_the_whole_reread(seed: int) -> None:
+    corpus = [TAG + A + prose + extra for prose in PROSE for extra in ("", " " + B, ' "x" ] }')]
+    llama3_json_cuts_match(TOKENIZER, corpus, seed, rounds=80)
+
+
+def test_prose_after_a_call_is_not_read(partial_json_reads: list[int]) -> None:
+    """vLLM reads the call and the prose after it at every record: quadratic in the prose."""
+    text = TAG + _call(0) + "\n\nI have called the function, " + "and here is more about it. " * 40
+    per_record = _reads_per_record(text, partial_json_reads)
+    prose = text.index("I have") + 2
+    assert not any(per_record[prose:]), sum(per_record[prose:])
+    _same(list(text))

@@ -313,6 +313,22 @@ def partial_loads(text: str, allow_str: bool) -> tuple[Any, int]:
         raise
 
 
+def reads_no_container(text: str, start: int) -> bool:
+    """Whether no read from ``start`` gives an object, array or string, however the text grows.
+
+    That is so once the first character that is not blank (``str.isspace``, as the completion's
+    strip) is none of ``{["``: each way the completion goes keeps that character first (every cut
+    comes after a later bracket, comma or quote; a word the slow path finishes stays a scalar),
+    so ``json.loads`` fails or gives a number or a word, and ``raw_decode`` (which skips no
+    blank) gives one too or fails.
+    """
+    for at in range(start, len(text)):
+        char = text[at]
+        if not char.isspace():
+            return char not in '{["'
+    return False
+
+
 def is_json(text: str) -> bool:
     try:
         json.loads(text)

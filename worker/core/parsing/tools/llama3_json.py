@@ -59,7 +59,7 @@ from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
 from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.tools._json_call_reader import FAILED, Broken, CallReader, Frozen, Unsupported, View
-from worker.core.parsing.tools._partial_json import common_prefix_len, dump, is_json
+from worker.core.parsing.tools._partial_json import common_prefix_len, dump, is_json, reads_no_container
 from worker.core.parsing.tools._partial_json import partial_loads as partial_loads  # tests patch it here
 from worker.core.parsing.types import (
     DeltaOut,
@@ -341,6 +341,11 @@ class Llama3JsonToolParser(ToolParser):
             if keep and text[start].isspace() and text[start] not in " \t\n\r":
                 # json.loads rejects it and every completion keeps it (or gives a scalar, which
                 # fails too): no read from here succeeds again.
+                self._stuck = True
+                return None
+            if keep and reads_no_container(text, start):
+                # Prose after a call ("; The ..."): the read here gives a scalar (no `in`) or
+                # fails, and the objects before it read the same, so no read succeeds again.
                 self._stuck = True
                 return None
             try:
