@@ -56,6 +56,7 @@ def sample_config(*, parsers: bool = False, **overrides: Any) -> dict[str, Any]:
         "enable_auto_tool_choice": parsers,
         "max_model_len": None,
         "max_logprobs": None,
+        "parse_budget_window": None,
     }
     if unknown := overrides.keys() - config.keys():
         raise TypeError(f"not a config key: {sorted(unknown)}")
@@ -71,6 +72,11 @@ def settings_for(config: dict[str, Any]) -> ModelSettings:
         reasoning_parser=config.get("reasoning_parser"),
         tool_parser=config.get("tool_parser"),
         enable_auto_tool_choice=bool(config.get("enable_auto_tool_choice")),
+        **(
+            {}
+            if config.get("parse_budget_window") is None
+            else {"parse_budget_window": config["parse_budget_window"]}
+        ),
     )
 
 

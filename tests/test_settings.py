@@ -14,6 +14,7 @@ import pytest
 from pydantic.fields import FieldInfo
 
 from worker.cli import build_parser, main
+from worker.core.parsing.composite import DEFAULT_REREAD_WINDOW
 from worker.errors import ConfigurationError
 from worker.runtime.kafka_security import Secret
 from worker.settings import (
@@ -220,3 +221,18 @@ def test_help_shows_every_default_and_variable() -> None:
                 assert env in text, env
     assert len(re.findall(r"\(default:\s", text)) == len(_run_settings())
     assert "qwen3_coder" in text and "deepseek_r1" in text  # parser names, from the registry
+
+
+def test_the_parse_budget_window_reaches_the_parsers() -> None:
+    """``--parse-budget-window`` is what each request's composite parser gets (0: no budget)."""
+    from tests.golden_cases import MODELS_DIR
+    from tests.parsing_helpers import WEATHER_REQUEST
+
+    for flag, expected in ((["--parse-budget-window", "0"], 0), ([], DEFAULT_REREAD_WINDOW)):
+        args = build_parser().parse_args(
+            ["run", "--tokenizer", str(MODELS_DIR / "qwen3"), "--bootstrap-servers", "k:9092",
+             "--tool-parser", "hermes", "--enable-auto-tool-choice", *flag]
+        )  # fmt: skip
+        parsing = RunConfig.from_args(args).model.build_derenderer().parsing
+        assert parsing is not None
+        assert parsing.new_stream(WEATHER_REQUEST, None)._parser.reread_window == expected

@@ -14,7 +14,7 @@ here would turn its traceback into the CLI's one-line message.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, ClassVar
 
 from schemas.bounds import MAX_TOKEN_ID
 
@@ -36,7 +36,13 @@ class InvalidRecordError(DerenderWorkerError):
 
 
 class RequestError(DerenderWorkerError):
-    """A well-formed envelope whose body vLLM would reject; becomes an error output record."""
+    """A well-formed envelope whose body vLLM would reject; becomes an error output record.
+
+    Most take the record's ``seq`` and leave the request open (its next record goes on);
+    ``ends_request`` ones fail the request, as its state can no longer go on.
+    """
+
+    ends_request: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -84,12 +90,24 @@ class SequenceGapError(SequenceError):
         super().__init__(message, code=409, error_type="SequenceGapError", param="seq")
 
 
+class ParseBudgetError(RequestError):
+    """A tool parser read more than the parse budget allows (vLLM's re-read of a call, at every
+    record, on output shaped so): the request fails, the partition goes on."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=400, error_type="ParseBudgetExceededError")
+
+    ends_request = True
+
+
 class RequestStateTooLargeError(RequestError):
     """A request's state (context plus choice states) would pass the per-request limit: the
     request fails, the partition goes on."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code=413, error_type="RequestStateTooLargeError")
+
+    ends_request = True
 
 
 # --- the core's parsers ---------------------------------------------------------------------------

@@ -54,6 +54,7 @@ from worker.core.envelope_processor import (
 from worker.core.live_parsers import LiveParserPool
 from worker.core.model_dir import load_tokenizer
 from worker.core.parsing import ChatParsing, adapter_for
+from worker.core.parsing.composite import DEFAULT_REREAD_WINDOW
 from worker.core.parsing.registry import reasoning_parsers, tool_parsers
 from worker.errors import ConfigurationError
 from worker.runtime.dead_letter_policy import (
@@ -328,6 +329,13 @@ class ModelSettings(Section):
     max_record_bytes: int = Field(
         DEFAULT_MAX_RECORD_BYTES, gt=0, description="larger input records are dead-lettered"
     )
+    parse_budget_window: int = Field(
+        DEFAULT_REREAD_WINDOW,
+        ge=0,
+        description="characters per record a tool parser may read again (vLLM re-reads some call "
+        "shapes at every record), on top of 8 times the text; past it the request is a 400 "
+        "(0: no budget, vLLM's unbounded re-read)",
+    )
     max_live_parsers: int = Field(
         DEFAULT_MAX_LIVE_PARSERS,
         ge=0,
@@ -388,6 +396,7 @@ class ModelSettings(Section):
                 reasoning_parser=self.reasoning_parser,
                 tool_parser=self.tool_parser,
                 enable_auto_tool_choice=self.enable_auto_tool_choice,
+                reread_window=self.parse_budget_window,
             )
         return Derenderer(tokenizer, options, parsing)
 

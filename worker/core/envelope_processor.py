@@ -607,8 +607,8 @@ class EnvelopeProcessor:
             return self._derender_stream(ctx, rid, seq, endpoint, body, source)
         except RequestError as exc:
             # A request that never got going: its later records must not run without its context.
-            # One past its state limit cannot go on either.
-            if created or isinstance(exc, RequestStateTooLargeError):
+            # One whose state cannot go on (past its state limit or parse budget) neither.
+            if created or exc.ends_request:
                 self._close(rid, seq)
             raise
 

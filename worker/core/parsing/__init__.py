@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from worker.core.parsing.base import ReasoningParser, ToolParser
-from worker.core.parsing.composite import CompositeParser
+from worker.core.parsing.composite import DEFAULT_REREAD_WINDOW, CompositeParser
 from worker.core.parsing.registry import reasoning_parser, reasoning_parsers, tool_parser, tool_parsers
 from worker.core.parsing.stream import ChatStreamSession
 from worker.core.parsing.tokenizer import TokenizerAdapter, adapter_for
@@ -89,11 +89,13 @@ class ChatParsing:
         reasoning_cls: type[ReasoningParser] | None,
         tool_cls: type[ToolParser] | None,
         enable_auto_tool_choice: bool,
+        reread_window: int = DEFAULT_REREAD_WINDOW,
     ) -> None:
         self.tokenizer = tokenizer
         self.reasoning_cls = reasoning_cls
         self.tool_cls = tool_cls
         self.enable_auto_tool_choice = enable_auto_tool_choice
+        self.reread_window = reread_window
 
     @classmethod
     def create(
@@ -103,8 +105,11 @@ class ChatParsing:
         reasoning_parser: str | None,
         tool_parser: str | None,
         enable_auto_tool_choice: bool,
+        reread_window: int = DEFAULT_REREAD_WINDOW,
     ) -> ChatParsing | None:
         """None when no parser applies; ``ConfigurationError`` for unknown names or unusable tokenizers.
+
+        ``reread_window``: the parse budget's characters per record (0: none; see ``CompositeParser``).
 
         As in vLLM, a tool parser only counts with ``enable_auto_tool_choice``
         (its name is not even checked otherwise).
@@ -143,7 +148,7 @@ class ChatParsing:
                 flags.append(f"reasoning parser {reasoning_parser}")
             joined = " and ".join(flags)
             raise ConfigurationError(f"{joined} cannot be used with this tokenizer: {exc}") from exc
-        return cls(tokenizer, reasoning_cls, tool_cls, enable_auto_tool_choice)
+        return cls(tokenizer, reasoning_cls, tool_cls, enable_auto_tool_choice, reread_window)
 
     @property
     def auto_tools(self) -> bool:
@@ -152,7 +157,9 @@ class ChatParsing:
     def _parser(self, request: ParseRequest) -> CompositeParser:
         """Per-request parser; raises :class:`ParserSetupError` (vLLM: 500 one-shot, 400 streaming)."""
         kwargs: dict[str, Any] = dict(request.chat_template_kwargs)
-        return CompositeParser(self.tokenizer, self.reasoning_cls, self.tool_cls, request, kwargs)
+        return CompositeParser(
+            self.tokenizer, self.reasoning_cls, self.tool_cls, request, kwargs, self.reread_window
+        )
 
     def parse_full(
         self,

@@ -81,6 +81,7 @@ class ToolParser(ABC):
         #: Set by the composite when no reasoning parser is configured
         #: (engine tool parsers then keep reasoning markup as content).
         self.skip_reasoning_parsing = False
+        self._reread = 0
         self.setup()
 
     def setup(self) -> None:  # noqa: B027 - an optional hook, not abstract
@@ -98,6 +99,15 @@ class ToolParser(ABC):
     def remaining_unstreamed_args(self) -> str:
         """Arguments of the last call parsed but not streamed yet (appended at finish)."""
         return ""
+
+    def reread_chars(self) -> int:
+        """Characters handed to reads of more than the record's own text (vLLM's re-reads).
+
+        A family that reads some shapes whole at every record counts what it hands to those
+        reads; the composite bounds the sum (README, "The parse budget"). Families that read
+        each character once count nothing.
+        """
+        return self._reread
 
     def finish_stream(self) -> DeltaOut | None:
         """Flush buffered state at the end of the stream (engine parsers only)."""

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from worker.core.parsing.base import ReasoningParser, ToolParser
 from worker.core.parsing.forced import named_stream_delta, parse_required_array, required_stream_delta
 from worker.core.parsing.types import DeltaOut, ParseRequest, ParserTokenizer, ToolCallOut
+from worker.errors import ParseBudgetError
+
+#: The parse budget (README, "The parse budget"): a tool parser may re-read this many times the
+#: tool-phase text (a call read whole a few times: at its name, its close, a finish) plus
+#: ``reread_window`` characters per record.
+REREAD_TEXT_FACTOR: Final = 8
+#: Characters per record a tool parser may re-read beyond that (``--parse-budget-window``).
+DEFAULT_REREAD_WINDOW: Final = 1024
 
 
 class CompositeParser:
@@ -17,8 +25,10 @@ class CompositeParser:
         tool_cls: type[ToolParser] | None,
         request: ParseRequest,
         chat_template_kwargs: dict[str, Any],
+        reread_window: int = 0,
     ) -> None:
         self.request = request
+        self.reread_window = reread_window  # 0: no parse budget
         self.reasoning = reasoning_cls(tokenizer, chat_template_kwargs) if reasoning_cls else None
         self.tools = tool_cls(tokenizer, request.tools, chat_template_kwargs) if tool_cls else None
         self.engine_based = (self.reasoning is None or self.reasoning.engine_based) and (
@@ -32,6 +42,8 @@ class CompositeParser:
         self._name_returned = False
         # tool-phase text so far; kept only for the forced ``required`` path
         self._tool_text = ""
+        self._tool_chars = 0  # tool-phase text the tool parser was given, and in how many records
+        self._tool_records = 0
 
     # -- one-shot ------------------------------------------------------
 
@@ -147,6 +159,8 @@ class CompositeParser:
 
         if finished:
             delta = self._finalize(delta)
+        if self.reread_window and self.tools is not None:
+            self._check_budget(self.tools)
 
         if delta is not None and not self.request.include_reasoning:
             delta.reasoning = None
@@ -154,9 +168,22 @@ class CompositeParser:
                 delta = None
         return delta
 
+    def _check_budget(self, tools: ToolParser) -> None:
+        reread = tools.reread_chars()
+        allowed = REREAD_TEXT_FACTOR * self._tool_chars + self.reread_window * self._tool_records
+        if reread > allowed:
+            raise ParseBudgetError(
+                f"the tool parser re-read {reread} characters of {self._tool_chars} characters of "
+                f"tool-call text in {self._tool_records} records, past the parse budget of "
+                f"{REREAD_TEXT_FACTOR}x the text plus {self.reread_window} per record; vLLM re-reads "
+                "output shaped so at every record, so the request is failed to bound its cost"
+            )
+
     def _tool_step(self, text: str, ids: list[int]) -> DeltaOut | None:
         tools, request = self.tools, self.request
         assert tools is not None
+        self._tool_chars += len(text)
+        self._tool_records += 1
         forced_ok = tools.supports_required_and_named
         if request.tool_choice == "none":
             if self.engine_based:

@@ -318,6 +318,7 @@ class HermesToolParser(ToolParser):
             if end >= 0:
                 if opened is not None:
                     self._open = None
+                self._reread += end - base
                 named = self._update_call(index, self._tail[base:end].strip(), True, deltas)
             else:
                 # A partial end tag never reaches back into the start tag (no ">" in it).
@@ -330,6 +331,7 @@ class HermesToolParser(ToolParser):
                 if opened is not None and not opened.doc.deep:
                     named = self._update_open(index, opened, base, deltas)
                 else:
+                    self._reread += avail
                     body = self._tail[base : base + avail].strip()
                     complete = _is_json(body, self._shallow()) if body else False
                     named = self._update_call(index, body, complete, deltas)

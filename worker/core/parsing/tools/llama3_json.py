@@ -348,6 +348,7 @@ class Llama3JsonToolParser(ToolParser):
                 # fails, and the objects before it read the same, so no read succeeds again.
                 self._stuck = True
                 return None
+            self._reread += len(text) - start
             try:
                 obj, consumed = partial_loads(text[start:], allow_str)
             except Exception:
@@ -396,6 +397,7 @@ class Llama3JsonToolParser(ToolParser):
             return
         if text[at] != "{":
             return
+        self._reread += len(text) - at
         try:
             _, end = _DECODER.raw_decode(text, at)
         except ValueError:
@@ -498,6 +500,7 @@ class Llama3JsonToolParser(ToolParser):
 
     def _reads_with_strings(self, start: int, got: str | None) -> bool:
         """Whether a read completing strings gives ``got`` as the arguments of the call at ``start``."""
+        self._reread += len(self._text) - start
         try:
             obj, _ = partial_loads(self._text[start:], True)
             if "parameters" in obj:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from worker.core.parsing.base import ToolParser
 from worker.core.parsing.registry import tool_parser
-from worker.core.parsing.tools._pythonic_common import PythonicStream, extract_calls
+from worker.core.parsing.tools._pythonic_common import AST_CHAR_COST, PythonicStream, extract_calls
 from worker.core.parsing.types import DeltaOut, ExtractedCalls, ParseRequest
 
 
@@ -42,3 +42,6 @@ class PythonicToolParser(ToolParser):
 
     def remaining_unstreamed_args(self) -> str:
         return self._calls.remaining_args() if self._calls is not None else ""
+
+    def reread_chars(self) -> int:
+        return AST_CHAR_COST * self._calls.scanned if self._calls is not None else 0

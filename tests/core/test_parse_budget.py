@@ -1,0 +1,165 @@
+"""The parse budget: a request whose tool calls vLLM re-reads at every record fails, valid ones never do.
+
+Output shaped so (here a ``hermes`` call nested 300 deep, past the depth from which the body is
+parsed whole) costs O(the call) per record in vLLM, without end. The worker answers as vLLM does
+until the re-reads pass the budget, then fails the request with a 400; the count is of
+characters, so the warm path, the evicted one and a replay from the carried state agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.golden_cases import derenderer_for, normalize, sample_config
+from tests.parsing_helpers import WEATHER_REQUEST, records, sample_tokenizer, tool_parsing
+from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.parsing.composite import DEFAULT_REREAD_WINDOW, REREAD_TEXT_FACTOR
+
+JsonDict = dict[str, Any]
+PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
+    }
+]
+DEEP = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"a": ' + "[" * 300 + ", ".join(map(str, range(400)))
+)
+
+
+def _records(text: str) -> list[JsonDict]:
+    ids: list[int] = sample_tokenizer("qwen3").backend.encode(text, add_special_tokens=False).ids
+    out = []
+    for seq, token in enumerate(ids):
+        choice: JsonDict = {"index": 0, "token_ids": [token]}
+        if seq == len(ids) - 1:
+            choice["finish_reason"] = "stop"
+        body: JsonDict = {"stream": True, "generate_chunk": {"request_id": "r", "choices": [choice]}}
+        if seq == 0:
+            messages = [{"role": "user", "content": "hi"}]
+            body |= {
+                "model": "test-model",
+                "prompt_token_ids": PROMPT,
+                "chat_request": {"model": "test-model", "messages": messages, "tools": TOOLS},
+            }
+        out.append({"request_id": "r", "seq": seq, "endpoint": "chat", "body": body})
+    return out
+
+
+def _config(window: int | None) -> JsonDict:
+    return sample_config(parsers=True, reasoning_parser=None, parse_budget_window=window)
+
+
+def _warm(records_: list[JsonDict], window: int | None, max_live_parsers: int = 10_000) -> list[JsonDict]:
+    processor = EnvelopeProcessor(derenderer_for(_config(window)), max_live_parsers=max_live_parsers)
+    outputs = []
+    for record in records_:
+        result = processor.process(orjson.dumps(record))
+        assert result.output is not None and result.internal_error is None
+        outputs.append(result.output)
+    return outputs
+
+
+def _cold(records_: list[JsonDict], window: int | None) -> list[JsonDict]:
+    """Each record carries the whole context and the last state to a fresh processor (vLLM's way)."""
+    context: JsonDict = {}
+    state: Any = None
+    outputs = []
+    for record in records_:
+        body = dict(record["body"])
+        context |= {k: v for k, v in body.items() if k != "generate_chunk"}
+        body |= context | {"stream_state": state}
+        result = EnvelopeProcessor(derenderer_for(_config(window))).process(
+            orjson.dumps({**record, "body": body})
+        )
+        assert result.output is not None
+        outputs.append(result.output)
+        if "error" in result.output:
+            break
+        state = orjson.loads(orjson.dumps(result.output["body"]["stream_state"]))
+    return outputs
+
+
+def _failed_at(outputs: list[JsonDict]) -> int:
+    return next(i for i, output in enumerate(outputs) if "error" in output)
+
+
+def test_a_call_read_whole_at_every_record_fails_its_request_with_a_400() -> None:
+    records_ = _records(DEEP)
+    budgeted = _warm(records_, None)
+    at = _failed_at(budgeted)
+    error = budgeted[at]["error"]
+    assert (error["code"], error["type"]) == (400, "ParseBudgetExceededError"), error
+    assert "parse budget" in error["message"]
+    # Until then the same answers as without a budget (vLLM's), which goes on to the end.
+    unbounded = _warm(records_, 0)
+    assert not any("error" in output for output in unbounded)
+    assert normalize(budgeted[:at]) == normalize(unbounded[:at])
+    assert 30 < at < len(records_) - 100, at
+    # The request is over: its next record is a 409, not a continuation.
+    assert budgeted[at + 1]["error"]["code"] == 409
+
+
+def test_the_budget_grows_with_the_window() -> None:
+    records_ = _records(DEEP)
+    small, large = _failed_at(_warm(records_, 64)), _failed_at(_warm(records_, DEFAULT_REREAD_WINDOW))
+    assert small < large
+
+
+def test_warm_evicted_and_cold_fail_at_the_same_record() -> None:
+    records_ = _records(DEEP)[:200]
+    warm = _warm(records_, 32)
+    at = _failed_at(warm)
+    assert normalize(_warm(records_, 32, max_live_parsers=0)) == normalize(warm)
+    cold = _cold(records_, 32)
+    assert len(cold) == at + 1
+    assert normalize(cold) == normalize(warm[: at + 1])
+
+
+#: Valid calls of the families that read some shapes whole, in 1-token records.
+_VALID = [
+    (
+        "qwen3",
+        "hermes",
+        '<tool_call>\n{{"name": "get_weather", "arguments": {{"rows": [{}]}}}}\n</tool_call>',
+        '{{"a": {0}, "b": [1, "x"]}}, ',
+    ),
+    (
+        "llama-3.1",
+        "llama3_json",
+        '<|python_tag|>{{"name": "get_weather", "parameters": {{{}}}}}',
+        '"k{0}": [{0}, "v"], ',
+    ),
+    (
+        "llama-3.1",
+        "llama3_json",
+        "<|python_tag|>{}",
+        '{{"name": "get_weather", "parameters": {{"k": {0}}}}}; ',
+    ),
+    ("llama-3", "pythonic", "[get_weather({})]", "k{0}='v {0}', "),
+    ("llama-3", "pythonic", "[get_weather(rows=[{}])]", "{{'a': {0}}}, "),
+    ("llama-3", "llama4_pythonic", "<|python_start|>[get_weather(rows=[{}])]<|python_end|>", "'v{0}', "),
+]
+
+
+@pytest.mark.parametrize(("model", "parser", "shape", "unit"), _VALID, ids=lambda v: str(v)[:24])
+def test_valid_calls_stay_far_inside_the_budget(model: str, parser: str, shape: str, unit: str) -> None:
+    """Valid output never meets the budget: here not even an eighth of the default window."""
+    text = shape.format("".join(unit.format(i) for i in range(150))[:-2])
+    session = tool_parsing(model, parser).new_stream(WEATHER_REQUEST, [1])
+    composite = session._parser  # the budget's own counters
+    tools = composite.tools
+    assert tools is not None
+    tokenizer = sample_tokenizer(model)
+    ids: list[int] = tokenizer.backend.encode(text, add_special_tokens=False).ids
+    chars = 0
+    for n, (piece, chunk) in enumerate(records(tokenizer, [[token] for token in ids]), start=1):
+        session.step(piece, chunk, None)
+        chars += len(piece)
+        allowed = REREAD_TEXT_FACTOR * chars + DEFAULT_REREAD_WINDOW // 8 * n
+        assert tools.reread_chars() <= allowed, (n, tools.reread_chars(), chars)
+    assert tools.reread_chars() > 0  # the family does count its whole reads
