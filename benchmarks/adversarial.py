@@ -20,6 +20,8 @@ ratio <= 4):
   ending in a point before a delimiter; pythonic
   list and dict arguments) or still do (a syntax error in an array's tail after a
   string, which the completion may still mend);
+* the parse budget (``--shapes budget``): shapes vLLM re-reads whole at every record, run to
+  the end without the budget and until the request fails with it (CPU seconds, last decile);
 * one-shot (non-streaming) records whose tool markup never closes, at 1,000,
   2,000 and 4,000 tokens, vs ordinary text through the same parser: the call
   and argument patterns vLLM matches the whole output against
@@ -27,7 +29,7 @@ ratio <= 4):
   argument values without ``</arg_value>``, pre-v11 ``mistral`` ``[{`` runs
   after a payload JSON rejects).
 
-``python -m benchmarks adversarial [--rounds N] [--tokens N] [--shapes records|parsers|oneshot]
+``python -m benchmarks adversarial [--rounds N] [--tokens N] [--shapes records|parsers|oneshot|budget]
 [--only TEXT]...`` (``--only``: the parser rows whose label holds TEXT, e.g. ``"list argument"``);
 prints figures, asserts nothing.
 """
@@ -46,6 +48,8 @@ import orjson
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.model_dir import load_tokenizer
 from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
+from worker.core.parsing.composite import DEFAULT_REREAD_WINDOW
+from worker.errors import ParseBudgetError
 from worker.settings import ModelSettings
 
 MODELS = Path(__file__).resolve().parent.parent / "samples" / "models"
@@ -485,11 +489,80 @@ def _parser_rows(rounds: int, tokens: int, only: list[str]) -> list[tuple[str, l
     return rows
 
 
+#: Shapes vLLM re-reads whole at every record, as the parsers still must (the parse budget bounds them).
+BUDGET_SHAPES: list[tuple[str, str, str, str]] = [
+    (
+        "hermes, 300 levels deep",
+        "hermes",
+        "qwen3",
+        '<tool_call>\n{{"name": "f", "arguments": {{"a": ' + "[" * 300 + "{}",
+    ),
+    (
+        "llama3_json, 300 levels deep",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": "f", "parameters": {{"a": ' + "[" * 300 + "{}",
+    ),
+    (
+        "llama3_json, a name that is no string",
+        "llama3_json",
+        "llama-3.1",
+        '<|python_tag|>{{"name": 5, "parameters": {{{}',
+    ),
+    ("pythonic, a tuple argument", "pythonic", "llama-3", "[f(a=({}"),
+]
+
+
+def _budget_run(parser: str, model: str, text: str, window: int) -> tuple[int, int, float, float]:
+    """(records run, records in the stream, CPU seconds, last-decile mean per record) until the end or
+    the request fails on the budget."""
+    loaded = load_tokenizer(MODELS / model)
+    parsing = ChatParsing.create(
+        adapter_for(loaded),
+        reasoning_parser=None,
+        tool_parser=parser,
+        enable_auto_tool_choice=True,
+        reread_window=window,
+    )
+    assert parsing is not None
+    decoder = _settings(model).build_derenderer().decoder
+    ids: list[int] = loaded.backend.encode(text, add_special_tokens=False).ids
+    window_ids = decoder.seed_window([1], False)
+    pieces = [decoder.extend(window_ids, [token], False) for token in ids]
+    session = parsing.new_stream(
+        ParseRequest(tools=[_STRING_TOOL], tool_choice="auto", parallel_tool_calls=None), [1]
+    )
+    costs: list[float] = []
+    for token, piece in zip(ids, pieces, strict=True):
+        start = time.process_time()
+        try:
+            session.step(piece, [token], None)
+        except ParseBudgetError:
+            costs.append(time.process_time() - start)
+            break
+        costs.append(time.process_time() - start)
+    return len(costs), len(ids), sum(costs), _deciles(costs)[1]
+
+
+def _budget_report(tokens: int, only: list[str]) -> None:
+    """Each shape without the budget (vLLM's re-read to the end) and with the default one."""
+    print(f"\nthe parse budget: shapes re-read at every record, {tokens} items in 1-token records (CPU)")
+    print(f"{'shape':<42}{'window':>8}{'records run':>16}{'CPU s':>9}{'last decile / record':>22}")
+    for label, parser, model, shape in BUDGET_SHAPES:
+        if not _wanted(label, only):
+            continue
+        text = shape.format(", ".join(f'"k{i}": {i}' if "name" in label else str(i) for i in range(tokens)))
+        for window in (0, DEFAULT_REREAD_WINDOW):
+            ran, total, cpu, last = _budget_run(parser, model, text, window)
+            print(f"{label:<42}{window or 'off':>8}{f'{ran}/{total}':>16}{cpu:>9.2f}{last * 1e6:>19.0f} µs")
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks adversarial")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=3500, help="tokens per long tool call")
-    parser.add_argument("--shapes", choices=("all", "records", "parsers", "oneshot"), default="all")
+    parser.add_argument("--shapes", choices=("all", "records", "parsers", "oneshot", "budget"), default="all")
+    parser.add_argument("--budget-items", type=int, default=3000, help="items in each parse-budget shape")
     parser.add_argument(
         "--only", action="append", default=[], help="parser rows whose label holds this text (repeatable)"
     )
@@ -510,6 +583,8 @@ def main(argv: list[str]) -> None:
             f"{label:<66}{bad_m * scale:>9.1f}±{bad_s * scale:<4.1f}{unit}"
             f"{good_m * scale:>9.1f}±{good_s * scale:<4.1f}{unit}{bad_m / good_m:>8.2f}"
         )
+    if args.shapes in ("all", "budget"):
+        _budget_report(args.budget_items, args.only)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@ import orjson
 import pytest
 
 from tests.golden_cases import derenderer_for, normalize, sample_config
-from tests.parsing_helpers import WEATHER_REQUEST, records, sample_tokenizer, tool_parsing
+from tests.parsing_helpers import WEATHER_REQUEST, sample_tokenizer, tool_parsing
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.parsing.composite import DEFAULT_REREAD_WINDOW, REREAD_TEXT_FACTOR
+from worker.errors import ParseBudgetError
 
 JsonDict = dict[str, Any]
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
@@ -90,24 +91,44 @@ def _failed_at(outputs: list[JsonDict]) -> int:
 
 def test_a_call_read_whole_at_every_record_fails_its_request_with_a_400() -> None:
     records_ = _records(DEEP)
-    budgeted = _warm(records_, None)
+    budgeted = _warm(records_, 1024)
     at = _failed_at(budgeted)
     error = budgeted[at]["error"]
     assert (error["code"], error["type"]) == (400, "ParseBudgetExceededError"), error
     assert "parse budget" in error["message"]
-    # Until then the same answers as without a budget (vLLM's), which goes on to the end.
-    unbounded = _warm(records_, 0)
+    assert 30 < at < len(records_) - 100, at
+    # Until then the same answers as without a budget (vLLM's, which goes on).
+    unbounded = _warm(records_[: at + 1], 0)
     assert not any("error" in output for output in unbounded)
     assert normalize(budgeted[:at]) == normalize(unbounded[:at])
-    assert 30 < at < len(records_) - 100, at
     # The request is over: its next record is a 409, not a continuation.
     assert budgeted[at + 1]["error"]["code"] == 409
 
 
+def _steps(model: str, text: str) -> list[tuple[str, list[int]]]:
+    """``text`` (ASCII) in 1-token records."""
+    tokenizer = sample_tokenizer(model).backend
+    ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
+    steps = [(tokenizer.decode([token], skip_special_tokens=False), [token]) for token in ids]
+    assert "".join(piece for piece, _ in steps) == text
+    return steps
+
+
+def _stream(session: Any, steps: list[tuple[str, list[int]]]) -> None:
+    for piece, chunk in steps:
+        session.step(piece, chunk, None)
+
+
+def test_the_default_budget_stops_the_deep_call() -> None:
+    session = tool_parsing("qwen3", "hermes").new_stream(WEATHER_REQUEST, [1])
+    steps = _steps("qwen3", DEEP + ", " + ", ".join(map(str, range(400, 3000))))
+    with pytest.raises(ParseBudgetError):
+        _stream(session, steps)
+
+
 def test_the_budget_grows_with_the_window() -> None:
     records_ = _records(DEEP)
-    small, large = _failed_at(_warm(records_, 64)), _failed_at(_warm(records_, DEFAULT_REREAD_WINDOW))
-    assert small < large
+    assert _failed_at(_warm(records_, 64)) < _failed_at(_warm(records_, 1024))
 
 
 def test_warm_evicted_and_cold_fail_at_the_same_record() -> None:
@@ -143,21 +164,26 @@ _VALID = [
     ("llama-3", "pythonic", "[get_weather({})]", "k{0}='v {0}', "),
     ("llama-3", "pythonic", "[get_weather(rows=[{}])]", "{{'a': {0}}}, "),
     ("llama-3", "llama4_pythonic", "<|python_start|>[get_weather(rows=[{}])]<|python_end|>", "'v{0}', "),
+    # Nested in a list argument, each element is parsed again at every record until it ends.
+    (
+        "llama-3",
+        "pythonic",
+        "[get_weather(rows=[{}])]",
+        "{{'n': {0}, 'at': {{'street': '" + "x" * 150 + "', 'tags': ['a', {{'k': 'v'}}]}}}}, ",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("model", "parser", "shape", "unit"), _VALID, ids=lambda v: str(v)[:24])
 def test_valid_calls_stay_far_inside_the_budget(model: str, parser: str, shape: str, unit: str) -> None:
     """Valid output never meets the budget: here not even an eighth of the default window."""
-    text = shape.format("".join(unit.format(i) for i in range(150))[:-2])
+    text = shape.format("".join(unit.format(i) for i in range(3000 // len(unit) + 1))[:-2])
     session = tool_parsing(model, parser).new_stream(WEATHER_REQUEST, [1])
     composite = session._parser  # the budget's own counters
     tools = composite.tools
     assert tools is not None
-    tokenizer = sample_tokenizer(model)
-    ids: list[int] = tokenizer.backend.encode(text, add_special_tokens=False).ids
     chars = 0
-    for n, (piece, chunk) in enumerate(records(tokenizer, [[token] for token in ids]), start=1):
+    for n, (piece, chunk) in enumerate(_steps(model, text), start=1):
         session.step(piece, chunk, None)
         chars += len(piece)
         allowed = REREAD_TEXT_FACTOR * chars + DEFAULT_REREAD_WINDOW // 8 * n

@@ -14,7 +14,7 @@ from worker.errors import ParseBudgetError
 #: ``reread_window`` characters per record.
 REREAD_TEXT_FACTOR: Final = 8
 #: Characters per record a tool parser may re-read beyond that (``--parse-budget-window``).
-DEFAULT_REREAD_WINDOW: Final = 1024
+DEFAULT_REREAD_WINDOW: Final = 4096
 
 
 class CompositeParser:
