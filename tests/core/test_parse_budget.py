@@ -15,6 +15,7 @@ import pytest
 
 from tests.golden_cases import derenderer_for, normalize, sample_config
 from tests.parsing_helpers import WEATHER_REQUEST, sample_tokenizer, tool_parsing
+from tests.stream_builders import chat_stream
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.parsing.composite import DEFAULT_REREAD_WINDOW, REREAD_TEXT_FACTOR
 from worker.errors import ParseBudgetError
@@ -34,21 +35,8 @@ DEEP = (
 
 def _records(text: str) -> list[JsonDict]:
     ids: list[int] = sample_tokenizer("qwen3").backend.encode(text, add_special_tokens=False).ids
-    out = []
-    for seq, token in enumerate(ids):
-        choice: JsonDict = {"index": 0, "token_ids": [token]}
-        if seq == len(ids) - 1:
-            choice["finish_reason"] = "stop"
-        body: JsonDict = {"stream": True, "generate_chunk": {"request_id": "r", "choices": [choice]}}
-        if seq == 0:
-            messages = [{"role": "user", "content": "hi"}]
-            body |= {
-                "model": "test-model",
-                "prompt_token_ids": PROMPT,
-                "chat_request": {"model": "test-model", "messages": messages, "tools": TOOLS},
-            }
-        out.append({"request_id": "r", "seq": seq, "endpoint": "chat", "body": body})
-    return out
+    request = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
+    return chat_stream("r", [[token] for token in ids], prompt_token_ids=PROMPT, chat_request=request)
 
 
 def _config(window: int | None) -> JsonDict:
