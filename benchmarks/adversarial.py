@@ -48,8 +48,8 @@ import orjson
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.model_dir import load_tokenizer
 from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
-from worker.core.parsing.composite import DEFAULT_REREAD_WINDOW
-from worker.errors import ParseBudgetError
+from worker.core.parsing.registry import tool_parsers
+from worker.errors import ParseBudgetExceededError
 from worker.settings import ModelSettings
 
 MODELS = Path(__file__).resolve().parent.parent / "samples" / "models"
@@ -490,30 +490,33 @@ def _parser_rows(rounds: int, tokens: int, only: list[str]) -> list[tuple[str, l
 
 
 #: Shapes vLLM re-reads whole at every record, as the parsers still must (the parse budget bounds them).
-BUDGET_SHAPES: list[tuple[str, str, str, str]] = [
+BUDGET_SHAPES: list[tuple[str, str, str, str, str]] = [
     (
         "hermes, 300 levels deep",
         "hermes",
         "qwen3",
         '<tool_call>\n{{"name": "f", "arguments": {{"a": ' + "[" * 300 + "{}",
+        "{0}",
     ),
     (
         "llama3_json, 300 levels deep",
         "llama3_json",
         "llama-3.1",
         '<|python_tag|>{{"name": "f", "parameters": {{"a": ' + "[" * 300 + "{}",
+        "{0}",
     ),
     (
         "llama3_json, a name that is no string",
         "llama3_json",
         "llama-3.1",
         '<|python_tag|>{{"name": 5, "parameters": {{{}',
+        '"k{0}": {0}',
     ),
-    ("pythonic, a tuple argument", "pythonic", "llama-3", "[f(a=({}"),
+    ("pythonic, a tuple argument", "pythonic", "llama-3", "[f(a=({}", "{0}"),
 ]
 
 
-def _budget_run(parser: str, model: str, text: str, window: int) -> tuple[int, int, float, float]:
+def _budget_run(parser: str, model: str, text: str, window: int | None) -> tuple[int, int, float, float]:
     """(records run, records in the stream, CPU seconds, last-decile mean per record) until the end or
     the request fails on the budget."""
     loaded = load_tokenizer(MODELS / model)
@@ -537,7 +540,7 @@ def _budget_run(parser: str, model: str, text: str, window: int) -> tuple[int, i
         start = time.process_time()
         try:
             session.step(piece, [token], None)
-        except ParseBudgetError:
+        except ParseBudgetExceededError:
             costs.append(time.process_time() - start)
             break
         costs.append(time.process_time() - start)
@@ -548,13 +551,14 @@ def _budget_report(tokens: int, only: list[str]) -> None:
     """Each shape without the budget (vLLM's re-read to the end) and with the default one."""
     print(f"\nthe parse budget: shapes re-read at every record, {tokens} items in 1-token records (CPU)")
     print(f"{'shape':<42}{'window':>8}{'records run':>16}{'CPU s':>9}{'last decile / record':>22}")
-    for label, parser, model, shape in BUDGET_SHAPES:
+    for label, parser, model, shape, item in BUDGET_SHAPES:
         if not _wanted(label, only):
             continue
-        text = shape.format(", ".join(f'"k{i}": {i}' if "name" in label else str(i) for i in range(tokens)))
-        for window in (0, DEFAULT_REREAD_WINDOW):
+        text = shape.format(", ".join(item.format(i) for i in range(tokens)))
+        for window in (0, None):
             ran, total, cpu, last = _budget_run(parser, model, text, window)
-            print(f"{label:<42}{window or 'off':>8}{f'{ran}/{total}':>16}{cpu:>9.2f}{last * 1e6:>19.0f} µs")
+            shown = "off" if window == 0 else tool_parsers()[parser].reread_window
+            print(f"{label:<42}{shown:>8}{f'{ran}/{total}':>16}{cpu:>9.2f}{last * 1e6:>19.0f} µs")
 
 
 def main(argv: list[str]) -> None:

@@ -14,7 +14,6 @@ import pytest
 from pydantic.fields import FieldInfo
 
 from worker.cli import build_parser, main
-from worker.core.parsing.composite import DEFAULT_REREAD_WINDOW
 from worker.errors import ConfigurationError
 from worker.runtime.kafka_security import Secret
 from worker.settings import (
@@ -224,11 +223,16 @@ def test_help_shows_every_default_and_variable() -> None:
 
 
 def test_the_parse_budget_window_reaches_the_parsers() -> None:
-    """``--parse-budget-window`` is what each request's composite parser gets (0: no budget)."""
+    """``--parse-budget-window`` is what each request's composite parser gets (0: no budget; unset:
+    the tool family's own, hermes' 512)."""
     from tests.golden_cases import MODELS_DIR
     from tests.parsing_helpers import WEATHER_REQUEST
 
-    for flag, expected in ((["--parse-budget-window", "0"], 0), ([], DEFAULT_REREAD_WINDOW)):
+    for flag, expected in (
+        (["--parse-budget-window", "0"], 0),
+        (["--parse-budget-window", "9"], 9),
+        ([], 512),
+    ):
         args = build_parser().parse_args(
             ["run", "--tokenizer", str(MODELS_DIR / "qwen3"), "--bootstrap-servers", "k:9092",
              "--tool-parser", "hermes", "--enable-auto-tool-choice", *flag]

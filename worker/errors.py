@@ -90,24 +90,24 @@ class SequenceGapError(SequenceError):
         super().__init__(message, code=409, error_type="SequenceGapError", param="seq")
 
 
-class ParseBudgetError(RequestError):
+class ParseBudgetExceededError(RequestError):
     """A tool parser read more than the parse budget allows (vLLM's re-read of a call, at every
     record, on output shaped so): the request fails, the partition goes on."""
 
+    ends_request = True
+
     def __init__(self, message: str) -> None:
         super().__init__(message, code=400, error_type="ParseBudgetExceededError")
-
-    ends_request = True
 
 
 class RequestStateTooLargeError(RequestError):
     """A request's state (context plus choice states) would pass the per-request limit: the
     request fails, the partition goes on."""
 
+    ends_request = True
+
     def __init__(self, message: str) -> None:
         super().__init__(message, code=413, error_type="RequestStateTooLargeError")
-
-    ends_request = True
 
 
 # --- the core's parsers ---------------------------------------------------------------------------

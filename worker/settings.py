@@ -54,7 +54,6 @@ from worker.core.envelope_processor import (
 from worker.core.live_parsers import LiveParserPool
 from worker.core.model_dir import load_tokenizer
 from worker.core.parsing import ChatParsing, adapter_for
-from worker.core.parsing.composite import DEFAULT_REREAD_WINDOW
 from worker.core.parsing.registry import reasoning_parsers, tool_parsers
 from worker.errors import ConfigurationError
 from worker.runtime.dead_letter_policy import (
@@ -329,8 +328,10 @@ class ModelSettings(Section):
     max_record_bytes: int = Field(
         DEFAULT_MAX_RECORD_BYTES, gt=0, description="larger input records are dead-lettered"
     )
-    parse_budget_window: int = Field(
-        DEFAULT_REREAD_WINDOW,
+    parse_budget_window: Annotated[
+        int | None, Cli(default_text="the tool parser's own: 512, pythonic 4,096")
+    ] = Field(
+        None,
         ge=0,
         description="characters per record a tool parser may read again (vLLM re-reads some call "
         "shapes at every record), on top of 8 times the text; past it the request is a 400 "

@@ -195,3 +195,30 @@ def test_prose_after_a_call_is_not_read(partial_json_reads: list[int]) -> None:
     prose = text.index("I have") + 2
     assert not any(per_record[prose:]), sum(per_record[prose:])
     _same(list(text))
+
+
+#: A JSON array of calls, as a model may write instead of ``; `` joined objects: vLLM reads the
+#: array, which has no ``.get``, at every record and never sends a call.
+ARRAYS = [
+    TAG + "[" + A + ", " + B + "]",
+    "[" + A + "]",
+    TAG + " [" + A + "]",
+    TAG + A + "; [" + B + "]",
+    TAG + '["x", ' + A + "]",
+]
+
+
+@pytest.mark.parametrize("text", ARRAYS)
+def test_an_array_of_calls_matches_the_whole_reread(text: str) -> None:
+    _same(list(text))
+
+
+def test_an_array_of_calls_is_not_read_after_it_opens(partial_json_reads: list[int]) -> None:
+    text = TAG + "[" + ", ".join(_call(i) for i in range(40)) + "]"
+    per_record = _reads_per_record(text, partial_json_reads)
+    assert not any(per_record[len(TAG) + 2 :]), sum(per_record[len(TAG) + 2 :])
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_arrays_in_random_cuts_match_the_whole_reread(seed: int) -> None:
+    llama3_json_cuts_match(TOKENIZER, [text + tail for text in ARRAYS for tail in ("", "; " + C)], seed)

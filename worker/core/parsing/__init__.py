@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from worker.core.parsing.base import ReasoningParser, ToolParser
-from worker.core.parsing.composite import DEFAULT_REREAD_WINDOW, CompositeParser
+from worker.core.parsing.composite import CompositeParser
 from worker.core.parsing.registry import reasoning_parser, reasoning_parsers, tool_parser, tool_parsers
 from worker.core.parsing.stream import ChatStreamSession
 from worker.core.parsing.tokenizer import TokenizerAdapter, adapter_for
@@ -89,7 +89,7 @@ class ChatParsing:
         reasoning_cls: type[ReasoningParser] | None,
         tool_cls: type[ToolParser] | None,
         enable_auto_tool_choice: bool,
-        reread_window: int = DEFAULT_REREAD_WINDOW,
+        reread_window: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.reasoning_cls = reasoning_cls
@@ -105,11 +105,12 @@ class ChatParsing:
         reasoning_parser: str | None,
         tool_parser: str | None,
         enable_auto_tool_choice: bool,
-        reread_window: int = DEFAULT_REREAD_WINDOW,
+        reread_window: int | None = None,
     ) -> ChatParsing | None:
         """None when no parser applies; ``ConfigurationError`` for unknown names or unusable tokenizers.
 
-        ``reread_window``: the parse budget's characters per record (0: none; see ``CompositeParser``).
+        ``reread_window``: the parse budget's characters per record (None: the tool family's own;
+        0: none; see ``CompositeParser``).
 
         As in vLLM, a tool parser only counts with ``enable_auto_tool_choice``
         (its name is not even checked otherwise).

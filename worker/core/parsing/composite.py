@@ -7,14 +7,12 @@ from typing import Any, Final
 from worker.core.parsing.base import ReasoningParser, ToolParser
 from worker.core.parsing.forced import named_stream_delta, parse_required_array, required_stream_delta
 from worker.core.parsing.types import DeltaOut, ParseRequest, ParserTokenizer, ToolCallOut
-from worker.errors import ParseBudgetError
+from worker.errors import ParseBudgetExceededError
 
 #: The parse budget (README, "The parse budget"): a tool parser may re-read this many times the
-#: tool-phase text (a call read whole a few times: at its name, its close, a finish) plus
-#: ``reread_window`` characters per record.
+#: tool-phase text (a call read whole a few times: at its name, its close, a finish) plus a window
+#: of characters per record (``--parse-budget-window``, else its family's ``reread_window``).
 REREAD_TEXT_FACTOR: Final = 8
-#: Characters per record a tool parser may re-read beyond that (``--parse-budget-window``).
-DEFAULT_REREAD_WINDOW: Final = 4096
 
 
 class CompositeParser:
@@ -25,12 +23,15 @@ class CompositeParser:
         tool_cls: type[ToolParser] | None,
         request: ParseRequest,
         chat_template_kwargs: dict[str, Any],
-        reread_window: int = 0,
+        reread_window: int | None = None,
     ) -> None:
         self.request = request
-        self.reread_window = reread_window  # 0: no parse budget
         self.reasoning = reasoning_cls(tokenizer, chat_template_kwargs) if reasoning_cls else None
         self.tools = tool_cls(tokenizer, request.tools, chat_template_kwargs) if tool_cls else None
+        #: The parse budget's window: None takes the tool family's own; 0 is no budget.
+        if reread_window is None:
+            reread_window = tool_cls.reread_window if tool_cls is not None else 0
+        self.reread_window = reread_window
         self.engine_based = (self.reasoning is None or self.reasoning.engine_based) and (
             self.tools is None or self.tools.engine_based
         )
@@ -172,7 +173,7 @@ class CompositeParser:
         reread = tools.reread_chars()
         allowed = REREAD_TEXT_FACTOR * self._tool_chars + self.reread_window * self._tool_records
         if reread > allowed:
-            raise ParseBudgetError(
+            raise ParseBudgetExceededError(
                 f"the tool parser re-read {reread} characters of {self._tool_chars} characters of "
                 f"tool-call text in {self._tool_records} records, past the parse budget of "
                 f"{REREAD_TEXT_FACTOR}x the text plus {self.reread_window} per record; vLLM re-reads "

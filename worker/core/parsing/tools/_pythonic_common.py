@@ -34,9 +34,10 @@ _CLOSE_LIST_RE = re.compile(r"\)\s*\]")
 _JSON_NAMES: dict[str, Any] = {"null": None, "true": True, "false": False}
 _CLOSING = {"[": "]", "(": ")", "{": "}", "'": "'", '"': '"'}
 _QUOTES = ("'", '"')
-#: What ``ast.parse`` costs per character against a partial-JSON read's (about 0.9 against 0.2 µs
-#: on a long call): the weight of ``scanned`` in the parse budget (``ToolParser.reread_chars``).
-AST_CHAR_COST = 4
+#: The pythonic families' parse-budget window (``ToolParser.reread_window``): a container nested in
+#: a container argument is parsed again at every record until it ends, so valid calls re-read
+#: O(that element) per record (a 3.7 KB nested dict needed ~1,000 characters a record).
+PYTHONIC_REREAD_WINDOW = 4096
 #: An argument whose value is a list or dict: ``name=`` and the opening bracket.
 _CONTAINER_ARG = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*[\[{]")
 

@@ -34,15 +34,15 @@ nothing and skips the read; the read vLLM remembers is made once, when needed.
 Once the call's reads fail for good (text JSON rejects, a rejected key with its
 value, a blank JSON rejects then a comma, closer or value, both ``parameters``
 and ``arguments``, a complete call read after blanks and followed by more text,
-the next read starting on a string after ``;{``),
-every record gives nothing without reading; after a syntax
+the next read starting on a string after ``;{``, or on anything but ``{["`` after
+blanks, such as prose after a call), every record gives nothing without reading; after a syntax
 error, a record whose read surely fails (:class:`_Broken`) does too.
 A call after other text than ``; `` is kept and read incrementally when blanks
 then ``{`` follow the two characters vLLM skips. Text that reader does not model
 (whitespace JSON does not allow before a key, ...), other text between calls, a syntax error
 before the name that the completion may still cut off, and the name's own records
-re-read the call as vLLM does (their cost grows with that call's text, at most
-``max_model_len`` tokens).
+re-read the call as vLLM does (their cost grows with that call's text; the parse budget,
+``CompositeParser``, bounds their sum).
 Llama has a structural tag, so with strict tool calling ``required``/named
 choices parse the native format like ``auto``.
 """
@@ -73,7 +73,6 @@ BOT = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
 _TOKENS = re.compile(r'["\[\]{}]')  # what the library's bracket scan sees
 _JSON_BLANKS = re.compile(r"[ \t\n\r]*")  # what json.loads skips (str.isspace is wider)
-_QUOTE_FIRST = re.compile(r'\s*"')
 
 
 class _Broken:
@@ -424,10 +423,10 @@ class Llama3JsonToolParser(ToolParser):
             self._index = len(objects) - 1
             self._name_sent = False
             self._streamed.append("")
-            if self.incremental and _QUOTE_FIRST.match(self._text, last):
-                # A string read whole ("name" after ";{"): without incomplete strings it fails
-                # until it closes, then gives a str (no .get), or with blanks before it the
-                # completion's offsets cut its closing quote: no later record gives anything.
+            if self.incremental and not isinstance(objects[-1], dict):
+                # A string ("name" after ";{") or an array (a JSON list of calls) where a call
+                # should start: from its first character every later read gives one again or
+                # fails, and the call in progress has no .get: no later record gives anything.
                 self._stuck = True
             return delta  # vLLM returns before remembering this read
         if not self._name_sent:

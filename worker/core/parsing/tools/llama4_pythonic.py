@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from worker.core.parsing.base import ToolParser
 from worker.core.parsing.registry import tool_parser
-from worker.core.parsing.tools._pythonic_common import AST_CHAR_COST, PythonicStream, extract_calls
+from worker.core.parsing.tools._pythonic_common import PYTHONIC_REREAD_WINDOW, PythonicStream, extract_calls
 from worker.core.parsing.types import DeltaOut, ExtractedCalls, ParseRequest
 
 START = "<|python_start|>"
@@ -24,6 +24,8 @@ END = "<|python_end|>"
 
 @tool_parser("llama4_pythonic")
 class Llama4PythonicToolParser(ToolParser):
+    reread_window = PYTHONIC_REREAD_WINDOW
+
     def setup(self) -> None:
         self._head = ""  # text while it may still become the start wrapper
         self._decided = False
@@ -63,4 +65,4 @@ class Llama4PythonicToolParser(ToolParser):
         return self._calls.remaining_args() if self._calls is not None else ""
 
     def reread_chars(self) -> int:
-        return AST_CHAR_COST * self._calls.scanned if self._calls is not None else 0
+        return self._calls.scanned if self._calls is not None else 0

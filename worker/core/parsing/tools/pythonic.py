@@ -15,12 +15,14 @@ from collections.abc import Sequence
 
 from worker.core.parsing.base import ToolParser
 from worker.core.parsing.registry import tool_parser
-from worker.core.parsing.tools._pythonic_common import AST_CHAR_COST, PythonicStream, extract_calls
+from worker.core.parsing.tools._pythonic_common import PYTHONIC_REREAD_WINDOW, PythonicStream, extract_calls
 from worker.core.parsing.types import DeltaOut, ExtractedCalls, ParseRequest
 
 
 @tool_parser("pythonic")
 class PythonicToolParser(ToolParser):
+    reread_window = PYTHONIC_REREAD_WINDOW
+
     def setup(self) -> None:
         self._started = False  # seen any text (decides content vs calls for good)
         self._calls: PythonicStream | None = None
@@ -44,4 +46,4 @@ class PythonicToolParser(ToolParser):
         return self._calls.remaining_args() if self._calls is not None else ""
 
     def reread_chars(self) -> int:
-        return AST_CHAR_COST * self._calls.scanned if self._calls is not None else 0
+        return self._calls.scanned if self._calls is not None else 0
