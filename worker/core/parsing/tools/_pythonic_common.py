@@ -38,6 +38,8 @@ _QUOTES = ("'", '"')
 #: a container argument is parsed again at every record until it ends, so valid calls re-read
 #: O(that element) per record (a 3.7 KB nested dict needed ~1,000 characters a record).
 PYTHONIC_REREAD_WINDOW = 4096
+#: Backslashes counted before a quote inside a string (``_closes``).
+_MAX_SLASHES = 64
 #: An argument whose value is a list or dict: ``name=`` and the opening bracket.
 _CONTAINER_ARG = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*[\[{]")
 
@@ -281,6 +283,21 @@ def _literal(quote: str, body: str) -> str | None:
     return value.value
 
 
+def _closes(text: str, start: int, quote: str) -> bool:
+    """Whether ``text[start:]`` may hold the quote that closes the literal it is inside: an
+    unescaped ``quote`` (an even run of backslashes before it; a run too long to count is taken
+    as closing, and the call is parsed)."""
+    at = text.find(quote, start)
+    while at != -1:
+        slash = at
+        while slash > 0 and text[slash - 1] == "\\" and at - slash <= _MAX_SLASHES:
+            slash -= 1
+        if (at - slash) % 2 == 0 or at - slash > _MAX_SLASHES:
+            return True
+        at = text.find(quote, at + 1)
+    return False
+
+
 class _Fast(StringTail):
     """Incremental read of the string literal the call in progress ends in.
 
@@ -427,7 +444,7 @@ class PythonicStream:
             text = text[: text.rfind(marker)]  # type: ignore[arg-type]
         fast = self._fast
         if fast is not None:
-            if not cut and fast.quote not in delta:
+            if not cut and not _closes(self._text, len(self._text) - len(delta), fast.quote):
                 return self._step_fast(fast, delta)
             self._fast = None
         if self._dead:
