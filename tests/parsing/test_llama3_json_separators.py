@@ -222,3 +222,23 @@ def test_an_array_of_calls_is_not_read_after_it_opens(partial_json_reads: list[i
 @pytest.mark.parametrize("seed", range(2))
 def test_arrays_in_random_cuts_match_the_whole_reread(seed: int) -> None:
     llama3_json_cuts_match(TOKENIZER, [text + tail for text in ARRAYS for tail in ("", "; " + C)], seed)
+
+
+#: Two characters after a call that hold a quote or bracket: the call is not kept, so each read
+#: scans the next call's text too (its quotes counted from the wrong parity after `\"`).
+ODD_SEPARATORS = ['\\"', '"', '";', "; [", "]", "}", '\\"\\"']
+ESCAPED = '{"name": "f", "parameters": {"a": "b\\"c", "d": [1, "e\\"]"]}}'
+
+
+@pytest.mark.parametrize("separator", ODD_SEPARATORS)
+def test_a_call_after_odd_separators_matches_the_whole_reread(separator: str) -> None:
+    """A review's fuzz found the call after ``\\"`` read incrementally where the whole read, which
+    starts at the call before, failed: its remainder at the finish differed."""
+    for text in (A + separator + ESCAPED, TAG + A + separator + ESCAPED + separator + C):
+        _same(list(text))
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_odd_separators_in_random_cuts_match_the_whole_reread(seed: int) -> None:
+    corpus = [TAG + A + sep + ESCAPED + tail for sep in ODD_SEPARATORS for tail in ("", sep + B)]
+    llama3_json_cuts_match(TOKENIZER, corpus, seed)

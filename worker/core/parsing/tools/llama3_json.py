@@ -460,6 +460,9 @@ class Llama3JsonToolParser(ToolParser):
             and not complete[self._index]
             and self._no_reader != self._index
             and len(self._text) > last  # the read ended with the call in progress
+            # The calls before are kept: one re-read instead (after `\"`, say) scans this call's
+            # text too, so whether the read succeeds turns on more than this call.
+            and last == self._kept_end
         ):
             self._reader = self._start_reader(last, current, partial_strings)
             self._prev_is_last_read = True
