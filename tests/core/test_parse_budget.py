@@ -33,18 +33,26 @@ DEEP = (
 )
 
 
-def _records(text: str) -> list[JsonDict]:
-    ids: list[int] = sample_tokenizer("qwen3").backend.encode(text, add_special_tokens=False).ids
+def _records(text: str, model: str = "qwen3") -> list[JsonDict]:
+    ids: list[int] = sample_tokenizer(model).backend.encode(text, add_special_tokens=False).ids
     request = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
     return chat_stream("r", [[token] for token in ids], prompt_token_ids=PROMPT, chat_request=request)
 
 
-def _config(window: int | None) -> JsonDict:
-    return sample_config(parsers=True, reasoning_parser=None, parse_budget_window=window)
+def _config(window: int | None, model: str = "qwen3", parser: str = "hermes") -> JsonDict:
+    return sample_config(
+        parsers=True, reasoning_parser=None, parse_budget_window=window, model_dir=model, tool_parser=parser
+    )
 
 
-def _warm(records_: list[JsonDict], window: int | None, max_live_parsers: int = 10_000) -> list[JsonDict]:
-    processor = EnvelopeProcessor(derenderer_for(_config(window)), max_live_parsers=max_live_parsers)
+def _warm(
+    records_: list[JsonDict],
+    window: int | None,
+    max_live_parsers: int = 10_000,
+    config: JsonDict | None = None,
+) -> list[JsonDict]:
+    derenderer = derenderer_for(config or _config(window))
+    processor = EnvelopeProcessor(derenderer, max_live_parsers=max_live_parsers)
     outputs = []
     for record in records_:
         result = processor.process(orjson.dumps(record))
@@ -53,7 +61,7 @@ def _warm(records_: list[JsonDict], window: int | None, max_live_parsers: int = 
     return outputs
 
 
-def _cold(records_: list[JsonDict], window: int | None) -> list[JsonDict]:
+def _cold(records_: list[JsonDict], window: int | None, config: JsonDict | None = None) -> list[JsonDict]:
     """Each record carries the whole context and the last state to a fresh processor (vLLM's way)."""
     context: JsonDict = {}
     state: Any = None
@@ -62,7 +70,7 @@ def _cold(records_: list[JsonDict], window: int | None) -> list[JsonDict]:
         body = dict(record["body"])
         context |= {k: v for k, v in body.items() if k != "generate_chunk"}
         body |= context | {"stream_state": state}
-        result = EnvelopeProcessor(derenderer_for(_config(window))).process(
+        result = EnvelopeProcessor(derenderer_for(config or _config(window))).process(
             orjson.dumps({**record, "body": body})
         )
         assert result.output is not None
@@ -119,12 +127,25 @@ def test_the_budget_grows_with_the_window() -> None:
     assert _failed_at(_warm(records_, 64)) < _failed_at(_warm(records_, 1024))
 
 
-def test_warm_evicted_and_cold_fail_at_the_same_record() -> None:
-    records_ = _records(DEEP)[:200]
-    warm = _warm(records_, 32)
+_ITEMS = ", ".join(map(str, range(300)))
+
+
+@pytest.mark.parametrize(
+    ("model", "parser", "text"),
+    [
+        ("qwen3", "hermes", DEEP),
+        ("llama-3.1", "llama3_json", '<|python_tag|>{"name": 5, "parameters": {"a": [' + _ITEMS),
+        ("llama-3", "pythonic", "[get_weather(a=(" + _ITEMS),
+    ],
+    ids=["hermes", "llama3_json", "pythonic"],
+)
+def test_warm_evicted_and_cold_fail_at_the_same_record(model: str, parser: str, text: str) -> None:
+    config = _config(32, model, parser)
+    records_ = _records(text, model)[:200]
+    warm = _warm(records_, 32, config=config)
     at = _failed_at(warm)
-    assert normalize(_warm(records_, 32, max_live_parsers=0)) == normalize(warm)
-    cold = _cold(records_, 32)
+    assert normalize(_warm(records_, 32, max_live_parsers=0, config=config)) == normalize(warm)
+    cold = _cold(records_, 32, config=config)
     assert len(cold) == at + 1
     assert normalize(cold) == normalize(warm[: at + 1])
 
