@@ -409,6 +409,9 @@ class PythonicStream:
         self._no_commit = False
         self._dead = False  # a finished call can never parse: every step fails
         self._fast: _Fast | None = None  # set while the text ends inside a string literal
+        # A triple quote was seen: the scan (vLLM's, quote by quote) may place strings wrongly
+        # from there on, so no record takes the string fast path.
+        self._triple = False
         # finished arguments of the call in progress, dropped from later parses
         self._arg_paren = -1  # that call's '(' (index in the scanner's parens); -1: none yet
         self._arg_start = -1  # where its uncommitted arguments start; -1: none committed
@@ -438,6 +441,9 @@ class PythonicStream:
         self._scanner.feed(delta)
         self._text += delta
         text = self._text
+        if not self._triple:
+            recent = text[-len(delta) - 2 :]
+            self._triple = '"""' in recent or "'''" in recent
         marker = self._end_marker
         cut = bool(marker) and text.endswith(marker)  # type: ignore[arg-type]
         if cut:
@@ -705,7 +711,11 @@ class PythonicStream:
         if keyword.arg in self._arg_names:
             self._revert()  # ast keeps a repeated keyword; its value replaces the first one's in place
             return False
-        member = json.dumps({keyword.arg: value}, ensure_ascii=False)[1:-1]
+        try:
+            member = json.dumps({keyword.arg: value}, ensure_ascii=False)[1:-1]
+        except (TypeError, ValueError):  # a key JSON cannot write ({b"x": 1}): the whole parse decides
+            self._arg_off = True
+            return False
         self._arg_json.add(("{" if not self._arg_names else ", ") + member)
         self._arg_names.add(keyword.arg)
         self._arg_has_set = self._arg_has_set or _contains_set(keyword.value)
@@ -734,6 +744,7 @@ class PythonicStream:
             or scanner.stack[-1] not in _QUOTES
             or quote_at < start
             or text[quote_at - 1].isalnum()  # a prefix (r, b, f, u...) changes what the text means
+            or self._triple
             or not self._streamed
             or len(self._streamed) != self._index + 1
             or not self._streamed[self._index]
