@@ -250,3 +250,20 @@ FUZZ_FOUND = [
 def test_fuzz_found_cases_match_the_whole_reread(pieces: list[str], marker: str | None) -> None:
     _same(pieces + ([marker] if marker else []), marker)
     _same(list("".join(pieces)), marker)
+
+
+@pytest.mark.parametrize("marker", [None, END])
+def test_a_string_after_a_docstring_keeps_the_fast_path(marker: str | None) -> None:
+    """Triple quotes inside a string are text: a later string argument still reads only each
+    record's own text (a first mend of the raw-string case above left the fast path for good)."""
+    code = "    x = \\'y\\'\\n" * 200
+    text = "[write_file(doc='" + '"""Doc."""' + "', content='" + code + "')]" + (marker or "")
+    stream = pythonic_stream(marker)(True)
+    opened = text.index("content='") + 12
+    fast = 0
+    for at, char in enumerate(text):
+        if at > opened and stream._fast is not None:
+            fast += 1
+        stream.step(char)
+    assert fast > len(text) - opened - 20, (fast, len(text) - opened)
+    _same(list(text), marker)

@@ -409,9 +409,6 @@ class PythonicStream:
         self._no_commit = False
         self._dead = False  # a finished call can never parse: every step fails
         self._fast: _Fast | None = None  # set while the text ends inside a string literal
-        # A triple quote was seen: the scan (vLLM's, quote by quote) may place strings wrongly
-        # from there on, so no record takes the string fast path.
-        self._triple = False
         # finished arguments of the call in progress, dropped from later parses
         self._arg_paren = -1  # that call's '(' (index in the scanner's parens); -1: none yet
         self._arg_start = -1  # where its uncommitted arguments start; -1: none committed
@@ -441,9 +438,6 @@ class PythonicStream:
         self._scanner.feed(delta)
         self._text += delta
         text = self._text
-        if not self._triple:
-            recent = text[-len(delta) - 2 :]
-            self._triple = '"""' in recent or "'''" in recent
         marker = self._end_marker
         cut = bool(marker) and text.endswith(marker)  # type: ignore[arg-type]
         if cut:
@@ -744,7 +738,6 @@ class PythonicStream:
             or scanner.stack[-1] not in _QUOTES
             or quote_at < start
             or text[quote_at - 1].isalnum()  # a prefix (r, b, f, u...) changes what the text means
-            or self._triple
             or not self._streamed
             or len(self._streamed) != self._index + 1
             or not self._streamed[self._index]
@@ -754,8 +747,12 @@ class PythonicStream:
             or "e000" in text.lower()  # an escape of the sentinel
         ):
             return None
+        quote = text[quote_at]
         try:
-            source = "[" + head + text[start : quote_at + 1] + _SENTINEL + added
+            # The probe after the quote reads "A" only in a plain literal opened by that very quote:
+            # a raw one keeps the escape, and inside another literal (the quote-by-quote scan can
+            # misplace strings after a triple quote) the two quotes are text.
+            source = "[" + head + text[start : quote_at + 1] + "\\x41" + quote + quote + _SENTINEL + added
             self.scanned += len(source)
             elements = _call_list(_parse(source))
             head = head if len(elements) == 1 else ""
@@ -764,8 +761,9 @@ class PythonicStream:
                 return None
             withheld = (added[:-2] + ("}" if added[-2] == ")" else "")).replace("'", '"')
             before, after = located.split(_SENTINEL)
-            if not after.endswith(withheld) or len(after) > _MAX_SUFFIX:
+            if not before.endswith("A") or not after.endswith(withheld) or len(after) > _MAX_SUFFIX:
                 return None
+            before = before[:-1]
             base = self._base() if head else AppendOnlyText()
             fast = _Fast(text, quote_at, len(text.rstrip()), base)
             tail_now = fast.tail(text)
