@@ -410,11 +410,24 @@ def _oneshot_rows(rounds: int, only: list[str]) -> list[tuple[str, list[float], 
     return rows
 
 
-def _parser_stream_costs(parser: str, model: str, text: str, tools: list[JsonDict]) -> list[float]:
-    """Per-record seconds of one call in 1-token records through a live parser session."""
+def _parser_stream_costs(
+    parser: str,
+    model: str,
+    text: str,
+    tools: list[JsonDict],
+    *,
+    reread_window: int | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
+    """Per-record seconds of one call in 1-token records through a live parser session, until the
+    end or the record whose request fails on the parse budget (``reread_window``: see ChatParsing)."""
     loaded = load_tokenizer(MODELS / model)
     parsing = ChatParsing.create(
-        adapter_for(loaded), reasoning_parser=None, tool_parser=parser, enable_auto_tool_choice=True
+        adapter_for(loaded),
+        reasoning_parser=None,
+        tool_parser=parser,
+        enable_auto_tool_choice=True,
+        reread_window=reread_window,
     )
     assert parsing is not None
     request = ParseRequest(tools=tools, tool_choice="auto", parallel_tool_calls=None)
@@ -426,9 +439,13 @@ def _parser_stream_costs(parser: str, model: str, text: str, tools: list[JsonDic
     session = parsing.new_stream(request, [1])
     costs = []
     for token, piece in zip(ids, texts, strict=True):
-        start = time.perf_counter()
-        session.step(piece, [token], None)
-        costs.append(time.perf_counter() - start)
+        start = clock()
+        try:
+            session.step(piece, [token], None)
+        except ParseBudgetExceededError:
+            costs.append(clock() - start)
+            break
+        costs.append(clock() - start)
     return costs
 
 
@@ -516,37 +533,6 @@ BUDGET_SHAPES: list[tuple[str, str, str, str, str]] = [
 ]
 
 
-def _budget_run(parser: str, model: str, text: str, window: int | None) -> tuple[int, int, float, float]:
-    """(records run, records in the stream, CPU seconds, last-decile mean per record) until the end or
-    the request fails on the budget."""
-    loaded = load_tokenizer(MODELS / model)
-    parsing = ChatParsing.create(
-        adapter_for(loaded),
-        reasoning_parser=None,
-        tool_parser=parser,
-        enable_auto_tool_choice=True,
-        reread_window=window,
-    )
-    assert parsing is not None
-    decoder = _settings(model).build_derenderer().decoder
-    ids: list[int] = loaded.backend.encode(text, add_special_tokens=False).ids
-    window_ids = decoder.seed_window([1], False)
-    pieces = [decoder.extend(window_ids, [token], False) for token in ids]
-    session = parsing.new_stream(
-        ParseRequest(tools=[_STRING_TOOL], tool_choice="auto", parallel_tool_calls=None), [1]
-    )
-    costs: list[float] = []
-    for token, piece in zip(ids, pieces, strict=True):
-        start = time.process_time()
-        try:
-            session.step(piece, [token], None)
-        except ParseBudgetExceededError:
-            costs.append(time.process_time() - start)
-            break
-        costs.append(time.process_time() - start)
-    return len(costs), len(ids), sum(costs), _deciles(costs)[1]
-
-
 def _budget_report(tokens: int, only: list[str]) -> None:
     """Each shape without the budget (vLLM's re-read to the end) and with the default one."""
     print(f"\nthe parse budget: shapes re-read at every record, {tokens} items in 1-token records (CPU)")
@@ -555,10 +541,15 @@ def _budget_report(tokens: int, only: list[str]) -> None:
         if not _wanted(label, only):
             continue
         text = shape.format(", ".join(item.format(i) for i in range(tokens)))
+        unbounded: list[float] = []
         for window in (0, None):
-            ran, total, cpu, last = _budget_run(parser, model, text, window)
+            costs = _parser_stream_costs(
+                parser, model, text, [_STRING_TOOL], reread_window=window, clock=time.process_time
+            )
+            unbounded = unbounded or costs  # the first run goes to the end
             shown = "off" if window == 0 else tool_parsers()[parser].reread_window
-            print(f"{label:<42}{shown:>8}{f'{ran}/{total}':>16}{cpu:>9.2f}{last * 1e6:>19.0f} µs")
+            ran = f"{len(costs)}/{len(unbounded)}"
+            print(f"{label:<42}{shown:>8}{ran:>16}{sum(costs):>9.2f}{_deciles(costs)[1] * 1e6:>19.0f} µs")
 
 
 def main(argv: list[str]) -> None:

@@ -72,11 +72,7 @@ def settings_for(config: dict[str, Any]) -> ModelSettings:
         reasoning_parser=config.get("reasoning_parser"),
         tool_parser=config.get("tool_parser"),
         enable_auto_tool_choice=bool(config.get("enable_auto_tool_choice")),
-        **(
-            {}
-            if config.get("parse_budget_window") is None
-            else {"parse_budget_window": config["parse_budget_window"]}
-        ),
+        parse_budget_window=config.get("parse_budget_window"),
     )
 
 

@@ -224,14 +224,15 @@ def test_help_shows_every_default_and_variable() -> None:
 
 def test_the_parse_budget_window_reaches_the_parsers() -> None:
     """``--parse-budget-window`` is what each request's composite parser gets (0: no budget; unset:
-    the tool family's own, hermes' 256)."""
+    the tool family's own)."""
     from tests.golden_cases import MODELS_DIR
     from tests.parsing_helpers import WEATHER_REQUEST
+    from worker.core.parsing.tools.hermes import HermesToolParser
 
     for flag, expected in (
         (["--parse-budget-window", "0"], 0),
         (["--parse-budget-window", "9"], 9),
-        ([], 256),
+        ([], HermesToolParser.reread_window),
     ):
         args = build_parser().parse_args(
             ["run", "--tokenizer", str(MODELS_DIR / "qwen3"), "--bootstrap-servers", "k:9092",

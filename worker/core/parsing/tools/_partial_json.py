@@ -18,6 +18,7 @@ from typing import Any
 _DECODER = json.JSONDecoder()
 _STRING_STOP = re.compile(r'["\\]')
 _STRUCTURAL = re.compile(r'["\[\]{}]')
+_NOT_BLANK = re.compile(r"\S")  # re's \s is str.isspace on str patterns
 
 
 class _Partial(Exception):
@@ -322,11 +323,8 @@ def reads_no_container(text: str, start: int) -> bool:
     so ``json.loads`` fails or gives a number or a word, and ``raw_decode`` (which skips no
     blank) gives one too or fails.
     """
-    for at in range(start, len(text)):
-        char = text[at]
-        if not char.isspace():
-            return char not in '{["'
-    return False
+    found = _NOT_BLANK.search(text, start)
+    return found is not None and found.group() not in '{["'
 
 
 def is_json(text: str) -> bool:
