@@ -53,6 +53,10 @@ CORPUS = [
     "[f(a={'k': 'v', 'l': 'unterminated",
     "[f(a=[b'bytes', 2]), g(a={b'k': 1, 'l': 2})]",
     "[f(a=[1e999, -0.0, 0x10, 1_000, 2j])]",
+    # a '(' open inside the call: every read fails until it closes (no read is made)
+    "[f(a=(1, 2, (3, 'x)'), [4, (5,)]), b=(6), c=g(7, h=(8, 9)), d=((10)))]",
+    "[f(a=1), g(b=(1, 2)), h(c=(3,",
+    "[f(a=(1,), b=('s',), c=())]",
 ]
 
 
@@ -64,7 +68,22 @@ def _random_value(rng: random.Random, depth: int = 0) -> str:
         items = [f"{_random_key(rng)}: {_random_value(rng, depth + 1)}" for _ in range(rng.randint(0, 3))]
         return "{" + ", ".join(items) + "}"
     return rng.choice(
-        ["1", "-2.5e3", "None", "True", "null", "'s'", '"a, b"', "'x\\'y'", "(1, 2)", "{1}", "*x", "y"]
+        [
+            "1",
+            "-2.5e3",
+            "None",
+            "True",
+            "null",
+            "'s'",
+            '"a, b"',
+            "'x\\'y'",
+            "(1, 2)",
+            "{1}",
+            "*x",
+            "y",
+            "(3,)",
+            "g(4)",
+        ]
     )
 
 
@@ -76,7 +95,10 @@ def _random_text(rng: random.Random) -> str:
     calls = []
     for _ in range(rng.randint(1, 2)):
         items = [_random_value(rng, 1) for _ in range(rng.randint(0, 12))]
-        if rng.random() < 0.5:
+        roll = rng.random()
+        if roll < 0.15:
+            container = "(" + ", ".join(items) + rng.choice([")", "", ",)"])
+        elif roll < 0.5:
             container = "[" + ", ".join(items) + rng.choice(["]", "", ",]"])
         else:
             members = [f"{_random_key(rng)}: {item}" for item in items]
@@ -133,6 +155,7 @@ SHAPES = {
     "a list of strings": "[write_file(a=[" + ", ".join(f"'v{i}'" for i in range(250)) + "])]",
     "a dict": "[write_file(a={" + ", ".join(f"'k{i}': {i}" for i in range(250)) + "})]",
     "a list of lists": "[write_file(a=[" + ", ".join(f"[{i}, 'x']" for i in range(150)) + "], b=2)]",
+    "a tuple": "[write_file(n=1, a=(" + ", ".join(f"({i}, 'x')" for i in range(150)) + "))]",
 }
 
 

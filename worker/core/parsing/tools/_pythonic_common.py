@@ -185,6 +185,7 @@ class _Scanner:
         self.arg_commas: list[tuple[int, int]] = []  # (index in parens, offset just after the comma)
         self.inner_at = -1  # offset of the last '[' / '{' opened right inside a call of the leading list
         self.elem_commas: list[int] = []  # offsets just after the commas right inside such a container
+        self.inner_parens = 0  # '(' on the stack above a call's own: see PythonicStream._read_fails
 
     def feed(self, text: str) -> None:
         stack = self.stack
@@ -201,10 +202,14 @@ class _Scanner:
                     self.parens.append(pos)
                 elif char != "(" and self.list_open and len(stack) == 2 and stack[1] == "(":
                     self.inner_at = pos
+                elif char == "(" and len(stack) >= 2:
+                    self.inner_parens += 1
                 stack.append(char)
             elif char in "])}":
                 if not stack or stack.pop() != {"]": "[", ")": "(", "}": "{"}[char]:
                     self.broken = True
+                elif char == ")" and len(stack) >= 2:
+                    self.inner_parens -= 1
                 elif char == "]" and not stack:
                     self.list_open = False
             elif char in _QUOTES:
@@ -452,6 +457,9 @@ class PythonicStream:
         if self.incremental:
             self._commit_args(text)
             self._commit_elems(text)
+            if self._read_fails():
+                self._commit(text)
+                return None
         try:
             try:
                 parsed = self._parse_calls(text)
@@ -474,6 +482,25 @@ class PythonicStream:
         if not added and self._index > 0:
             return DeltaOut(content="")  # vLLM's "all calls done" marker
         return None
+
+    def _read_fails(self) -> bool:
+        """Whether vLLM's read of this record surely fails, leaving its state as it is.
+
+        With a ``(`` open inside the call in progress (a tuple, a nested call), the suffix the
+        completion adds and vLLM withholds from that call's arguments holds a ``)`` followed by
+        closers and ``}``; json.dumps writes ``)`` only inside a string, which no such suffix
+        closes, so the arguments never end in it and the read raises. Nothing changes before it
+        raises once every call before is streamed and complete and this one has its entry.
+        """
+        scanner = self._scanner
+        return (
+            scanner.inner_parens > 0
+            and scanner.list_open
+            and len(scanner.stack) >= 3
+            and scanner.stack[1] == "("
+            and self._index >= len(scanner.parens) - 1
+            and len(self._streamed) > self._index
+        )
 
     def _parse_calls(self, text: str) -> tuple[list[tuple[str, _Args, str]], str] | None:
         """(calls, added closers) of vLLM's parse of the completed ``text``; None when it gives none."""
