@@ -57,15 +57,32 @@ CORPUS = [
     "[f(a=(1, 2, (3, 'x)'), [4, (5,)]), b=(6), c=g(7, h=(8, 9)), d=((10)))]",
     "[f(a=1), g(b=(1, 2)), h(c=(3,",
     "[f(a=(1,), b=('s',), c=())]",
+    # containers nested in the argument container: their finished elements are parsed once too
+    "[f(a={'x': {'k0': 0, 'k1': [1, 2, {'z': 3, 'y': 4}], 'k2': 'v'}, 'x2': 5}, "
+    "b=[[1, 2], [3, [4, 5, 6]], 7])]",
+    "[f(a={'x': {'k': 1, 'l': 2, 'k': 3}, 'y': 1})]",  # a repeated key inside
+    "[f(a={'x': 1, 'x': {'k': 1, 'l': 2}})]",  # the nested dict's key repeats a finished one
+    "[f(a={1: 0, True: {'k': 1, 'l': 2}, 1.0: [3, 4]})]",  # keys equal in Python
+    "[f(a={'x': [{1, 2}, {3}, 4], 'y': {'z': {5, 6}, 'w': 1}})]",  # sets inside
+    "[f(a={'x': [1, 2, y for y in z]}), g(b=[[1, 2, *c], [3]])]",
+    "[f(a={'x': {b'k': 1, 'l': 2}, 'y': {'k': b'v', 'l': 2}})]",
+    "[f(a=[[1, 2, g(3)], [4, 5]], b=[[1, 2][0], [3, 4]])]",
+    "[f(a={'a:b': {'c': 1, 'd': 2}, 'e,f': [1, 2]})]",
+    "[f(a={'x': # c\n {'k': 1, 'l': 2}, 'y': [1, # d\n 2]})]",
+    "[f(a={ 'x' :\n [ 1 ,\n 2 ] , 'y'\n:{'z' : 3 ,} })]",
+    "[f(a={'x' 'y': [1, 2, 3], -1: [4, 5], f'k': [6, 7], (1, 2): [8, 9]})]",
+    "[f(a=" + "[" * 20 + "1, 2, " * 3 + "]" * 20 + ")]",
+    "[f(a={'" + "k" * 300 + "': [1, 2, 3], 'l': {'m': [4, 5]}})]",
+    "[f(a=[{'k': [1, 2], 'l': [3, {'m': 4, 'n': [5, 6",
 ]
 
 
 def _random_value(rng: random.Random, depth: int = 0) -> str:
     roll = rng.random()
-    if depth < 2 and roll < 0.2:
-        return "[" + ", ".join(_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))) + "]"
-    if depth < 2 and roll < 0.35:
-        items = [f"{_random_key(rng)}: {_random_value(rng, depth + 1)}" for _ in range(rng.randint(0, 3))]
+    if depth < 4 and roll < 0.2:
+        return "[" + ", ".join(_random_value(rng, depth + 1) for _ in range(rng.randint(0, 4))) + "]"
+    if depth < 4 and roll < 0.35:
+        items = [f"{_random_key(rng)}: {_random_value(rng, depth + 1)}" for _ in range(rng.randint(0, 4))]
         return "{" + ", ".join(items) + "}"
     return rng.choice(
         [
@@ -116,7 +133,7 @@ def _random_text(rng: random.Random) -> str:
 
 
 def _dropped(stream: PythonicStream, _piece: str) -> bool:
-    return stream._elem_start >= 0  # an element left out of later parses
+    return stream._elem_ready  # an element left out of later parses
 
 
 def _same(pieces: list[str], marker: str | None) -> int:
@@ -156,6 +173,8 @@ SHAPES = {
     "a dict": "[write_file(a={" + ", ".join(f"'k{i}': {i}" for i in range(250)) + "})]",
     "a list of lists": "[write_file(a=[" + ", ".join(f"[{i}, 'x']" for i in range(150)) + "], b=2)]",
     "a tuple": "[write_file(n=1, a=(" + ", ".join(f"({i}, 'x')" for i in range(150)) + "))]",
+    "a dict of lists": "[write_file(a={'rows': [" + ", ".join(f"'v{i}'" for i in range(250)) + "]})]",
+    "lists in lists in a dict": "[write_file(a={'x': [[" + ", ".join(str(i) for i in range(300)) + "]]})]",
 }
 
 

@@ -21,7 +21,6 @@ import ast
 import json
 import re
 import warnings
-from bisect import bisect_right
 from typing import Any
 
 from worker.core.parsing.deltas import args_delta, name_delta
@@ -40,6 +39,11 @@ _QUOTES = ("'", '"')
 PYTHONIC_REREAD_WINDOW = 4096
 #: Backslashes counted before a quote inside a string (``_closes``).
 _MAX_SLASHES = 64
+#: Containers nested in an argument container whose elements are parsed once; deeper ones are
+#: parsed whole with the element they are in (and a record's bookkeeping stays O(this)).
+_MAX_LEVELS = 16
+#: Longest text before a nested container's bracket (``'key': {``) that a level keeps.
+_MAX_HEAD = 256
 #: An argument whose value is a list or dict: ``name=`` and the opening bracket.
 _CONTAINER_ARG = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*[\[{]")
 
@@ -183,8 +187,9 @@ class _Scanner:
         self.boundaries: list[int] = []  # offsets just after top-level commas
         self.parens: list[int] = []  # offsets of the '(' opened right inside the leading list
         self.arg_commas: list[tuple[int, int]] = []  # (index in parens, offset just after the comma)
-        self.inner_at = -1  # offset of the last '[' / '{' opened right inside a call of the leading list
-        self.elem_commas: list[int] = []  # offsets just after the commas right inside such a container
+        self.opened: list[int] = []  # offset of each stack entry
+        #: offsets just after the commas right inside each open '[' / '{' within a call, by its offset
+        self.commas: dict[int, list[int]] = {}
         self.inner_parens = 0  # '(' on the stack above a call's own: see PythonicStream._read_fails
 
     def feed(self, text: str) -> None:
@@ -197,30 +202,33 @@ class _Scanner:
             if stack and stack[-1] in _QUOTES:
                 if char == stack[-1] and self.backslashes % 2 == 0:
                     stack.pop()
+                    self.opened.pop()
             elif char in "[({":
                 if char == "(" and self.list_open and len(stack) == 1:
                     self.parens.append(pos)
-                elif char != "(" and self.list_open and len(stack) == 2 and stack[1] == "(":
-                    self.inner_at = pos
                 elif char == "(" and len(stack) >= 2:
                     self.inner_parens += 1
                 stack.append(char)
+                self.opened.append(pos)
             elif char in "])}":
                 if not stack or stack.pop() != {"]": "[", ")": "(", "}": "{"}[char]:
                     self.broken = True
-                elif char == ")" and len(stack) >= 2:
-                    self.inner_parens -= 1
-                elif char == "]" and not stack:
-                    self.list_open = False
+                else:
+                    self.commas.pop(self.opened.pop(), None)
+                    if char == ")" and len(stack) >= 2:
+                        self.inner_parens -= 1
+                    elif char == "]" and not stack:
+                        self.list_open = False
             elif char in _QUOTES:
                 stack.append(char)
+                self.opened.append(pos)
                 self.quote_at = pos
             elif char == "," and self.list_open and len(stack) == 1:
                 self.boundaries.append(pos + 1)
             elif char == "," and self.list_open and len(stack) == 2 and stack[-1] == "(":
                 self.arg_commas.append((len(self.parens) - 1, pos + 1))
-            elif char == "," and self.list_open and len(stack) == 3 and stack[1] == "(" and stack[2] != "(":
-                self.elem_commas.append(pos + 1)
+            elif char == "," and self.list_open and len(stack) >= 3 and stack[1] == "(" and stack[-1] != "(":
+                self.commas.setdefault(self.opened[-1], []).append(pos + 1)
             # the counts see every char, strings included (as vLLM's do)
             if char == "(":
                 self.eq_before_paren, self.comma_before_paren = self.n_eq, self.n_comma
@@ -391,6 +399,24 @@ class _Args:
         return head + self.rest[max(low - size, 0) :]
 
 
+class _Level:
+    """A container whose finished elements are parsed once: the argument's (``name=[``), or one open
+    in the last element of the level before (``'k': {`` in a dict, ``[`` in a list)."""
+
+    def __init__(self, at: int, head: str, key: Any, opener: str, mark: int) -> None:
+        self.at = at  # its bracket's offset
+        self.bracket = head[-1]
+        self.head = head  # the text from the parent's uncommitted elements (or the argument) to the bracket
+        self.key = key  # the argument's name, the dict key it is the value of, or None in a list
+        self.opener = opener  # its JSON before any element ('"name": [', '"k": {', '[')
+        self.mark = mark  # ``_elem_json``'s length before its opener (and separator)
+        self.start = at + 1  # where its uncommitted elements start
+        self.count = 0  # committed elements
+        self.used = 0  # its commas looked at
+        self.keys: set[Any] = set()  # a dict's committed keys
+        self.off_at = -1  # a container in its last element with an element not modelled
+
+
 class PythonicStream:
     """Streaming state of one choice; ``step`` gets each record's share of the call text.
 
@@ -422,16 +448,13 @@ class PythonicStream:
         self._arg_json = AppendOnlyText()  # '{' + the committed arguments' JSON members
         self._arg_has_set = False
         self._arg_off = False  # an argument that is not one plain keyword: parse the call whole
-        # Elements of the list or dict that the argument in progress is (``name=[...``), each a comma
-        # follows parsed once and dropped from later parses (their JSON kept after the arguments').
-        self._elem_at = -1  # that container's bracket; -1: none
-        self._elem_off_at = -1  # a container with an element not modelled: parse it whole
-        self._elem_used = 0  # element commas looked at
-        self._elem_start = -1  # where its uncommitted elements start; -1: none committed
-        self._elem_head = ""  # the argument's text up to its bracket ("name=[")
-        self._elem_key = ""
-        self._elem_json = AppendOnlyText()  # the arguments JSON up to the committed elements
-        self._elem_keys: set[Any] = set()  # the dict's committed keys
+        # The list or dict the argument in progress is (``name=[...``) and the containers open in its
+        # last element, each a level: every element a comma follows is parsed once and dropped from
+        # later parses, its JSON kept in ``_elem_json`` after the arguments' (see ``_Level``).
+        self._levels: list[_Level] = []
+        self._elem_off_at = -1  # an argument container with an element not modelled: parse it whole
+        self._elem_json = AppendOnlyText()  # with ``_elem_ready``: the JSON up to the committed elements
+        self._elem_ready = False  # an element is committed at some level
         self._elem_has_set = False
         self.scanned = 0  # characters handed to the parser, for the bounded-work tests
         #: False parses the call in progress at every record (the reference the tests compare with).
@@ -524,9 +547,10 @@ class PythonicStream:
 
     def _region(self) -> tuple[str, int]:
         """(text standing for the committed part of the call in progress, where the rest starts)."""
-        if self._elem_start >= 0:
+        if self._elem_ready:
             paren = self._scanner.parens[self._arg_paren]
-            return self._text[self._committed_at : paren + 1] + self._elem_head, self._elem_start
+            heads = "".join(level.head for level in self._levels)
+            return self._text[self._committed_at : paren + 1] + heads, self._levels[-1].start
         if self._arg_start < 0:
             return "", self._committed_at
         paren = self._scanner.parens[self._arg_paren]
@@ -543,50 +567,62 @@ class PythonicStream:
             raise _NotACall("positional argument follows keyword argument")
         if any(keyword.arg in self._arg_names for keyword in node.keywords):
             raise _Redo  # the last value in the first place: the JSON is not a concatenation
-        if self._elem_start >= 0:
+        if self._elem_ready:
             self._check_elems(node)
         name, args = call_of(node)
         return name, _Args(self._base(), self._join(args)), args
 
     def _base(self) -> AppendOnlyText:
-        return self._elem_json if self._elem_start >= 0 else self._arg_json
+        return self._elem_json if self._elem_ready else self._arg_json
 
     def _join(self, parsed: str) -> str:
         """The arguments JSON after ``_base()``, from the JSON of the parsed arguments only."""
-        if self._elem_start < 0:
+        if not self._elem_ready:
             return _after_members(parsed) if self._arg_json.length else parsed
-        opener = "{" + json.dumps(self._elem_key, ensure_ascii=False) + ": " + self._elem_head[-1]
+        opener = "{" + "".join(level.opener for level in self._levels)
         if not parsed.startswith(opener):
             raise _NotACall("the container argument is not what was committed")
         rest = parsed[len(opener) :]
-        return rest if rest.startswith(_CLOSING[self._elem_head[-1]]) else ", " + rest
+        inner = self._levels[-1]
+        return rest if not inner.count or rest.startswith(_CLOSING[inner.bracket]) else ", " + rest
 
     def _check_elems(self, node: ast.Call) -> None:
-        """The parsed call holds only the container's uncommitted elements, as the text says it does.
+        """The parsed call holds only the levels' uncommitted elements, as the text says it does.
 
-        The text after the committed elements lies inside the container, so the parse holds one
-        keyword, the container; where that parse alone is a list comprehension, a set or a dict
-        comprehension, the whole parse is a syntax error (raised here alike).
+        The text after the committed elements lies inside every level, so the parse holds one
+        keyword, the argument container, whose only element at each outer level is the next level;
+        where the innermost alone parses as a list comprehension, a set or a dict comprehension,
+        the whole parse is a syntax error (raised here alike).
         """
         keywords = node.keywords
-        if node.args or len(keywords) != 1 or keywords[0].arg != self._elem_key:
+        if node.args or len(keywords) != 1 or keywords[0].arg != self._levels[0].key:
             raise _NotACall("not the container argument alone")
-        container = keywords[0].value
-        if self._elem_head[-1] == "[":
-            if not isinstance(container, ast.List):
-                raise _NotACall("not a list display")
-            return
-        if not isinstance(container, ast.Dict):
-            raise _NotACall("not a dict display")
-        for key in container.keys:
-            if isinstance(key, ast.Constant) and key.value in self._elem_keys:
-                raise _Redo  # a repeated key keeps its first place: the JSON is not a concatenation
+        value = keywords[0].value
+        last = len(self._levels) - 1
+        for depth, level in enumerate(self._levels):
+            if level.bracket == "[":
+                if not isinstance(value, ast.List):
+                    raise _NotACall("not a list display")
+                if depth < last:
+                    if len(value.elts) != 1:
+                        raise _NotACall("not the next level alone")
+                    value = value.elts[0]
+                continue
+            if not isinstance(value, ast.Dict):
+                raise _NotACall("not a dict display")
+            for key in value.keys:
+                if isinstance(key, ast.Constant) and key.value in level.keys:
+                    raise _Redo  # a repeated key keeps its first place: the JSON is not a concatenation
+            if depth < last:
+                if len(value.keys) != 1 or not isinstance(value.keys[0], ast.Constant):
+                    raise _NotACall("not the next level alone")
+                value = value.values[0]
 
     def _commit_elems(self, text: str) -> None:
-        """Parse once each element of the container argument in progress that a comma follows."""
+        """Parse once each element that a comma follows in the argument container and the containers
+        open in its last element (down to ``_MAX_LEVELS``)."""
         scanner = self._scanner
         stack = scanner.stack
-        at = scanner.inner_at
         paren = self._arg_paren
         usable = (
             not self._no_commit
@@ -596,42 +632,103 @@ class PythonicStream:
             and self._committed >= len(scanner.boundaries)
             and len(stack) >= 3
             and stack[1] == "("
-            and stack[2] in "[{"
-            and at > max(self._arg_start, scanner.parens[paren])
+            and scanner.opened[2] > max(self._arg_start, scanner.parens[paren])
         )
-        if not usable or at != self._elem_at:
-            if self._elem_at >= 0:
-                self._reset_elems()
-            if not usable or at == self._elem_off_at:
+        kept = 0
+        while (
+            usable
+            and kept < len(self._levels)
+            and kept + 2 < len(stack)
+            and scanner.opened[kept + 2] == self._levels[kept].at
+        ):
+            kept += 1
+        if kept < len(self._levels):
+            self._drop_levels(kept)
+        if not usable:
+            return
+        depth = 0
+        while True:
+            if depth == len(self._levels) and not self._enter(text, depth):
                 return
-            begin = self._arg_start if self._arg_start >= 0 else scanner.parens[paren] + 1
+            level = self._levels[depth]
+            commas = scanner.commas.get(level.at, ())
+            while level.used < len(commas):
+                end = commas[level.used]
+                if end > len(text):
+                    return
+                level.used += 1
+                if not self._commit_elem(level, text[level.start : end - 1]):
+                    self._leave(depth)
+                    return
+                level.start = end
+            depth += 1
+
+    def _enter(self, text: str, depth: int) -> bool:
+        """Open the level for the container at ``depth`` of the argument, if it is one we model."""
+        scanner = self._scanner
+        stack = scanner.stack
+        index = depth + 2
+        if index >= len(stack) or stack[index] not in "[{" or depth >= _MAX_LEVELS:
+            return False
+        at = scanner.opened[index]
+        if depth == 0:
+            if at == self._elem_off_at:
+                return False
+            begin = self._arg_start if self._arg_start >= 0 else scanner.parens[self._arg_paren] + 1
             head = text[begin : at + 1]
             self.scanned += len(head)
             matched = _CONTAINER_ARG.fullmatch(head)
             if matched is None:
                 self._elem_off_at = at  # not `name=` and the bracket: parse it whole
-                return
-            self._elem_at, self._elem_head, self._elem_key = at, head, matched.group(1)
-            self._elem_used = bisect_right(scanner.elem_commas, at)
-        commas = scanner.elem_commas
-        while self._elem_used < len(commas):
-            end = commas[self._elem_used]
-            if end > len(text):
-                return
-            self._elem_used += 1
-            start = self._elem_start if self._elem_start >= 0 else at + 1
-            if not self._commit_elem(text[start : end - 1]):
-                self._elem_off_at = at
-                self._reset_elems()
-                return
-            self._elem_start = end
+                return False
+            key: Any = matched.group(1)
+            opener = json.dumps(key, ensure_ascii=False) + ": " + stack[index]
+            self._levels.append(_Level(at, head, key, opener, 0))
+            return True
+        parent = self._levels[depth - 1]
+        if at == parent.off_at:
+            return False
+        head = text[parent.start : at + 1]
+        self.scanned += len(head)
+        if len(head) > _MAX_HEAD:  # every later parse reads the heads: keep them short
+            parent.off_at = at
+            return False
+        child = self._opener(parent, head, stack[index])
+        if child is None:
+            parent.off_at = at
+            return False
+        mark = self._elem_json.length
+        if self._elem_ready:
+            self._elem_json.add((", " if parent.count else "") + child[1])
+        self._levels.append(_Level(at, head, child[0], child[1], mark))
+        return True
 
-    def _commit_elem(self, piece: str) -> bool:
+    @staticmethod
+    def _opener(parent: _Level, head: str, bracket: str) -> tuple[Any, str] | None:
+        """(key, JSON before the elements) of a container that starts ``parent``'s element ``head``."""
+        if parent.bracket == "[":
+            return (None, bracket) if head.strip() == bracket else None
+        if "#" in head or "'''" in head or '"""' in head:
+            return None
+        try:
+            node = _parse("{" + head + _CLOSING[bracket] + "}").body[0]
+            display = getattr(node, "value", None)
+            if not isinstance(display, ast.Dict) or len(display.keys) != 1:
+                return None
+            key_node = display.keys[0]
+            if not isinstance(key_node, ast.Constant) or key_node.value in parent.keys:
+                return None
+            written = json.dumps({key_node.value: 0}, ensure_ascii=False)
+        except Exception:
+            return None
+        return key_node.value, written[1:-2] + bracket
+
+    def _commit_elem(self, level: _Level, piece: str) -> bool:
         """Add one element's JSON; False for anything not modelled (the container is then parsed whole)."""
         self.scanned += len(piece)
         if "#" in piece or "'''" in piece or '"""' in piece:
             return False  # comments, triple quotes: the scan may not split as Python does
-        is_list = self._elem_head[-1] == "["
+        is_list = level.bracket == "["
         try:
             node = _parse(("[" if is_list else "{") + piece + ("]" if is_list else "}")).body[0]
             display = getattr(node, "value", None)
@@ -645,39 +742,59 @@ class PythonicStream:
                 if not isinstance(display, ast.Dict) or len(display.keys) != 1:
                     return False
                 key_node, element = display.keys[0], display.values[0]
-                if not isinstance(key_node, ast.Constant) or key_node.value in self._elem_keys:
+                if not isinstance(key_node, ast.Constant) or key_node.value in level.keys:
                     return False
                 key = key_node.value
                 member = json.dumps({key: _value(element)}, ensure_ascii=False)[1:-1]
         except Exception:
             return False  # the whole parse decides (it fails alike, or tells what this missed)
-        if self._elem_start < 0:
-            members = self._arg_json.between(0, self._arg_json.length)
-            self._elem_json = AppendOnlyText()
-            self._elem_json.add(
-                (members + ", " if self._arg_names else "{")
-                + json.dumps(self._elem_key, ensure_ascii=False)
-                + ": "
-                + self._elem_head[-1]
-            )
-        self._elem_json.add((", " if self._elem_start >= 0 else "") + member)
+        if not self._elem_ready:
+            self._ready()
+        self._elem_json.add((", " if level.count else "") + member)
+        level.count += 1
         if not is_list:
-            self._elem_keys.add(key)
+            level.keys.add(key)
         self._elem_has_set = self._elem_has_set or _contains_set(element)
         return True
 
+    def _ready(self) -> None:
+        """Start the elements' JSON: the committed arguments, then each level's opener."""
+        members = self._arg_json.between(0, self._arg_json.length)
+        self._elem_json = AppendOnlyText()
+        self._elem_json.add(members + ", " if self._arg_names else "{")
+        for level in self._levels:  # none has a committed element yet
+            level.mark = self._elem_json.length
+            self._elem_json.add(level.opener)
+        self._elem_ready = True
+
+    def _leave(self, depth: int) -> None:
+        """An element at ``depth`` is not modelled: parse that level's container whole from now on."""
+        if depth == 0:
+            self._elem_off_at = self._levels[0].at
+        else:
+            self._levels[depth - 1].off_at = self._levels[depth].at
+        self._drop_levels(depth)
+
+    def _drop_levels(self, kept: int) -> None:
+        """Close the levels from ``kept`` on (their containers ended, or are parsed whole)."""
+        if kept == 0:
+            self._reset_elems()
+            return
+        if self._elem_ready:
+            self._elem_json.truncate(self._levels[kept].mark)
+        del self._levels[kept:]
+
     def _revert(self) -> None:
         """Parse the call in progress whole from now on, its committed arguments and elements too."""
-        at = self._elem_at
+        at = self._levels[0].at if self._levels else -1
         self._reset_args()
         self._elem_off_at = at if at >= 0 else self._elem_off_at
         self._arg_off = True
 
     def _reset_elems(self) -> None:
-        self._elem_at = self._elem_start = -1
-        self._elem_head = self._elem_key = ""
+        self._levels = []
         self._elem_json = AppendOnlyText()
-        self._elem_keys = set()
+        self._elem_ready = False
         self._elem_has_set = False
 
     def _commit_args(self, text: str) -> None:
