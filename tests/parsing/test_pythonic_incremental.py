@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -50,6 +51,21 @@ CORPUS = [
     '[f(a="x", b=[1, 2.5, None, True, -3], c="more text after numbers")]',
     '[f(s="null \x00 byte")]',
     '[f(s="unterminated at the end of the output',
+]
+
+#: Triple quotes: vLLM's quote-by-quote completion leaves them open, so most reads fail.
+TRIPLE = [
+    "[f(code='''def f():\\n    \"\"\"doc\"\"\"\\n    x = ''\\n    return 'a' + \"b\"\\n''', n=1)]",
+    "[f(a=\"\"\"x\"\"\", b='''y''z'''', c='''''')]",
+    "[f(code=r'''raw \\''' still''', s=b'''bytes''', t=u'''u''')]",
+    "[f(code=f'''{x}''', s='''after an f-string''')]",
+    "[f(s='''a\\''', t='''b\\\\''', u='''c\\'''')]",
+    "[f(s='''x # not a comment''', t=1) # a comment '''\n]",
+    "[f(s='''line1\nline2\r\nline3\rline4''')]",
+    "[f(s='one quote\nnewline''', t='''x''')]",
+    "[f(a=1, s='''x'''',b='''y''')]",
+    "[f(s='''ends '' then more '' and ''', t='''''''')]",
+    "[f(s='''unterminated at the end of the output''",
 ]
 
 _PIECES = [
@@ -103,6 +119,12 @@ def _random_text(rng: random.Random) -> str:
             if (len(body[:at]) - len(body[:at].rstrip("\\"))) % 2 == 0:  # not after a lone backslash
                 body = body[:at] + "\\" + quote + body[at:]
         value = quote + body + quote
+        if rng.random() < 0.25:  # triple quotes, with quotes of both kinds inside
+            triple = rng.choice(["'''", '"""'])
+            inner = "".join(
+                rng.choice([*_PIECES, "'", '"', "''", '""', "\\'", "\n"]) for _ in range(rng.randint(0, 20))
+            )
+            value = triple + inner.replace(triple, "") + triple
         if rng.random() < 0.3:
             value = "{" + f'"k": [1, {value}]' + "}"
         prefix = rng.choice(["", "", "", "r", "f", "b"])
@@ -120,9 +142,26 @@ def _fast(stream: PythonicStream, piece: str) -> bool:
     return fast is not None and not common._closes(stream._text + piece, len(stream._text), fast.quote)
 
 
+def _in_triple(marker: str | None) -> Callable[[PythonicStream, str], bool]:
+    """Whether the record just read ends inside a triple-quoted string its completion leaves open."""
+
+    def inside(stream: PythonicStream, _piece: str) -> bool:
+        text = stream._text[: -len(marker)] if marker and stream._text.endswith(marker) else stream._text
+        top = stream._scanner.stack[-1] if stream._scanner.stack else None
+        return stream._strings.triple_open_at_end(text, top)
+
+    return inside
+
+
 def _same(pieces: list[str], marker: str | None) -> int:
+    """Records read in the fast path or skipped inside a triple-quoted string."""
     return matches_whole_reread(
-        pythonic_stream(marker), PythonicStream.step, PythonicStream.remaining_args, pieces, before=_fast
+        pythonic_stream(marker),
+        PythonicStream.step,
+        PythonicStream.remaining_args,
+        pieces,
+        before=_fast,
+        after=_in_triple(marker),
     )
 
 
@@ -132,6 +171,16 @@ def test_corpus_in_one_character_records(marker: str | None) -> None:
     for text in CORPUS:
         fast += _same(list(text + (marker or "")), marker)
     assert fast > sum(len(text) for text in CORPUS) // 3
+
+
+@pytest.mark.parametrize("marker", [None, END])
+def test_triple_quotes_in_one_character_records(marker: str | None) -> None:
+    """Records inside a triple-quoted string the completion leaves open make no read; the output
+    equals the whole re-read's."""
+    inside = 0
+    for text in TRIPLE:
+        inside += _same(list(text + (marker or "")), marker)
+    assert inside > sum(len(text) for text in TRIPLE) // 3
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -230,6 +279,42 @@ def test_many_arguments_cost_each_record_its_own_characters(
     expected = common.extract_calls(SHAPES[shape])
     assert expected is not None
     assert [tuple(calls[i]) for i in sorted(calls)] == [(call.name, call.arguments) for call in expected]
+
+
+@pytest.mark.parametrize(("name", "head", "tail"), [("pythonic", "", ""), ("llama4_pythonic", START, END)])
+def test_a_triple_quoted_argument_costs_each_record_its_own_characters(
+    name: str, head: str, tail: str
+) -> None:
+    """Inside a triple-quoted string that vLLM's completion cannot close, every read fails (as the
+    whole re-read's does): no record parses, until the one that closes the string parses the call."""
+    code = 'def f(x):\n    """Doc: it\\\'s here."""\n    return {"k": [x, \'v\']}  # note\n' * 60
+    text = head + "[write_file(path='a.py', content='''" + code + "''')]" + tail
+    ids = sample_encode("llama-3", text)
+    session = tool_parsing("llama-3", name).new_stream(
+        ParseRequest(tools=TOOLS, tool_choice="auto", parallel_tool_calls=None), [1]
+    )
+    parser = session._parser.tools
+    assert parser is not None
+    closing = text.rindex("''')]")
+    calls: dict[int, list[str]] = {}
+    inside = pos = 0
+    for piece, chunk in records(sample_tokenizer("llama-3"), [[i] for i in ids]):
+        start, pos = pos, pos + len(piece)
+        stream = getattr(parser, "_calls", None)
+        before = stream.scanned if stream is not None else 0
+        delta, _ = session.step(piece, chunk, None)
+        if stream is not None and text.index("'''") < start and pos <= closing:
+            inside += 1
+            assert stream.scanned - before <= 3 * len(piece) + 80, (piece, stream.scanned - before)
+        for call in delta.tool_calls if delta else []:
+            entry = calls.setdefault(call.index, ["", ""])
+            entry[0] += (call.function.name or "") if call.function else ""
+            entry[1] += (call.function.arguments or "") if call.function else ""
+    assert inside > len(ids) * 3 // 4
+    expected = common.extract_calls(text.removeprefix(START).removesuffix(END))
+    assert expected is not None
+    assert [tuple(calls[i]) for i in sorted(calls)] == [(call.name, call.arguments) for call in expected]
+    assert json.loads(calls[0][1])["content"] == code.replace("\\'", "'")
 
 
 #: Found by a differential fuzz: after a triple-quoted string the scan, quote by quote as vLLM's

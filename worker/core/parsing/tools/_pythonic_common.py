@@ -265,6 +265,105 @@ class _Scanner:
         return stripped, "".join(_CLOSING[c] for c in reversed(stack))
 
 
+class _PythonStrings:
+    """Python's own reading of strings and comments in the call text, kept up as the text grows.
+
+    vLLM's completion scans quote by quote, so inside a triple-quoted string it closes a string of
+    one quote: Python then meets an unterminated triple-quoted string and the read fails, unless
+    the text ends in two of its quotes the added one completes (``triple_open_at_end``). Reading
+    stops for good (``off``) at an f-string (Python 3.12 reads nested quotes in them) or at a
+    string a newline ends (Python's error: every later read fails anyway).
+    """
+
+    def __init__(self) -> None:
+        self.pos = 0  # text before it is read; what is left waits for the characters it needs
+        self.quote = ""  # the open string's quote character; "" in code
+        self.triple = False
+        self.body = -1  # where the open string's text starts
+        self.comment = False
+        self.off = False
+
+    def advance(self, text: str) -> None:
+        pos, size = self.pos, len(text)
+        while pos < size and not self.off:
+            if self.comment:
+                found = _LINE_END.search(text, pos)
+                self.comment = found is None
+                pos = size if found is None else found.end()
+                continue
+            if not self.quote:
+                found = _CODE_MARK.search(text, pos)
+                if found is None:
+                    pos = size
+                    continue
+                at = found.start()
+                if text[at] == "#":
+                    self.comment, pos = True, at + 1
+                    continue
+                if at + 3 > size:
+                    pos = at  # a quote: one, two or three of them?
+                    break
+                prefix = at
+                while prefix > 0 and text[prefix - 1].isalpha() and at - prefix < 3:
+                    prefix -= 1
+                if "f" in text[prefix:at].lower():
+                    self.off = True
+                    break
+                self.quote, self.triple = text[at], text.startswith(text[at] * 3, at)
+                pos = self.body = at + (3 if self.triple else 1)
+                continue
+            found = (_TRIPLE_MARK if self.triple else _SINGLE_MARK)[self.quote].search(text, pos)
+            if found is None:
+                pos = size
+                continue
+            at = found.start()
+            mark = text[at]
+            if mark == "\\":
+                if at + 2 > size:
+                    pos = at
+                    break
+                pos = at + 2
+            elif mark != self.quote:
+                self.off = True  # a newline ends a one-quote string: Python's error
+            elif not self.triple:
+                self.quote, pos = "", at + 1
+            elif at + 3 > size:
+                pos = at
+                break
+            elif text.startswith(self.quote * 3, at):
+                self.quote, self.triple, pos = "", False, at + 3
+            else:
+                pos = at + 1
+        self.pos = pos
+
+    def triple_open_at_end(self, text: str, top: str | None) -> bool:
+        """Whether ``text`` (read up to its end) ends inside a triple-quoted string that the
+        completion of ``text`` (closers for the scanner's stack, ``top`` first) leaves open."""
+        if self.off or not self.triple or not self.quote:
+            return False
+        if top != self.quote:
+            return True  # the completion adds no such quote
+        end = max(len(text.rstrip()), self.body)  # the completion's rstrip, then a comma it drops
+        if end > self.body and text[end - 1] == ",":
+            end -= 1
+        quotes = end
+        while quotes > self.body and text[quotes - 1] == self.quote:
+            quotes -= 1
+        slashes = quotes
+        while slashes > self.body and text[slashes - 1] == "\\":
+            slashes -= 1
+            if quotes - slashes > _MAX_SLASHES:
+                return False  # too long to count here: the parse decides
+        run = end - quotes - (quotes - slashes) % 2
+        return run < 2
+
+
+_LINE_END = re.compile(r"[\r\n]")
+_CODE_MARK = re.compile(r"[#'\"]")
+_SINGLE_MARK = {q: re.compile(r"[\\\r\n" + q + "]") for q in _QUOTES}
+_TRIPLE_MARK = {q: re.compile(r"[\\" + q + "]") for q in _QUOTES}
+
+
 def _contains_set(node: ast.AST) -> bool:
     return any(isinstance(n, ast.Set) for n in ast.walk(node))
 
@@ -429,6 +528,7 @@ class PythonicStream:
     def __init__(self, end_marker: str | None = None) -> None:
         self._end_marker = end_marker  # cut from the end of the text before parsing
         self._scanner = _Scanner()
+        self._strings = _PythonStrings()
         self._text = ""  # call text so far
         self._streamed: list[str] = []  # arguments sent per call
         self._index = -1  # vLLM's current_tool_id
@@ -480,7 +580,8 @@ class PythonicStream:
         if self.incremental:
             self._commit_args(text)
             self._commit_elems(text)
-            if self._read_fails():
+            self._strings.advance(self._text)
+            if self._read_fails(text):
                 self._commit(text)
                 return None
         try:
@@ -506,16 +607,20 @@ class PythonicStream:
             return DeltaOut(content="")  # vLLM's "all calls done" marker
         return None
 
-    def _read_fails(self) -> bool:
+    def _read_fails(self, text: str) -> bool:
         """Whether vLLM's read of this record surely fails, leaving its state as it is.
 
-        With a ``(`` open inside the call in progress (a tuple, a nested call), the suffix the
-        completion adds and vLLM withholds from that call's arguments holds a ``)`` followed by
-        closers and ``}``; json.dumps writes ``)`` only inside a string, which no such suffix
-        closes, so the arguments never end in it and the read raises. Nothing changes before it
-        raises once every call before is streamed and complete and this one has its entry.
+        Inside a triple-quoted string the completion leaves open, the parse fails
+        (``_PythonStrings``). With a ``(`` open inside the call in progress (a tuple, a nested
+        call), the suffix the completion adds and vLLM withholds from that call's arguments holds
+        a ``)`` followed by closers and ``}``; json.dumps writes ``)`` only inside a string, which
+        no such suffix closes, so the arguments never end in it and the read raises. Nothing
+        changes before it raises once every call before is streamed and complete and this one
+        has its entry.
         """
         scanner = self._scanner
+        if self._strings.triple_open_at_end(text, scanner.stack[-1] if scanner.stack else None):
+            return True
         return (
             scanner.inner_parens > 0
             and scanner.list_open
