@@ -319,7 +319,8 @@ def test_a_triple_quoted_argument_costs_each_record_its_own_characters(
 
 #: Found by a differential fuzz: after a triple-quoted string the scan, quote by quote as vLLM's
 #: completion goes, placed a raw string's start on its escaped quote and read it as a plain one;
-#: a dict argument with a key JSON cannot write raised instead of skipping the record.
+#: a dict argument with a key JSON cannot write raised instead of skipping the record; the same
+#: scan put a string's start on an escaped quote inside an f-string, and its braces were streamed.
 FUZZ_FOUND = [
     ['[f(s="""a"b""""\'", k=r\'\\\'', "\\n"],
     ['[f(s="""a"b""""\'", k=R\'\\\'', "\\\\"],
@@ -327,6 +328,8 @@ FUZZ_FOUND = [
     ['[f(s="""a"b""""\'", k=r\'\\\'', "\\'"],
     ['[f(k={b"x": 1},', " s='x')]"],
     ['[f(k={b"x": 1}, ', "k=2)]"],
+    ["[f(s='''x'y\"'''), g(s=f\"a\\\"", "{'b"],
+    ["[f(s='''x'y\"'''), g(s=f\"a\\\"", "b{c"],
 ]
 
 

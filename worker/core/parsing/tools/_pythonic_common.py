@@ -1013,6 +1013,10 @@ class PythonicStream:
             if not before.endswith("A") or not after.endswith(withheld) or len(after) > _MAX_SUFFIX:
                 return None
             before = before[:-1]
+            # ...and the JSON string opens right before it: a quote the scan misplaced inside an
+            # f-string after a triple quote (f"a\"{) reads "A" too, after the text before it.
+            if not before.endswith('"') or (len(before) - 1 - len(before[:-1].rstrip("\\"))) % 2:
+                return None
             base = self._base() if head else AppendOnlyText()
             fast = _Fast(text, quote_at, len(text.rstrip()), base)
             tail_now = fast.tail(text)
