@@ -181,6 +181,14 @@ _VALID = [
         "{{'n': {0}, 'at': {{'street': '" + "x" * 150 + "', 'tags': ['a', {{'k': 'v'}}]}}}}, ",
     ),
     ("llama-3", "pythonic", "[get_weather(data={{'fields': {{{}}}}})]", "'field_{0}': ['value {0}', {0}], "),
+    # No read is made inside a triple-quoted argument (vLLM's completion cannot close it) or a tuple.
+    (
+        "llama-3",
+        "pythonic",
+        "[get_weather(code='''{}''')]",
+        'def f{0}(x):\n    """Doc {0}."""\n    return x, ',
+    ),
+    ("llama-3", "pythonic", "[get_weather(size=({}))]", "({0}, 'px'), "),
 ]
 
 

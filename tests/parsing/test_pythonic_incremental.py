@@ -127,7 +127,7 @@ def _random_text(rng: random.Random) -> str:
             value = triple + inner.replace(triple, "") + triple
         if rng.random() < 0.3:
             value = "{" + f'"k": [1, {value}]' + "}"
-        prefix = rng.choice(["", "", "", "r", "f", "b"])
+        prefix = rng.choice(["", "", "", "r", "R", "u", "f", "b", "rb", "x"])
         calls.append(f"{rng.choice(['f', 'write_file', 'a.b'])}(n=1, s={prefix}{value})")
     text = "[" + ", ".join(calls) + "]"
     if rng.random() < 0.2:
@@ -279,6 +279,30 @@ def test_many_arguments_cost_each_record_its_own_characters(
     expected = common.extract_calls(SHAPES[shape])
     assert expected is not None
     assert [tuple(calls[i]) for i in sorted(calls)] == [(call.name, call.arguments) for call in expected]
+
+
+@pytest.mark.parametrize("prefix", ["r", "R", "u", "f"])
+def test_a_long_prefixed_string_costs_each_record_its_own_characters(prefix: str) -> None:
+    """Raw, u and f literals (an f-string until a brace) take the fast path too."""
+    line = (
+        "match \\\\d+ and \\\\n or \\' in C:\\\\path, \\\\N{BULLET} é 北京\\n"
+        if prefix != "f"
+        else "plain é 北京\\n"
+    )
+    text = f"[write_file(path='a.py', content={prefix}'" + line * 80 + "')]"
+    stream = pythonic_stream(None)(True)
+    opened = text.index("content=") + 12
+    inside = 0
+    for at in range(0, len(text), 3):
+        piece = text[at : at + 3]
+        fast = stream._fast
+        before = stream.scanned + (fast.scanned if fast is not None else 0)
+        stream.step(piece)
+        if fast is not None and opened < at < len(text) - 8:
+            inside += 1
+            assert stream.scanned + fast.scanned - before <= 3 * len(piece) + 48
+    assert inside > (len(text) - opened) // 3 * 3 // 4, inside
+    _same([text[at : at + 3] for at in range(0, len(text), 3)], None)
 
 
 @pytest.mark.parametrize(("name", "head", "tail"), [("pythonic", "", ""), ("llama4_pythonic", START, END)])

@@ -33,9 +33,9 @@ _CLOSE_LIST_RE = re.compile(r"\)\s*\]")
 _JSON_NAMES: dict[str, Any] = {"null": None, "true": True, "false": False}
 _CLOSING = {"[": "]", "(": ")", "{": "}", "'": "'", '"': '"'}
 _QUOTES = ("'", '"')
-#: The pythonic families' parse-budget window (``ToolParser.reread_window``): a container nested in
-#: a container argument is parsed again at every record until it ends, so valid calls re-read
-#: O(that element) per record (a 3.7 KB nested dict needed ~1,000 characters a record).
+#: The pythonic families' parse-budget window (``ToolParser.reread_window``): a string literal with
+#: a prefix (``r'...'``) is parsed again at every record until it ends, so valid calls re-read
+#: O(that literal) per record (a 3 KB raw string needs ~1,400 characters a record).
 PYTHONIC_REREAD_WINDOW = 4096
 #: Backslashes counted before a quote inside a string (``_closes``).
 _MAX_SLASHES = 64
@@ -383,13 +383,15 @@ _OCTAL = "01234567"
 _MAX_SUFFIX = 64
 
 
-def _literal(quote: str, body: str) -> str | None:
-    """The value of the string literal ``quote + body + quote``; None when Python rejects it."""
+def _literal(quote: str, body: str, prefix: str = "") -> str | None:
+    """The value of the string literal ``prefix + quote + body + quote``; None when Python rejects it."""
     try:
-        node = _parse(quote + body + quote).body[0]
+        node = _parse(prefix + quote + body + quote).body[0]
     except Exception:
         return None
     value = getattr(node, "value", None)
+    if isinstance(value, ast.JoinedStr) and all(isinstance(part, ast.Constant) for part in value.values):
+        return "".join(str(part.value) for part in value.values)  # type: ignore[attr-defined]
     if not isinstance(value, ast.Constant) or not isinstance(value.value, str):
         return None
     return value.value
@@ -410,6 +412,16 @@ def _closes(text: str, start: int, quote: str) -> bool:
     return False
 
 
+def _plain_prefix(text: str, quote_at: int) -> str | None:
+    """The prefix of the literal opened at ``quote_at`` when the fast path reads that kind: "" (or
+    ``u``, the same), ``r`` or ``f``; None for any other (``b``, ``rb``, ``rf``...) or a longer name."""
+    at = quote_at
+    while at > 0 and (text[at - 1].isalnum() or text[at - 1] == "_") and quote_at - at < 3:
+        at -= 1
+    prefix = text[at:quote_at].lower()
+    return "" if prefix in ("", "u") else prefix if prefix in ("r", "f") else None
+
+
 class _Fast(StringTail):
     """Incremental read of the string literal the call in progress ends in.
 
@@ -418,9 +430,11 @@ class _Fast(StringTail):
     ``suffix`` fixed around the literal's JSON text.
     """
 
-    def __init__(self, text: str, quote_at: int, end: int, base: AppendOnlyText) -> None:
+    def __init__(self, text: str, quote_at: int, end: int, base: AppendOnlyText, prefix: str = "") -> None:
         super().__init__(quote_at + 1, end)
         self.quote = text[quote_at]
+        self.raw = prefix == "r"  # r'...': a backslash only keeps the next character from ending it
+        self.kind = prefix  # "", "r" or "f" (an f-string without braces: the fast path ends at one)
         self.base = base
         self.prefix = ""  # P less the base
         self.suffix = ""  # Q less what the completion invented
@@ -428,6 +442,8 @@ class _Fast(StringTail):
 
     def unit(self, text: str, slash: int) -> int:
         kind = text[slash + 1]
+        if self.raw:
+            return 3 if kind == "\r" and text[slash + 2] == "\n" else 2
         if kind in _OCTAL:
             size = 2
             while size < 4 and text[slash + size] in _OCTAL:
@@ -443,7 +459,7 @@ class _Fast(StringTail):
         return {"x": 4, "u": 6, "U": 10}.get(kind, 2)
 
     def decode(self, piece: str) -> str | None:
-        value = _literal(self.quote, piece)
+        value = _literal(self.quote, piece, self.kind)
         return None if value is None else json.dumps(value, ensure_ascii=False)[1:-1]
 
     def tail(self, text: str) -> str | None:
@@ -572,7 +588,8 @@ class PythonicStream:
             text = text[: text.rfind(marker)]  # type: ignore[arg-type]
         fast = self._fast
         if fast is not None:
-            if not cut and not _closes(self._text, len(self._text) - len(delta), fast.quote):
+            braces = fast.kind == "f" and ("{" in delta or "}" in delta)
+            if not cut and not braces and not _closes(self._text, len(self._text) - len(delta), fast.quote):
                 return self._step_fast(fast, delta)
             self._fast = None
         if self._dead:
@@ -986,7 +1003,7 @@ class PythonicStream:
             not scanner.stack
             or scanner.stack[-1] not in _QUOTES
             or quote_at < start
-            or text[quote_at - 1].isalnum()  # a prefix (r, b, f, u...) changes what the text means
+            or _plain_prefix(text, quote_at) is None  # b, rb...: the text means something else
             or not self._streamed
             or len(self._streamed) != self._index + 1
             or not self._streamed[self._index]
@@ -997,10 +1014,14 @@ class PythonicStream:
         ):
             return None
         quote = text[quote_at]
+        kind = _plain_prefix(text, quote_at) or ""
+        if kind == "f" and ("{" in text[quote_at:] or "}" in text[quote_at:]):
+            return None  # a brace in an f-string: a placeholder, or one an escape doubles
+        probe = "\\\\x41" if kind == "r" else "A"  # the JSON of what the probe's "\x41" reads as
         try:
-            # The probe after the quote reads "A" only in a plain literal opened by that very quote:
-            # a raw one keeps the escape, and inside another literal (the quote-by-quote scan can
-            # misplace strings after a triple quote) the two quotes are text.
+            # The probe after the quote reads "A" (raw: "\x41") only in a literal of that kind opened
+            # by that very quote: inside another literal (the quote-by-quote scan can misplace
+            # strings after a triple quote) the two quotes are text or the kind differs.
             source = "[" + head + text[start : quote_at + 1] + "\\x41" + quote + quote + _SENTINEL + added
             self.scanned += len(source)
             elements = _call_list(_parse(source))
@@ -1010,15 +1031,15 @@ class PythonicStream:
                 return None
             withheld = (added[:-2] + ("}" if added[-2] == ")" else "")).replace("'", '"')
             before, after = located.split(_SENTINEL)
-            if not before.endswith("A") or not after.endswith(withheld) or len(after) > _MAX_SUFFIX:
+            if not before.endswith(probe) or not after.endswith(withheld) or len(after) > _MAX_SUFFIX:
                 return None
-            before = before[:-1]
+            before = before[: -len(probe)]
             # ...and the JSON string opens right before it: a quote the scan misplaced inside an
             # f-string after a triple quote (f"a\"{) reads "A" too, after the text before it.
             if not before.endswith('"') or (len(before) - 1 - len(before[:-1].rstrip("\\"))) % 2:
                 return None
             base = self._base() if head else AppendOnlyText()
-            fast = _Fast(text, quote_at, len(text.rstrip()), base)
+            fast = _Fast(text, quote_at, len(text.rstrip()), base, kind)
             tail_now = fast.tail(text)
             # The parse this record made must be what the model says it is.
             if not fast.valid or tail_now is None or args != before + fast.stable + tail_now + after:
