@@ -257,6 +257,9 @@ STRUCTURED_SHAPES: list[tuple[str, str, str, str, str]] = [
         "<|python_start|>[f(a=[{}])]<|python_end|>",
         "'v{0}', ",
     ),
+    ("a dict nested in a dict argument", "pythonic", "llama-3", "[f(a={{'x': {{{}}}}})]", "'k{0}': {0}, "),
+    ("a tuple argument", "pythonic", "llama-3", "[f(a=({}))]", "{0}, "),
+    ("a triple-quoted argument", "pythonic", "llama-3", "[f(code='''{}''')]", "x{0} = y({0}), "),
 ]
 #: One-shot outputs whose markup never closes: (parser, model, text prefix, repeated unit).
 ONESHOT_SHAPES: list[tuple[str, str, str, str]] = [
@@ -529,7 +532,7 @@ BUDGET_SHAPES: list[tuple[str, str, str, str, str]] = [
         '<|python_tag|>{{"name": 5, "parameters": {{{}',
         '"k{0}": {0}',
     ),
-    ("pythonic, a tuple argument", "pythonic", "llama-3", "[f(a=({}", "{0}"),
+    ("pythonic, `**` in a dict argument", "pythonic", "llama-3", "[f(a={{**z, {}", "'k{0}': {0}"),
 ]
 
 

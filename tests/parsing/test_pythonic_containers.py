@@ -1,9 +1,10 @@
 """The pythonic parsers' list and dict arguments: elements parsed once, output equal to the whole re-parse.
 
-Inside an argument that is a list or dict display (``name=[...`` / ``name={...``), each
-element a comma follows is parsed once and left out of later parses; anything not
-modelled (a repeated key, a set, a comprehension, ``*``/``**``, comments, a container
-that is only part of the value) parses the container whole, as vLLM does.
+Inside an argument that is a list or dict display (``name=[...`` / ``name={...``), and in
+the lists and dicts open in its last element, each element a comma follows is parsed once
+and left out of later parses; anything not modelled (a repeated key, a set, a comprehension,
+``*``/``**``, comments, a container that is only part of the value) parses that container
+whole, as vLLM does. While a ``(`` is open inside the call (a tuple), no read is made.
 ``incremental = False`` is the reference: both read the same texts cut at random
 points, with and without llama4's end marker, and every record's delta (ids aside)
 and the end-of-stream remainder must be equal.

@@ -9,10 +9,13 @@ diff the JSON of each call against what was sent) but keeps state across
 records: the bracket scan is incremental; calls that are finished and
 followed by a top-level comma are parsed once and then left out of every
 later parse, and so are the finished arguments of the call in progress (their
-JSON kept) and the finished elements of a list or dict argument in progress,
-so a parse sees that call's name and its last argument or element; while the
-call ends inside a plain string literal, a record without its quote costs only
-its own text plus a short tail (``_Fast``, on the shared ``StringTail`` scan).
+JSON kept) and the finished elements of a list or dict argument in progress and
+of the containers open in its last element (``_Level``), so a parse sees that
+call's name, each level's opening and the last element; while the call ends
+inside a string literal (plain, ``u``, ``r``, ``f`` without braces), a record
+without its quote costs only its own text plus a short tail (``_Fast``, on the
+shared ``StringTail`` scan); a record whose read surely fails makes none
+(``PythonicStream._read_fails``).
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ _CLOSE_LIST_RE = re.compile(r"\)\s*\]")
 _JSON_NAMES: dict[str, Any] = {"null": None, "true": True, "false": False}
 _CLOSING = {"[": "]", "(": ")", "{": "}", "'": "'", '"': '"'}
 _QUOTES = ("'", '"')
-#: The pythonic families' parse-budget window (``ToolParser.reread_window``): a string literal with
-#: a prefix (``r'...'``) is parsed again at every record until it ends, so valid calls re-read
-#: O(that literal) per record (a 3 KB raw string needs ~1,400 characters a record).
+#: The pythonic families' parse-budget window (``ToolParser.reread_window``): a triple-quoted
+#: argument is parsed again at each record that ends in two of its quotes (``y = ''`` in code),
+#: so valid calls re-read O(that argument) there (8 KB of code needs ~700 characters a record).
 PYTHONIC_REREAD_WINDOW = 4096
 #: Backslashes counted before a quote inside a string (``_closes``).
 _MAX_SLASHES = 64
