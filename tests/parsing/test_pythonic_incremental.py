@@ -66,6 +66,7 @@ TRIPLE = [
     "[f(a=1, s='''x'''',b='''y''')]",
     "[f(s='''ends '' then more '' and ''', t='''''''')]",
     "[f(s='''unterminated at the end of the output''",
+    "[f(s='''a''" + " " * 80 + ",\n" + " " * 70 + "x'' " + "\t" * 90 + "''')]",  # long blank runs
 ]
 
 _PIECES = [
@@ -181,6 +182,15 @@ def test_triple_quotes_in_one_character_records(marker: str | None) -> None:
     for text in TRIPLE:
         inside += _same(list(text + (marker or "")), marker)
     assert inside > sum(len(text) for text in TRIPLE) // 3
+
+
+@pytest.mark.parametrize("blanks", [" " * 10, " " * 70, "\n\t" * 200])
+def test_two_quotes_then_blanks_in_one_record_close_the_triple_quote(blanks: str) -> None:
+    """The completion strips trailing blanks, so its quote still completes the two before them."""
+    pieces = ["[f(s='''a", "b''" + blanks, ",", " t=1)]"]
+    # No read: the first record, and the two after the comma (the completion drops it after the
+    # strip, so blanks end the text and its quote completes nothing).
+    assert _same(pieces, None) == 3
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -346,8 +346,12 @@ class _PythonStrings:
             return False
         if top != self.quote:
             return True  # the completion adds no such quote
-        end = max(len(text.rstrip()), self.body)  # the completion's rstrip, then a comma it drops
-        if end > self.body and text[end - 1] == ",":
+        end = len(text)  # the completion's rstrip (a copy of the text: C's only past a long run)
+        while end > self.body and text[end - 1].isspace() and len(text) - end < _MAX_SLASHES:
+            end -= 1
+        if end > self.body and text[end - 1].isspace():
+            end = max(len(text.rstrip()), self.body)
+        if end > self.body and text[end - 1] == ",":  # then a comma it drops
             end -= 1
         quotes = end
         while quotes > self.body and text[quotes - 1] == self.quote:
