@@ -189,6 +189,10 @@ _VALID = [
         'def f{0}(x):\n    """Doc {0}."""\n    return x, ',
     ),
     ("llama-3", "pythonic", "[get_weather(size=({}))]", "({0}, 'px'), "),
+    # An f-string before stops the reading of Python's strings only until its argument is done.
+    ("llama-3", "pythonic", "[get_weather(city=f'Paris', code='''{}''')]", "def f{0}(x):\n    return x, "),
+    # A finished triple-quoted argument is committed like any other.
+    ("llama-3", "pythonic", "[get_weather(code='''" + "x = y\n" * 300 + "''', rows=[{}])]", "{0}, "),
 ]
 
 

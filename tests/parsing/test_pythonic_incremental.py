@@ -143,26 +143,35 @@ def _fast(stream: PythonicStream, piece: str) -> bool:
     return fast is not None and not common._closes(stream._text + piece, len(stream._text), fast.quote)
 
 
-def _in_triple(marker: str | None) -> Callable[[PythonicStream, str], bool]:
-    """Whether the record just read ends inside a triple-quoted string its completion leaves open."""
+def _no_read(
+    marker: str | None,
+) -> tuple[Callable[[PythonicStream, str], bool], Callable[[PythonicStream, str], bool]]:
+    """(before, after) counting the records read in the fast path or skipped inside a triple-quoted
+    string the completion leaves open: those that hand the parser nothing."""
+    scanned: list[int] = [0]
 
-    def inside(stream: PythonicStream, _piece: str) -> bool:
+    def before(stream: PythonicStream, piece: str) -> bool:
+        scanned[0] = stream.scanned
+        return _fast(stream, piece)
+
+    def after(stream: PythonicStream, _piece: str) -> bool:
         text = stream._text[: -len(marker)] if marker and stream._text.endswith(marker) else stream._text
         top = stream._scanner.stack[-1] if stream._scanner.stack else None
-        return stream._strings.triple_open_at_end(text, top)
+        return stream.scanned == scanned[0] and stream._strings.triple_open_at_end(text, top)
 
-    return inside
+    return before, after
 
 
 def _same(pieces: list[str], marker: str | None) -> int:
     """Records read in the fast path or skipped inside a triple-quoted string."""
+    before, after = _no_read(marker)
     return matches_whole_reread(
         pythonic_stream(marker),
         PythonicStream.step,
         PythonicStream.remaining_args,
         pieces,
-        before=_fast,
-        after=_in_triple(marker),
+        before=before,
+        after=after,
     )
 
 

@@ -45,8 +45,9 @@ _MAX_SLASHES = 64
 #: Containers nested in an argument container whose elements are parsed once; deeper ones are
 #: parsed whole with the element they are in (and a record's bookkeeping stays O(this)).
 _MAX_LEVELS = 16
-#: Longest text before a nested container's bracket (``'key': {``) that a level keeps.
-_MAX_HEAD = 256
+#: Longest text before a level's bracket (``name=[``, ``'key': {``): every parse reads all the
+#: heads, so together they stay at most a quarter of the parse-budget window.
+_MAX_HEAD = 64
 #: An argument whose value is a list or dict: ``name=`` and the opening bracket.
 _CONTAINER_ARG = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*[\[{]")
 
@@ -339,6 +340,14 @@ class _PythonStrings:
                 pos = at + 1
         self.pos = pos
 
+    def restart(self, at: int) -> None:
+        """Python reads code at ``at`` (a finished piece parsed alone ends there): after an f-string
+        turned the reading off, start it again from there."""
+        if self.off and at >= self.pos:
+            self.quote, self.triple, self.body = "", False, -1
+            self.comment = self.off = False
+            self.pos = at
+
     def triple_open_at_end(self, text: str, top: str | None) -> bool:
         """Whether ``text`` (read up to its end) ends inside a triple-quoted string that the
         completion of ``text`` (closers for the scanner's stack, ``top`` first) leaves open."""
@@ -437,11 +446,11 @@ class _Fast(StringTail):
     ``suffix`` fixed around the literal's JSON text.
     """
 
-    def __init__(self, text: str, quote_at: int, end: int, base: AppendOnlyText, prefix: str = "") -> None:
+    def __init__(self, text: str, quote_at: int, end: int, base: AppendOnlyText, kind: str = "") -> None:
         super().__init__(quote_at + 1, end)
         self.quote = text[quote_at]
-        self.raw = prefix == "r"  # r'...': a backslash only keeps the next character from ending it
-        self.kind = prefix  # "", "r" or "f" (an f-string without braces: the fast path ends at one)
+        self.kind = kind  # "", "r" or "f" (an f-string without braces: the fast path ends at one)
+        self.raw = kind == "r"  # r'...': a backslash only keeps the next character from ending it
         self.base = base
         self.prefix = ""  # P less the base
         self.suffix = ""  # Q less what the completion invented
@@ -536,7 +545,7 @@ class _Level:
         self.count = 0  # committed elements
         self.used = 0  # its commas looked at
         self.keys: set[Any] = set()  # a dict's committed keys
-        self.off_at = -1  # a container in its last element with an element not modelled
+        self.off_at = -1  # a container in its last element not modelled (its head, or an element)
 
 
 class PythonicStream:
@@ -544,8 +553,9 @@ class PythonicStream:
 
     Calls that are finished and followed by a top-level comma are parsed once and
     left out of later parses; inside the call in progress, so are its arguments
-    followed by a comma (each is parsed once, its JSON kept), so a parse sees
-    that call's name and its last argument, and a record costs O(its text).
+    followed by a comma (each is parsed once, its JSON kept) and the elements of the
+    levels (``_Level``), so a parse sees that call's name, the levels' heads and the
+    last argument or element (see the module's docstring).
     """
 
     def __init__(self, end_marker: str | None = None) -> None:
@@ -602,9 +612,9 @@ class PythonicStream:
         if self._dead:
             return None
         if self.incremental:
+            self._strings.advance(self._text)  # first: a commit below may restart it after an f-string
             self._commit_args(text)
             self._commit_elems(text)
-            self._strings.advance(self._text)
             if self._read_fails(text):
                 self._commit(text)
                 return None
@@ -790,6 +800,7 @@ class PythonicStream:
                     self._leave(depth)
                     return
                 level.start = end
+                self._strings.restart(end)
             depth += 1
 
     def _enter(self, text: str, depth: int) -> bool:
@@ -804,6 +815,9 @@ class PythonicStream:
             if at == self._elem_off_at:
                 return False
             begin = self._arg_start if self._arg_start >= 0 else scanner.parens[self._arg_paren] + 1
+            if at + 1 - begin > _MAX_HEAD:  # every later parse reads the heads: keep them short
+                self._elem_off_at = at
+                return False
             head = text[begin : at + 1]
             self.scanned += len(head)
             matched = _CONTAINER_ARG.fullmatch(head)
@@ -817,11 +831,11 @@ class PythonicStream:
         parent = self._levels[depth - 1]
         if at == parent.off_at:
             return False
-        head = text[parent.start : at + 1]
-        self.scanned += len(head)
-        if len(head) > _MAX_HEAD:  # every later parse reads the heads: keep them short
+        if at + 1 - parent.start > _MAX_HEAD:
             parent.off_at = at
             return False
+        head = text[parent.start : at + 1]
+        self.scanned += len(head)
         child = self._opener(parent, head, stack[index])
         if child is None:
             parent.off_at = at
@@ -837,7 +851,7 @@ class PythonicStream:
         """(key, JSON before the elements) of a container that starts ``parent``'s element ``head``."""
         if parent.bracket == "[":
             return (None, bracket) if head.strip() == bracket else None
-        if "#" in head or "'''" in head or '"""' in head:
+        if "#" in head:
             return None
         try:
             node = _parse("{" + head + _CLOSING[bracket] + "}").body[0]
@@ -855,8 +869,8 @@ class PythonicStream:
     def _commit_elem(self, level: _Level, piece: str) -> bool:
         """Add one element's JSON; False for anything not modelled (the container is then parsed whole)."""
         self.scanned += len(piece)
-        if "#" in piece or "'''" in piece or '"""' in piece:
-            return False  # comments, triple quotes: the scan may not split as Python does
+        if "#" in piece:
+            return False  # a comment: the scan may not split as Python does
         is_list = level.bracket == "["
         try:
             node = _parse(("[" if is_list else "{") + piece + ("]" if is_list else "}")).body[0]
@@ -953,11 +967,12 @@ class PythonicStream:
             if not self._commit_arg(text[start : end - 1]):
                 return
             self._arg_start = end
+            self._strings.restart(end)
 
     def _commit_arg(self, piece: str) -> bool:
         self.scanned += len(piece)
-        if "#" in piece or "'''" in piece or '"""' in piece:
-            self._arg_off = True  # comments, triple quotes: the scan may not split as Python does
+        if "#" in piece:
+            self._arg_off = True  # a comment: the scan may not split as Python does
             return False
         try:
             node = _parse("f(" + piece + ")").body[0]
@@ -1010,7 +1025,6 @@ class PythonicStream:
             not scanner.stack
             or scanner.stack[-1] not in _QUOTES
             or quote_at < start
-            or _plain_prefix(text, quote_at) is None  # b, rb...: the text means something else
             or not self._streamed
             or len(self._streamed) != self._index + 1
             or not self._streamed[self._index]
@@ -1021,7 +1035,9 @@ class PythonicStream:
         ):
             return None
         quote = text[quote_at]
-        kind = _plain_prefix(text, quote_at) or ""
+        kind = _plain_prefix(text, quote_at)
+        if kind is None:  # b, rb...: the text means something else
+            return None
         if kind == "f" and ("{" in text[quote_at:] or "}" in text[quote_at:]):
             return None  # a brace in an f-string: a placeholder, or one an escape doubles
         probe = "\\\\x41" if kind == "r" else "A"  # the JSON of what the probe's "\x41" reads as
@@ -1138,6 +1154,7 @@ class PythonicStream:
             self._committed_has_set = self._committed_has_set or has_set
             self._committed += 1
             self._committed_at = end
+            self._strings.restart(end)
             self._reset_args()
 
     def remaining_args(self) -> str:

@@ -38,7 +38,7 @@ def slice_parts(parts: Sequence[str], low: int, high: int | None = None) -> str:
 class AppendOnlyText:
     """Text that grows at its end (the start of an arguments JSON), kept in pieces and sliced by offset.
 
-    Only a duplicate key cuts it back (:meth:`truncate`).
+    Only :meth:`truncate` cuts it back (a duplicate key; a pythonic level that closes).
     """
 
     def __init__(self) -> None:
