@@ -221,3 +221,20 @@ def test_container_arguments_cost_each_record_its_own_characters(
     assert [tuple(calls[i]) for i in sorted(calls)] == [(call.name, call.arguments) for call in expected]
     assert json.loads(calls[0][1])["a"]  # the container streamed in full
     assert inside > len(ids) * 3 // 4
+
+
+#: Found by an adversarial pass: a piece parsed alone is less deep than in the whole text, so near
+#: CPython's limits (200 nested brackets; the recursion a long sign chain takes) it parsed where
+#: vLLM's whole parse fails.
+NEAR_LIMITS = [
+    ["[f(a=[[" + "[" * 197 + "]" * 197 + ", [", "]]])]"],
+    ["[f(a=[" + "[" * 198 + "]" * 198 + ", [", "]])]"],
+    ["[f(a=" + "[" * 199 + "]" * 199 + ", b=[", "])]"],
+    ["[f(a=[" + "-" * 990 + "1, [", "2])]"],
+    ["[f(a=" + "-" * 990 + "1, b=[", "2])]"],
+]
+
+
+@pytest.mark.parametrize("pieces", NEAR_LIMITS, ids=range(len(NEAR_LIMITS)))
+def test_nesting_near_pythons_limits_matches_the_whole_reread(pieces: list[str]) -> None:
+    _same(pieces, None)

@@ -48,6 +48,10 @@ _MAX_LEVELS = 16
 #: Longest text before a level's bracket (``name=[``, ``'key': {``): every parse reads all the
 #: heads, so together they stay at most a quarter of the parse-budget window.
 _MAX_HEAD = 64
+#: Bracket depth past which no piece is parsed alone (CPython refuses 200 nested brackets).
+_MAX_SPLIT_DEPTH = 100
+#: Unary signs in a row that ``_value`` recurses through (the recursion limit is the caller's).
+_SIGN_CHAIN = re.compile(r"(?:[-+~]\s*){32}")
 #: An argument whose value is a list or dict: ``name=`` and the opening bracket.
 _CONTAINER_ARG = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*[\[{]")
 
@@ -195,6 +199,7 @@ class _Scanner:
         #: offsets just after the commas right inside each open '[' / '{' within a call, by its offset
         self.commas: dict[int, list[int]] = {}
         self.inner_parens = 0  # '(' on the stack above a call's own: see PythonicStream._read_fails
+        self.deepest = 0  # the most brackets ever open at once (see ``_splittable``)
 
     def feed(self, text: str) -> None:
         stack = self.stack
@@ -214,6 +219,7 @@ class _Scanner:
                     self.inner_parens += 1
                 stack.append(char)
                 self.opened.append(pos)
+                self.deepest = max(self.deepest, len(stack))
             elif char in "])}":
                 if not stack or stack.pop() != {"]": "[", ")": "(", "}": "{"}[char]:
                     self.broken = True
@@ -866,11 +872,18 @@ class PythonicStream:
             return None
         return key_node.value, written[1:-2] + bracket
 
+    def _splittable(self, piece: str) -> bool:
+        """Whether ``piece`` parsed alone reads as it does in the whole text: no comment (the scan
+        may not split where Python does), and no nesting near Python's limits, which a piece alone
+        meets less deep than the whole parse (200 brackets; a long sign chain in ``_value``)."""
+        shallow = self._scanner.deepest <= _MAX_SPLIT_DEPTH
+        return shallow and "#" not in piece and _SIGN_CHAIN.search(piece) is None
+
     def _commit_elem(self, level: _Level, piece: str) -> bool:
         """Add one element's JSON; False for anything not modelled (the container is then parsed whole)."""
         self.scanned += len(piece)
-        if "#" in piece:
-            return False  # a comment: the scan may not split as Python does
+        if not self._splittable(piece):
+            return False
         is_list = level.bracket == "["
         try:
             node = _parse(("[" if is_list else "{") + piece + ("]" if is_list else "}")).body[0]
@@ -971,8 +984,8 @@ class PythonicStream:
 
     def _commit_arg(self, piece: str) -> bool:
         self.scanned += len(piece)
-        if "#" in piece:
-            self._arg_off = True  # a comment: the scan may not split as Python does
+        if not self._splittable(piece):
+            self._arg_off = True
             return False
         try:
             node = _parse("f(" + piece + ")").body[0]
@@ -1132,6 +1145,9 @@ class PythonicStream:
             if end > len(text):
                 return
             head, start = self._region()
+            if not self._splittable(text[start : end - 1]):
+                self._no_commit = True
+                return
             try:
                 module = _parse("[" + head + text[start : end - 1] + "]")
                 elements = _call_list(module)
