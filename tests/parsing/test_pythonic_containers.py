@@ -75,6 +75,15 @@ CORPUS = [
     "[f(a=" + "[" * 20 + "1, 2, " * 3 + "]" * 20 + ")]",
     "[f(a={'" + "k" * 300 + "': [1, 2, 3], 'l': {'m': [4, 5]}})]",
     "[f(a=[{'k': [1, 2], 'l': [3, {'m': 4, 'n': [5, 6",
+    # a '#' in a string is no comment: such elements are parsed once; after a comment, not
+    "[f(c=['#f00', '#0f0', \"# h, 'x'\", {'#k': '#v', 'l': 1}], d='#', e=1), g(h='#')]",
+    "[f(c=['#f00', '''#0f0''', r'#x', 1 # a comment, 'q\n, '#y', 2], d='#z', e=1)]",
+    "[f(c=[f'#{x}', '#a', f'#b', '#c'], d=f'#', e='#')]",
+    # heads are parsed again written anew (a string key's repr, blanks left out)
+    "[f(a={\n" + " " * 80 + "'x': {\n" + " " * 90 + "\"it's\": [1,\n 2], 'y' 'z': {'q\"': 1, 2: 3}}})]",
+    "[f(a={ 1 :\n{'k': 1, 'l': 2}, -2.5: [1, 2], None: {'m': [3,4]}, 'é\\u2028\\x00': [5, 6]})]",
+    "[f(a={'\\ud800': [1, 2], '''t''': {'k': 1}, r'\\d': [3, 4], u'u': {'v': 5, 'w': 6}})]",
+    "[f(a=\n" + " " * 70 + "[1, 2, 3], b =  {'k': [1, 2]})]",
 ]
 
 
@@ -101,6 +110,9 @@ def _random_value(rng: random.Random, depth: int = 0) -> str:
             "y",
             "(3,)",
             "g(4)",
+            "'#f00'",  # a '#' in a string is no comment
+            "'a # b, c'",
+            "1 # a comment, 'with' a quote\n",
         ]
     )
 
@@ -176,6 +188,7 @@ SHAPES = {
     "a tuple": "[write_file(n=1, a=(" + ", ".join(f"({i}, 'x')" for i in range(150)) + "))]",
     "a dict of lists": "[write_file(a={'rows': [" + ", ".join(f"'v{i}'" for i in range(250)) + "]})]",
     "lists in lists in a dict": "[write_file(a={'x': [[" + ", ".join(str(i) for i in range(300)) + "]]})]",
+    "colours ('#' in strings)": "[write_file(a=[" + ", ".join(f"'#{i:06x}'" for i in range(200)) + "])]",
 }
 
 
@@ -221,6 +234,28 @@ def test_container_arguments_cost_each_record_its_own_characters(
     assert [tuple(calls[i]) for i in sorted(calls)] == [(call.name, call.arguments) for call in expected]
     assert json.loads(calls[0][1])["a"]  # the container streamed in full
     assert inside > len(ids) * 3 // 4
+
+
+def _pretty(items: int) -> str:
+    """A list six dicts deep, pretty-printed: the text before a bracket runs past 64 columns."""
+    heads = "".join("{\n" + " " * 12 * depth + f"'level_{depth}': " for depth in range(1, 7))
+    rows = ",\n".join(" " * 40 + f"'v{i}'" for i in range(items))
+    return "[write_file(a=" + heads + "[\n" + rows + "]" + "}" * 6 + ")]"
+
+
+def test_pretty_printed_nesting_is_read_in_linear_work() -> None:
+    """Each level's head is parsed again written anew (``'level_3': {``), not as the text before
+    its bracket, and parses read the heads from the first level on, before any element is
+    committed: the work stays a constant multiple of the text (it grew with its square)."""
+    ratios = []
+    for items in (100, 400):
+        text = _pretty(items)
+        stream = pythonic_stream(None)(True)
+        for at in range(0, len(text), 3):
+            stream.step(text[at : at + 3])
+        ratios.append(stream.scanned / len(text))
+    assert max(ratios) < 16, ratios
+    _same([_pretty(20)[at : at + 3] for at in range(0, len(_pretty(20)), 3)], None)
 
 
 #: Found by an adversarial pass: a piece parsed alone is less deep than in the whole text, so near

@@ -66,6 +66,12 @@ TRIPLE = [
     "[f(a=1, s='''x'''',b='''y''')]",
     "[f(s='''ends '' then more '' and ''', t='''''''')]",
     "[f(s='''unterminated at the end of the output''",
+    # two quotes then more text: the records ending in them read the string, not the call
+    "[f(code='''x = ''\\ny = \"\"\\nz = '' + ''\\r\\n'' + 'it''s'\\n''', n=1)]",
+    "[f(code=r'''a\\'' b\\\\'' c'' d\r\n'' e\r''\n'' \\N{BULLET}'' \\x41''''')]",
+    "[f(code='''a \\\n'' b \\\r\n'' c \\N{BULLET}'' \\x41'' \\101'' d''''', t='''x''')]",
+    # brackets the quote-by-quote scan takes as code inside the string change the completion
+    "[f(s='''it's (x'' y) ok'' [z'' ]'' {'' }'' then'''), g(t='''a'' ])'' b''')]",
     "[f(s='''a''" + " " * 80 + ",\n" + " " * 70 + "x'' " + "\t" * 90 + "''')]",  # long blank runs
 ]
 
@@ -306,7 +312,7 @@ def test_a_long_prefixed_string_costs_each_record_its_own_characters(prefix: str
     line = (
         "match \\\\d+ and \\\\n or \\' in C:\\\\path, \\\\N{BULLET} é 北京\\n"
         if prefix != "f"
-        else "plain é 北京\\n"
+        else "{{doubled}} braces é 北京 }}{{ and \\{{ \\N{BULLET}\\n"
     )
     text = f"[write_file(path='a.py', content={prefix}'" + line * 80 + "')]"
     stream = pythonic_stream(None)(True)
@@ -358,6 +364,38 @@ def test_a_triple_quoted_argument_costs_each_record_its_own_characters(
     assert expected is not None
     assert [tuple(calls[i]) for i in sorted(calls)] == [(call.name, call.arguments) for call in expected]
     assert json.loads(calls[0][1])["content"] == code.replace("\\'", "'")
+
+
+@pytest.mark.parametrize("quote", ["'", '"'])
+@pytest.mark.parametrize("size", [1, 4])
+def test_two_quotes_in_a_triple_quoted_argument_read_the_string_not_the_call(quote: str, size: int) -> None:
+    """A record ending in two of the string's quotes (``y = ''`` in code) reads as vLLM's parse of
+    the closed string would, from the string's decoded text: one parse anchors it, then each such
+    record hands the parser nothing and decodes its own characters plus a short tail."""
+    empty = quote * 2
+    code = f"def f(x):\n    y = {empty}\n    return {{'k': [x, {empty}]}}  # é \\N{{BULLET}}\r\n" * 60
+    text = f"[write_file(path='a.py', content={quote * 3}{code}{quote * 3})]"
+    pieces = [text[at : at + size] for at in range(0, len(text), size)]
+    stream = pythonic_stream(None)(True)
+    closing = text.rindex(quote * 3)
+    opened = text.index(quote * 3) + 3
+    streamed, heavy, read, pos = "", 0, 0, 0
+    for piece in pieces:
+        start, pos = pos, pos + len(piece)
+        triple = stream._triple
+        before = stream.scanned + (triple.scanned if triple is not None else 0)
+        delta = stream.step(piece)
+        streamed += "".join(c.function.arguments or "" for c in (delta.tool_calls if delta else []) if c.function)
+        if opened < start and pos <= closing:
+            cost = stream.scanned + (triple.scanned if triple is not None else 0) - before
+            heavy += cost > 3 * len(piece) + 48
+            read += delta is not None
+    assert heavy <= 1, heavy  # the record that anchors the string
+    assert read >= code.count(empty) // 2, read  # the records ending in two quotes streamed the string
+    expected = common.extract_calls(text)
+    assert expected is not None
+    assert streamed + stream.remaining_args() == expected[0].arguments
+    _same(pieces, None)
 
 
 #: Found by a differential fuzz: after a triple-quoted string the scan, quote by quote as vLLM's

@@ -45,9 +45,11 @@ _MAX_SLASHES = 64
 #: Containers nested in an argument container whose elements are parsed once; deeper ones are
 #: parsed whole with the element they are in (and a record's bookkeeping stays O(this)).
 _MAX_LEVELS = 16
-#: Longest text before a level's bracket (``name=[``, ``'key': {``): every parse reads all the
-#: heads, so together they stay at most a quarter of the parse-budget window.
+#: Longest head a parse reads for a level (``name=[``, ``'key': {``, blanks and comments left out):
+#: every parse reads all the levels' heads.
 _MAX_HEAD = 64
+#: Longest text before a level's bracket (its indentation too): it is parsed once, when it opens.
+_MAX_RAW_HEAD = 1024
 #: Bracket depth past which no piece is parsed alone (CPython refuses 200 nested brackets).
 _MAX_SPLIT_DEPTH = 100
 #: Unary signs in a row that ``_value`` recurses through (the recursion limit is the caller's).
@@ -292,6 +294,8 @@ class _PythonStrings:
         self.body = -1  # where the open string's text starts
         self.comment = False
         self.off = False
+        self.first_comment = -1  # offset of the first comment's '#'
+        self.first_off = -1  # offset where the reading first stopped (text after it was not read)
 
     def advance(self, text: str) -> None:
         pos, size = self.pos, len(text)
@@ -309,6 +313,8 @@ class _PythonStrings:
                 at = found.start()
                 if text[at] == "#":
                     self.comment, pos = True, at + 1
+                    if self.first_comment < 0:
+                        self.first_comment = at
                     continue
                 if at + 3 > size:
                     pos = at  # a quote: one, two or three of them?
@@ -318,6 +324,7 @@ class _PythonStrings:
                     prefix -= 1
                 if "f" in text[prefix:at].lower():
                     self.off = True
+                    self.first_off = at if self.first_off < 0 else self.first_off
                     break
                 self.quote, self.triple = text[at], text.startswith(text[at] * 3, at)
                 pos = self.body = at + (3 if self.triple else 1)
@@ -335,6 +342,7 @@ class _PythonStrings:
                 pos = at + 2
             elif mark != self.quote:
                 self.off = True  # a newline ends a one-quote string: Python's error
+                self.first_off = at if self.first_off < 0 else self.first_off
             elif not self.triple:
                 self.quote, pos = "", at + 1
             elif at + 3 > size:
@@ -345,6 +353,11 @@ class _PythonStrings:
             else:
                 pos = at + 1
         self.pos = pos
+
+    def comment_free_to(self) -> int:
+        """Python's reading of the text before this offset holds no comment: a ``#`` there is in a
+        string."""
+        return min(end for end in (self.pos, self.first_comment, self.first_off) if end >= 0)
 
     def restart(self, at: int) -> None:
         """Python reads code at ``at`` (a finished piece parsed alone ends there): after an f-string
@@ -359,8 +372,14 @@ class _PythonStrings:
         completion of ``text`` (closers for the scanner's stack, ``top`` first) leaves open."""
         if self.off or not self.triple or not self.quote:
             return False
+        return self.closing_at(text, top) == -1
+
+    def closing_at(self, text: str, top: str | None) -> int:
+        """Inside a triple-quoted string: the offset of the two quotes at its end that the
+        completion's quote (``top``) completes to close it; -1 when the completion leaves it open,
+        -2 when that cannot be told here (a backslash run too long to count: the parse decides)."""
         if top != self.quote:
-            return True  # the completion adds no such quote
+            return -1  # the completion adds no such quote
         end = len(text)  # the completion's rstrip (a copy of the text: C's only past a long run)
         while end > self.body and text[end - 1].isspace() and len(text) - end < _MAX_SLASHES:
             end -= 1
@@ -375,9 +394,9 @@ class _PythonStrings:
         while slashes > self.body and text[slashes - 1] == "\\":
             slashes -= 1
             if quotes - slashes > _MAX_SLASHES:
-                return False  # too long to count here: the parse decides
+                return -2
         run = end - quotes - (quotes - slashes) % 2
-        return run < 2
+        return end - 2 if run >= 2 else -1
 
 
 _LINE_END = re.compile(r"[\r\n]")
@@ -400,6 +419,7 @@ def _contains_set(node: ast.AST) -> bool:
 #: Longest ``\N{...}`` escape read (Unicode names are shorter); longer is an error.
 _MAX_NAMED = 100
 _SENTINEL = "\ue000"
+_F_MARK = re.compile(r"[\\{}]")
 _OCTAL = "01234567"
 #: Longest Q (the arguments JSON after the string) the record's work may include.
 _MAX_SUFFIX = 64
@@ -455,15 +475,28 @@ class _Fast(StringTail):
     def __init__(self, text: str, quote_at: int, end: int, base: AppendOnlyText, kind: str = "") -> None:
         super().__init__(quote_at + 1, end)
         self.quote = text[quote_at]
-        self.kind = kind  # "", "r" or "f" (an f-string without braces: the fast path ends at one)
+        self.kind = kind  # "", "r" or "f" (an f-string: its braces are escapes, see ``unit``)
         self.raw = kind == "r"  # r'...': a backslash only keeps the next character from ending it
         self.base = base
         self.prefix = ""  # P less the base
         self.suffix = ""  # Q less what the completion invented
         self.advance(text)
 
+    def next_mark(self, text: str, pos: int, target: int) -> int:
+        if self.kind != "f":
+            return text.find("\\", pos, target)
+        found = _F_MARK.search(text, pos, target)
+        return -1 if found is None else found.start()
+
     def unit(self, text: str, slash: int) -> int:
         kind = text[slash + 1]
+        mark = text[slash]
+        if mark != "\\":
+            # An f-string's brace: doubled, it is one; alone, a placeholder or an error, so no read
+            # of the text (which keeps it) succeeds again.
+            return 2 if kind == mark else -1
+        if kind in "{}" and self.kind == "f":
+            return 1  # the backslash stays (no such escape) and the braces after it pair alone
         if self.raw:
             return 3 if kind == "\r" and text[slash + 2] == "\n" else 2
         if kind in _OCTAL:
@@ -479,6 +512,9 @@ class _Fast(StringTail):
         if kind == "\r":  # a line continuation; the tokenizer reads CR LF as one newline
             return 3 if text[slash + 2] == "\n" else 2
         return {"x": 4, "u": 6, "U": 10}.get(kind, 2)
+
+    def splits_after(self, text: str, slash: int, unit: int) -> bool:
+        return unit != 1  # a piece that ends in that backslash would escape the quote after it
 
     def decode(self, piece: str) -> str | None:
         value = _literal(self.quote, piece, self.kind)
@@ -502,6 +538,38 @@ class _Fast(StringTail):
         size = self.base.length
         head = self.base.between(low, size) if low < size else ""
         return head + slice_parts((self.prefix, self.stable, tail, self.suffix), max(low - size, 0))
+
+
+class _Triple(_Fast):
+    """``_Fast`` for a triple-quoted literal the call in progress ends in.
+
+    vLLM reads such a string only at records whose completion closes it (the text ends in two of
+    its quotes: ``_PythonStrings.closing_at``), and then as the text up to those two quotes: that
+    is ``stable`` plus a tail read to them. Python reads CR LF in it as one newline, and a piece
+    that ends in the quote would close the literal early, so no piece ends at either.
+    """
+
+    def __init__(
+        self, text: str, body: int, end: int, base: AppendOnlyText, kind: str, opened: list[int]
+    ) -> None:
+        super().__init__(text, body - 1, end, base, kind)
+        self.body = body
+        self.opened = opened  # the scanner's stack offsets under the quote when it was anchored
+
+    def decode(self, piece: str) -> str | None:
+        value = _literal(self.quote * 3, piece, self.kind)
+        return None if value is None else json.dumps(value, ensure_ascii=False)[1:-1]
+
+    def plain_end(self, text: str, low: int, at: int) -> int:
+        while at > low and (text[at - 1] == self.quote or (text[at - 1] == "\r" and text[at] == "\n")):
+            at -= 1
+        return at
+
+    def tail_to(self, text: str, stop: int) -> str | None:
+        """The JSON text of the literal from ``done`` to ``stop``; None if unreadable."""
+        body = text[self.done : stop]
+        self.scanned += len(body)
+        return self.decode(body)
 
 
 def _after_members(rest: str) -> str:
@@ -579,6 +647,8 @@ class PythonicStream:
         self._no_commit = False
         self._dead = False  # a finished call can never parse: every step fails
         self._fast: _Fast | None = None  # set while the text ends inside a string literal
+        self._triple: _Triple | None = None  # set while it ends inside a triple-quoted one
+        self._triple_tried = -1  # the body offset of the last triple-quoted literal anchored
         # finished arguments of the call in progress, dropped from later parses
         self._arg_paren = -1  # that call's '(' (index in the scanner's parens); -1: none yet
         self._arg_start = -1  # where its uncommitted arguments start; -1: none committed
@@ -611,8 +681,7 @@ class PythonicStream:
             text = text[: text.rfind(marker)]  # type: ignore[arg-type]
         fast = self._fast
         if fast is not None:
-            braces = fast.kind == "f" and ("{" in delta or "}" in delta)
-            if not cut and not braces and not _closes(self._text, len(self._text) - len(delta), fast.quote):
+            if not cut and not _closes(self._text, len(self._text) - len(delta), fast.quote):
                 return self._step_fast(fast, delta)
             self._fast = None
         if self._dead:
@@ -621,6 +690,11 @@ class PythonicStream:
             self._strings.advance(self._text)  # first: a commit below may restart it after an f-string
             self._commit_args(text)
             self._commit_elems(text)
+            if self._triple is not None:
+                handled, result = self._step_triple(self._triple, delta, cut)
+                if handled:
+                    self._commit(text)
+                    return result
             if self._read_fails(text):
                 self._commit(text)
                 return None
@@ -639,7 +713,13 @@ class PythonicStream:
         finally:
             self._commit(text)
         if self.incremental and calls and not cut:
-            self._fast = self._anchor(text, added, calls[-1][2])
+            strings = self._strings
+            if not (strings.triple and strings.quote and not strings.off):
+                self._fast = self._anchor(text, added, calls[-1][2])
+            elif self._triple_tried != strings.body:  # one try per literal: the probe is a parse
+                self._triple_tried = strings.body
+                fast = self._anchor(text, added, calls[-1][2])
+                self._triple = fast if isinstance(fast, _Triple) else None
         if deltas:
             self._any_delta = True
             return DeltaOut(tool_calls=deltas)
@@ -802,7 +882,7 @@ class PythonicStream:
                 if end > len(text):
                     return
                 level.used += 1
-                if not self._commit_elem(level, text[level.start : end - 1]):
+                if not self._commit_elem(level, text[level.start : end - 1], end - 1):
                     self._leave(depth)
                     return
                 level.start = end
@@ -821,29 +901,31 @@ class PythonicStream:
             if at == self._elem_off_at:
                 return False
             begin = self._arg_start if self._arg_start >= 0 else scanner.parens[self._arg_paren] + 1
-            if at + 1 - begin > _MAX_HEAD:  # every later parse reads the heads: keep them short
-                self._elem_off_at = at
-                return False
-            head = text[begin : at + 1]
-            self.scanned += len(head)
-            matched = _CONTAINER_ARG.fullmatch(head)
+            matched = None
+            if at + 1 - begin <= _MAX_RAW_HEAD:
+                self.scanned += at + 1 - begin
+                matched = _CONTAINER_ARG.fullmatch(text, begin, at + 1)
             if matched is None:
                 self._elem_off_at = at  # not `name=` and the bracket: parse it whole
                 return False
             key: Any = matched.group(1)
             opener = json.dumps(key, ensure_ascii=False) + ": " + stack[index]
-            self._levels.append(_Level(at, head, key, opener, 0))
+            self._levels.append(_Level(at, key + "=" + stack[index], key, opener, 0))
+            self._ready()  # from now on parses read the heads, not the text before the levels
             return True
         parent = self._levels[depth - 1]
         if at == parent.off_at:
             return False
-        if at + 1 - parent.start > _MAX_HEAD:
+        child = None
+        if at + 1 - parent.start <= _MAX_RAW_HEAD:
+            raw = text[parent.start : at + 1]
+            self.scanned += len(raw)
+            child = self._opener(parent, raw, stack[index])
+        if child is None:
             parent.off_at = at
             return False
-        head = text[parent.start : at + 1]
-        self.scanned += len(head)
-        child = self._opener(parent, head, stack[index])
-        if child is None:
+        head = child[2]
+        if len(head) > _MAX_HEAD:  # every later parse reads the heads: keep them short
             parent.off_at = at
             return False
         mark = self._elem_json.length
@@ -853,10 +935,11 @@ class PythonicStream:
         return True
 
     @staticmethod
-    def _opener(parent: _Level, head: str, bracket: str) -> tuple[Any, str] | None:
-        """(key, JSON before the elements) of a container that starts ``parent``'s element ``head``."""
+    def _opener(parent: _Level, head: str, bracket: str) -> tuple[Any, str, str] | None:
+        """(key, JSON before the elements, the head later parses read) of a container that starts
+        ``parent``'s element ``head``: a string key's head is written anew, without blanks."""
         if parent.bracket == "[":
-            return (None, bracket) if head.strip() == bracket else None
+            return (None, bracket, bracket) if head.strip() == bracket else None
         if "#" in head:
             return None
         try:
@@ -870,19 +953,23 @@ class PythonicStream:
             written = json.dumps({key_node.value: 0}, ensure_ascii=False)
         except Exception:
             return None
-        return key_node.value, written[1:-2] + bracket
+        key = key_node.value
+        canonical = repr(key) + ": " + bracket if isinstance(key, str) else head.strip()
+        return key, written[1:-2] + bracket, canonical
 
-    def _splittable(self, piece: str) -> bool:
-        """Whether ``piece`` parsed alone reads as it does in the whole text: no comment (the scan
-        may not split where Python does), and no nesting near Python's limits, which a piece alone
-        meets less deep than the whole parse (200 brackets; a long sign chain in ``_value``)."""
-        shallow = self._scanner.deepest <= _MAX_SPLIT_DEPTH
-        return shallow and "#" not in piece and _SIGN_CHAIN.search(piece) is None
+    def _splittable(self, piece: str, end: int) -> bool:
+        """Whether ``piece`` (ending at ``end``) parsed alone reads as it does in the whole text: no
+        comment (the quote-by-quote scan may not split where Python does; a ``#`` Python read in a
+        string is none), and no nesting near Python's limits, which a piece alone meets less deep
+        than the whole parse (200 brackets; a long sign chain in ``_value``)."""
+        if "#" in piece and end > self._strings.comment_free_to():
+            return False
+        return self._scanner.deepest <= _MAX_SPLIT_DEPTH and _SIGN_CHAIN.search(piece) is None
 
-    def _commit_elem(self, level: _Level, piece: str) -> bool:
+    def _commit_elem(self, level: _Level, piece: str, end: int) -> bool:
         """Add one element's JSON; False for anything not modelled (the container is then parsed whole)."""
         self.scanned += len(piece)
-        if not self._splittable(piece):
+        if not self._splittable(piece, end):
             return False
         is_list = level.bracket == "["
         try:
@@ -977,14 +1064,14 @@ class PythonicStream:
                 return
             self._arg_used += 1
             start = self._arg_start if self._arg_start >= 0 else parens[paren] + 1
-            if not self._commit_arg(text[start : end - 1]):
+            if not self._commit_arg(text[start : end - 1], end - 1):
                 return
             self._arg_start = end
             self._strings.restart(end)
 
-    def _commit_arg(self, piece: str) -> bool:
+    def _commit_arg(self, piece: str, end: int) -> bool:
         self.scanned += len(piece)
-        if not self._splittable(piece):
+        if not self._splittable(piece, end):
             self._arg_off = True
             return False
         try:
@@ -1026,12 +1113,16 @@ class PythonicStream:
     # -- the string in progress ------------------------------------------------
 
     def _anchor(self, text: str, added: str, args: str) -> _Fast | None:
-        """A ``_Fast`` when this record's parse ended in a plain string literal, else None.
+        """A ``_Fast`` when this record's parse ended in a plain string literal, else None (a
+        ``_Triple`` when that literal is triple-quoted).
 
         ``args``: the JSON of the arguments that parse read (the committed ones aside).
         """
         scanner = self._scanner
-        quote_at = scanner.quote_at
+        strings = self._strings
+        triple = strings.triple and bool(strings.quote) and not strings.off
+        quote_at = strings.body - 3 if triple else scanner.quote_at
+        open_end = strings.body if triple else quote_at + 1
         boundaries = scanner.boundaries
         head, start = self._region()
         if (
@@ -1049,16 +1140,18 @@ class PythonicStream:
             return None
         quote = text[quote_at]
         kind = _plain_prefix(text, quote_at)
-        if kind is None:  # b, rb...: the text means something else
+        if kind is None or (triple and kind == "f"):  # b, rb...: the text means something else
             return None
-        if kind == "f" and ("{" in text[quote_at:] or "}" in text[quote_at:]):
-            return None  # a brace in an f-string: a placeholder, or one an escape doubles
+        stop = strings.closing_at(text, scanner.stack[-1]) if triple else -1
+        if triple and stop < 0:
+            return None
         probe = "\\\\x41" if kind == "r" else "A"  # the JSON of what the probe's "\x41" reads as
         try:
             # The probe after the quote reads "A" (raw: "\x41") only in a literal of that kind opened
             # by that very quote: inside another literal (the quote-by-quote scan can misplace
             # strings after a triple quote) the two quotes are text or the kind differs.
-            source = "[" + head + text[start : quote_at + 1] + "\\x41" + quote + quote + _SENTINEL + added
+            closing = quote * 3 if triple else quote
+            source = "[" + head + text[start:open_end] + "\\x41" + closing + quote + _SENTINEL + added
             self.scanned += len(source)
             elements = _call_list(_parse(source))
             head = head if len(elements) == 1 else ""
@@ -1075,8 +1168,17 @@ class PythonicStream:
             if not before.endswith('"') or (len(before) - 1 - len(before[:-1].rstrip("\\"))) % 2:
                 return None
             base = self._base() if head else AppendOnlyText()
-            fast = _Fast(text, quote_at, len(text.rstrip()), base, kind)
-            tail_now = fast.tail(text)
+            fast: _Fast
+            if triple:
+                # Its base is a copy: garbage brackets in the string can close a level (and cut
+                # ``_elem_json``) before ``_step_triple`` sees that the stack changed.
+                copy = AppendOnlyText()
+                copy.add(base.between(0, base.length))
+                fast = _Triple(text, open_end, len(text.rstrip()), copy, kind, scanner.opened[:-1])
+                tail_now = fast.tail_to(text, stop)
+            else:
+                fast = _Fast(text, quote_at, len(text.rstrip()), base, kind)
+                tail_now = fast.tail(text)
             # The parse this record made must be what the model says it is.
             if not fast.valid or tail_now is None or args != before + fast.stable + tail_now + after:
                 return None
@@ -1091,6 +1193,28 @@ class PythonicStream:
         kept = delta.rstrip()
         fast.extend(self._text, len(self._text) - len(delta) + len(kept) if kept else fast.end)
         tail = fast.tail(self._text) if fast.valid else None
+        return self._send(fast, tail)
+
+    def _step_triple(self, triple: _Triple, delta: str, cut: bool) -> tuple[bool, DeltaOut | None]:
+        """(handled, delta) of a record while the call in progress ends in the triple-quoted
+        literal ``triple`` reads: only a record whose completion closes it reads, and then as vLLM's
+        parse would, while the scanner's stack under the quote is the one anchored (brackets the
+        quote-by-quote scan finds in the string change the completion: the parse decides)."""
+        strings, scanner = self._strings, self._scanner
+        if cut or strings.off or not strings.triple or strings.body != triple.body:
+            self._triple = None  # the literal closed (or the end marker came): read as usual
+            return False, None
+        kept = delta.rstrip()
+        triple.extend(self._text, len(self._text) - len(delta) + len(kept) if kept else triple.end)
+        stop = strings.closing_at(self._text, scanner.stack[-1] if scanner.stack else None)
+        if stop == -1:
+            return True, None  # the parse fails: nothing changes
+        if stop < 0 or scanner.broken or scanner.opened[:-1] != triple.opened:
+            return False, None
+        return True, self._send(triple, triple.tail_to(self._text, stop) if triple.valid else None)
+
+    def _send(self, fast: _Fast, tail: str | None) -> DeltaOut | None:
+        """The record's delta when the call in progress's arguments JSON is ``fast`` with ``tail``."""
         if tail is None:
             return None  # the parse fails: nothing changes
         index = self._index
@@ -1145,7 +1269,7 @@ class PythonicStream:
             if end > len(text):
                 return
             head, start = self._region()
-            if not self._splittable(text[start : end - 1]):
+            if not self._splittable(text[start : end - 1], end - 1):
                 self._no_commit = True
                 return
             try:

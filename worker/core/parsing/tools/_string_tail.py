@@ -96,6 +96,14 @@ class StringTail:
         """The JSON text of a whole-escape piece of the literal; None when the reader rejects it."""
         raise NotImplementedError
 
+    def plain_end(self, text: str, low: int, at: int) -> int:
+        """Where a piece may end in the escape-free run ``text[low:at]``: from ``low`` to ``at``."""
+        return at
+
+    def next_mark(self, text: str, pos: int, target: int) -> int:
+        """Where the next escape starts in ``text[pos:target]``; -1 when none does."""
+        return text.find("\\", pos, target)
+
     def advance(self, text: str) -> None:
         """Move ``done`` to the last whole-escape boundary before the window and decode up to it."""
         target = self.end - WINDOW
@@ -104,12 +112,12 @@ class StringTail:
             return
         self.scanned += target - pos
         while pos < target:
-            slash = text.find("\\", pos, target)
+            slash = self.next_mark(text, pos, target)
+            plain = self.plain_end(text, pos, target if slash == -1 else slash)
+            if plain > pos:
+                good = plain
             if slash == -1:
-                good = target
                 break
-            if slash > pos:
-                good = slash
             unit = self.unit(text, slash)
             if unit < 0:
                 self.valid = False
