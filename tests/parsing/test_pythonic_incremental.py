@@ -411,6 +411,10 @@ FUZZ_FOUND = [
     ['[f(k={b"x": 1}, ', "k=2)]"],
     ["[f(s='''x'y\"'''), g(s=f\"a\\\"", "{'b"],
     ["[f(s='''x'y\"'''), g(s=f\"a\\\"", "b{c"],
+    # The scan, quote by quote, sees a string where Python has closed the list: a parse through
+    # the levels' heads meets another structure, and the whole parse decides.
+    ["[f(a=[],a7=[\"\"\"\"2\"\"\"],b=['''\"\"\"'1''"],
+    ['[f(a = {"k": [null] ', "+ [", "1])]"],  # a head that is not the bracket alone
 ]
 
 

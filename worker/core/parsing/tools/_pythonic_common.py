@@ -806,7 +806,7 @@ class PythonicStream:
             return _after_members(parsed) if self._arg_json.length else parsed
         opener = "{" + "".join(level.opener for level in self._levels)
         if not parsed.startswith(opener):
-            raise _NotACall("the container argument is not what was committed")
+            raise _Redo  # not what was committed: the whole parse decides
         rest = parsed[len(opener) :]
         inner = self._levels[-1]
         return rest if not inner.count or rest.startswith(_CLOSING[inner.bracket]) else ", " + rest
@@ -815,32 +815,34 @@ class PythonicStream:
         """The parsed call holds only the levels' uncommitted elements, as the text says it does.
 
         The text after the committed elements lies inside every level, so the parse holds one
-        keyword, the argument container, whose only element at each outer level is the next level;
-        where the innermost alone parses as a list comprehension, a set or a dict comprehension,
-        the whole parse is a syntax error (raised here alike).
+        keyword, the argument container, whose only element at each outer level is the next level.
+        Anything else raises ``_Redo`` (the whole parse decides): the quote-by-quote scan and
+        Python read the text differently (a triple-quoted string can close the levels where the
+        scan sees none), or the innermost alone parses as a comprehension or a set where the
+        whole parse fails.
         """
         keywords = node.keywords
         if node.args or len(keywords) != 1 or keywords[0].arg != self._levels[0].key:
-            raise _NotACall("not the container argument alone")
+            raise _Redo
         value = keywords[0].value
         last = len(self._levels) - 1
         for depth, level in enumerate(self._levels):
             if level.bracket == "[":
                 if not isinstance(value, ast.List):
-                    raise _NotACall("not a list display")
+                    raise _Redo
                 if depth < last:
                     if len(value.elts) != 1:
-                        raise _NotACall("not the next level alone")
+                        raise _Redo
                     value = value.elts[0]
                 continue
             if not isinstance(value, ast.Dict):
-                raise _NotACall("not a dict display")
+                raise _Redo
             for key in value.keys:
                 if isinstance(key, ast.Constant) and key.value in level.keys:
                     raise _Redo  # a repeated key keeps its first place: the JSON is not a concatenation
             if depth < last:
                 if len(value.keys) != 1 or not isinstance(value.keys[0], ast.Constant):
-                    raise _NotACall("not the next level alone")
+                    raise _Redo
                 value = value.values[0]
 
     def _commit_elems(self, text: str) -> None:
@@ -949,6 +951,12 @@ class PythonicStream:
                 return None
             key_node = display.keys[0]
             if not isinstance(key_node, ast.Constant) or key_node.value in parent.keys:
+                return None
+            # The value is the bracket alone (not ``[1] + [``), so a head written anew reads alike.
+            value = display.values[0]
+            if not (isinstance(value, ast.List) and not value.elts and bracket == "[") and not (
+                isinstance(value, ast.Dict) and not value.keys and bracket == "{"
+            ):
                 return None
             written = json.dumps({key_node.value: 0}, ensure_ascii=False)
         except Exception:
