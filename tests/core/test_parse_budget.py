@@ -193,6 +193,21 @@ _VALID = [
     ("llama-3", "pythonic", "[get_weather(city=f'Paris', code='''{}''')]", "def f{0}(x):\n    return x, "),
     # A finished triple-quoted argument is committed like any other.
     ("llama-3", "pythonic", "[get_weather(code='''" + "x = y\n" * 300 + "''', rows=[{}])]", "{0}, "),
+    # Records that end in two of its quotes read the string incrementally, not the call.
+    ("llama-3", "pythonic", "[get_weather(code='''{}''')]", "def f{0}(x):\n    y = ''\n    return x or y, "),
+    ("llama-3", "pythonic", '[get_weather(code="""{}""")]', 'def f{0}(x):\n    return ""  # "" \n, '),
+    # An f-string's doubled braces, and a '#' in strings (no comment): read incrementally too.
+    ("llama-3", "pythonic", "[get_weather(text=f'{}')]", "{{{{k{0}}}}}: }}}}{{{{ x\\n, "),
+    ("llama-3", "pythonic", "[get_weather(colors=[{}])]", "'#{0:06x}', "),
+    # Pretty-printed and nested: every record parses the levels' heads (their indentation too).
+    (
+        "llama-3",
+        "pythonic",
+        "[get_weather(data={{\n    'a': {{\n        'b': {{\n            'c': {{\n"
+        "                'd': {{\n                    'rows': [\n{}\n]}}}}}}}}}})]",
+        "                        {{\n                            'id': {0},\n"
+        "                            'tags': ['x', '#y']\n                        }}, ",
+    ),
 ]
 
 

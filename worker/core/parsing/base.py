@@ -66,7 +66,7 @@ class ToolParser(ABC):
     engine_based: ClassVar[bool] = False
     #: The parse budget's default window for this family (``CompositeParser``): characters per
     #: record its valid output may read again beyond 8 times its text.
-    reread_window: ClassVar[int] = 256
+    reread_window: ClassVar[int] = 32
     #: False for parsers with an xgrammar structural tag: vLLM's strict tool
     #: calling (on by default) then parses ``required``/named choices with the
     #: parser's native format, exactly like ``auto``.

@@ -36,10 +36,10 @@ _CLOSE_LIST_RE = re.compile(r"\)\s*\]")
 _JSON_NAMES: dict[str, Any] = {"null": None, "true": True, "false": False}
 _CLOSING = {"[": "]", "(": ")", "{": "}", "'": "'", '"': '"'}
 _QUOTES = ("'", '"')
-#: The pythonic families' parse-budget window (``ToolParser.reread_window``): a triple-quoted
-#: argument is parsed again at each record that ends in two of its quotes (``y = ''`` in code),
-#: so valid calls re-read O(that argument) there (8 KB of code needs ~700 characters a record).
-PYTHONIC_REREAD_WINDOW = 4096
+#: The pythonic families' parse-budget window (``ToolParser.reread_window``): every parse reads
+#: the call's name and the levels' heads again (pretty-printed nesting, six levels deep, needs
+#: ~30 characters a record beside 8 times its text), so the window is larger than the JSON ones'.
+PYTHONIC_REREAD_WINDOW = 256
 #: Backslashes counted before a quote inside a string (``_closes``).
 _MAX_SLASHES = 64
 #: Containers nested in an argument container whose elements are parsed once; deeper ones are
