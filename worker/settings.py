@@ -329,7 +329,7 @@ class ModelSettings(Section):
         DEFAULT_MAX_RECORD_BYTES, gt=0, description="larger input records are dead-lettered"
     )
     parse_budget_window: Annotated[
-        int | None, Cli(default_text="the tool parser's own: 256, pythonic 4,096")
+        int | None, Cli(default_text="the tool parser's own: 32, pythonic 256")
     ] = Field(
         None,
         ge=0,

@@ -54,8 +54,11 @@ _MAX_RAW_HEAD = 1024
 _MAX_SPLIT_DEPTH = 100
 #: Unary signs in a row that ``_value`` recurses through (the recursion limit is the caller's).
 _SIGN_CHAIN = re.compile(r"(?:[-+~]\s*){32}")
+#: The blanks Python's tokenizer skips inside brackets (``\s`` takes U+3000 too, which it refuses).
+_BLANK = r"(?:[ \t\f\r\n]|\\\r?\n)*"
+_BLANKS = re.compile(_BLANK)
 #: An argument whose value is a list or dict: ``name=`` and the opening bracket.
-_CONTAINER_ARG = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*[\[{]")
+_CONTAINER_ARG = re.compile(_BLANK + r"([A-Za-z_][A-Za-z0-9_]*)" + _BLANK + "=" + _BLANK + r"[\[{]")
 
 
 class _NotACall(Exception):
@@ -941,7 +944,8 @@ class PythonicStream:
         """(key, JSON before the elements, the head later parses read) of a container that starts
         ``parent``'s element ``head``: a string key's head is written anew, without blanks."""
         if parent.bracket == "[":
-            return (None, bracket, bracket) if head.strip() == bracket else None
+            alone = head[-1] == bracket and _BLANKS.fullmatch(head, 0, len(head) - 1) is not None
+            return (None, bracket, bracket) if alone else None
         if "#" in head:
             return None
         try:
