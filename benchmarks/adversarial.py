@@ -260,7 +260,13 @@ STRUCTURED_SHAPES: list[tuple[str, str, str, str, str]] = [
     ("a dict nested in a dict argument", "pythonic", "llama-3", "[f(a={{'x': {{{}}}}})]", "'k{0}': {0}, "),
     ("a tuple argument", "pythonic", "llama-3", "[f(a=({}))]", "{0}, "),
     ("a triple-quoted argument", "pythonic", "llama-3", "[f(code='''{}''')]", "x{0} = y({0}), "),
-    ("code with '' in a triple-quoted argument", "pythonic", "llama-3", "[f(code='''{}''')]", "x{0} = '', "),
+    (
+        "code with '' in a triple-quoted argument",
+        "pythonic",
+        "llama-3",
+        "[f(code='''{}''')]",
+        "s{0} = ''  # empty\n",
+    ),
     ("an f-string with doubled braces", "pythonic", "llama-3", "[f(text=f'{}')]", "{{{{k{0}}}}}: }}}}, "),
     ("a list of '#' colours", "pythonic", "llama-3", "[f(colors=[{}])]", "'#{0:06x}', "),
     (

@@ -194,7 +194,12 @@ _VALID = [
     # A finished triple-quoted argument is committed like any other.
     ("llama-3", "pythonic", "[get_weather(code='''" + "x = y\n" * 300 + "''', rows=[{}])]", "{0}, "),
     # Records that end in two of its quotes read the string incrementally, not the call.
-    ("llama-3", "pythonic", "[get_weather(code='''{}''')]", "def f{0}(x):\n    y = ''\n    return x or y, "),
+    (
+        "llama-3",
+        "pythonic",
+        "[get_weather(code='''{}''')]",
+        "def f{0}(x):\n    y = ''  # a record ends here\n    return x or y, ",
+    ),
     ("llama-3", "pythonic", '[get_weather(code="""{}""")]', 'def f{0}(x):\n    return ""  # "" \n, '),
     # An f-string's doubled braces, and a '#' in strings (no comment): read incrementally too.
     ("llama-3", "pythonic", "[get_weather(text=f'{}')]", "{{{{k{0}}}}}: }}}}{{{{ x\\n, "),

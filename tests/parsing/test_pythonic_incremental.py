@@ -385,7 +385,8 @@ def test_two_quotes_in_a_triple_quoted_argument_read_the_string_not_the_call(quo
         triple = stream._triple
         before = stream.scanned + (triple.scanned if triple is not None else 0)
         delta = stream.step(piece)
-        streamed += "".join(c.function.arguments or "" for c in (delta.tool_calls if delta else []) if c.function)
+        calls = delta.tool_calls if delta else []
+        streamed += "".join(c.function.arguments or "" for c in calls if c.function)
         if opened < start and pos <= closing:
             cost = stream.scanned + (triple.scanned if triple is not None else 0) - before
             heavy += cost > 3 * len(piece) + 48
@@ -413,7 +414,7 @@ FUZZ_FOUND = [
     ["[f(s='''x'y\"'''), g(s=f\"a\\\"", "b{c"],
     # The scan, quote by quote, sees a string where Python has closed the list: a parse through
     # the levels' heads meets another structure, and the whole parse decides.
-    ["[f(a=[],a7=[\"\"\"\"2\"\"\"],b=['''\"\"\"'1''"],
+    ['[f(a=[],a7=[""""2"""],b=[\'\'\'"""\'1\'\''],
     ['[f(a = {"k": [null] ', "+ [", "1])]"],  # a head that is not the bracket alone
 ]
 
