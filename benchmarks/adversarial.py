@@ -275,7 +275,8 @@ STRUCTURED_SHAPES: list[tuple[str, str, str, str, str]] = [
         "llama-3",
         "[f(data={{\n"
         + "".join(" " * 12 * d + f"'level_{d}': {{{{\n" for d in range(1, 6))
-        + "[\n{}]}}}}}}}}}}}})]",
+        + " " * 72
+        + "'rows': [\n{}]}}}}}}}}}}}})]",
         " " * 40 + "'v{0}',\n",
     ),
 ]
