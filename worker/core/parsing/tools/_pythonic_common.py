@@ -11,10 +11,11 @@ followed by a top-level comma are parsed once and then left out of every
 later parse, and so are the finished arguments of the call in progress (their
 JSON kept) and the finished elements of a list or dict argument in progress and
 of the containers open in its last element (``_Level``), so a parse sees that
-call's name, each level's opening and the last element; while the call ends
-inside a string literal (plain, ``u``, ``r``, ``f`` without braces), a record
-without its quote costs only its own text plus a short tail (``_Fast``, on the
-shared ``StringTail`` scan); a record whose read surely fails makes none
+call's name, each level's head (written anew) and the last element; while the
+call ends inside a string literal (plain, ``u``, ``r``, ``f``), a record without
+its quote costs only its own text plus a short tail (``_Fast``, on the shared
+``StringTail`` scan), and so does one inside a triple-quoted string whose
+completion closes it (``_Triple``); a record whose read surely fails makes none
 (``PythonicStream._read_fails``).
 """
 
