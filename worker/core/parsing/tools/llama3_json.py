@@ -347,7 +347,7 @@ class Llama3JsonToolParser(ToolParser):
                 # fails, and the objects before it read the same, so no read succeeds again.
                 self._stuck = True
                 return None
-            self._reread += len(text) - start
+            self._reread += _read_weight(text, start)
             try:
                 obj, consumed = partial_loads(text[start:], allow_str)
             except Exception:
@@ -396,7 +396,7 @@ class Llama3JsonToolParser(ToolParser):
             return
         if text[at] != "{":
             return
-        self._reread += len(text) - at
+        self._reread += _read_weight(text, at)
         try:
             _, end = _DECODER.raw_decode(text, at)
         except ValueError:
@@ -502,7 +502,7 @@ class Llama3JsonToolParser(ToolParser):
 
     def _reads_with_strings(self, start: int, got: str | None) -> bool:
         """Whether a read completing strings gives ``got`` as the arguments of the call at ``start``."""
-        self._reread += len(self._text) - start
+        self._reread += _read_weight(self._text, start)
         try:
             obj, _ = partial_loads(self._text[start:], True)
             if "parameters" in obj:
@@ -563,6 +563,16 @@ class Llama3JsonToolParser(ToolParser):
 
 def _arguments_json(obj: dict[str, Any]) -> str | None:
     return dump(obj["arguments"]) if "arguments" in obj else None
+
+
+#: What each opening bracket adds to a whole read's count for the parse budget: the library
+#: recurses per level, so a deep read costs more per character (300 levels: ~4x a flat one).
+_BRACKET_WEIGHT = 4
+
+
+def _read_weight(text: str, start: int) -> int:
+    """A whole read of ``text[start:]`` as the parse budget counts it (``ToolParser.reread_chars``)."""
+    return len(text) - start + _BRACKET_WEIGHT * (text.count("[", start) + text.count("{", start))
 
 
 def _after_blanks(text: str, pos: int) -> int:
