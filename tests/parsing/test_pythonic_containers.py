@@ -88,6 +88,10 @@ CORPUS = [
     "[f(a=[1, \u3000[2, 3], 4], c=1)]",
     "[f(b\u3000={'k': 'v'}, c=1)]",
     "[f(b\x0b=[1, 2], c=1)]",
+    "[f(a\xa0=[1], b=[1,\x1c[2]], c={'k':\u2028[3]})]",
+    # a value that is more than its bracket: the head is not written anew (a review's fuzz)
+    "[f(a={'k': -[1, 2], 'l': +{'m': 1}, 'n': not [3], 'o': 1 if 1 else [4], 'p': x or [5]})]",
+    "[f(a={'k': lambda: {'m': 1}, 'l': 'a' in [6], 'm': 1 + [7]})]",
     "[f(a=[1, \\\n[2, 3]], b\\\r\n=\x0c{'k': [1]})]",
 ]
 

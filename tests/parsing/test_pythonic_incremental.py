@@ -416,6 +416,9 @@ FUZZ_FOUND = [
     # the levels' heads meets another structure, and the whole parse decides.
     ['[f(a=[],a7=[""""2"""],b=[\'\'\'"""\'1\'\''],
     ['[f(a = {"k": [null] ', "+ [", "1])]"],  # a head that is not the bracket alone
+    # A review's fuzz: after a triple quote the scan took the finished call for the one in
+    # progress, and a `(` open in it for one in the call (vLLM's read streams call 0 first).
+    ['[a(e=("', "\"\"\"'\"\"\")),a(e=('''' ''", "')"],
 ]
 
 

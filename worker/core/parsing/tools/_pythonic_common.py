@@ -299,6 +299,9 @@ class _PythonStrings:
         self.comment = False
         self.off = False
         self.first_comment = -1  # offset of the first comment's '#'
+        #: A comment or a triple quote was read (or the reading stopped): from there the
+        #: quote-by-quote scan may see brackets and calls where Python does not.
+        self.unsure = False
         self.first_off = -1  # offset where the reading first stopped (text after it was not read)
 
     def advance(self, text: str) -> None:
@@ -316,7 +319,7 @@ class _PythonStrings:
                     continue
                 at = found.start()
                 if text[at] == "#":
-                    self.comment, pos = True, at + 1
+                    self.comment, pos, self.unsure = True, at + 1, True
                     if self.first_comment < 0:
                         self.first_comment = at
                     continue
@@ -327,10 +330,11 @@ class _PythonStrings:
                 while prefix > 0 and text[prefix - 1].isalpha() and at - prefix < 3:
                     prefix -= 1
                 if "f" in text[prefix:at].lower():
-                    self.off = True
+                    self.off = self.unsure = True
                     self.first_off = at if self.first_off < 0 else self.first_off
                     break
                 self.quote, self.triple = text[at], text.startswith(text[at] * 3, at)
+                self.unsure = self.unsure or self.triple
                 pos = self.body = at + (3 if self.triple else 1)
                 continue
             found = (_TRIPLE_MARK if self.triple else _SINGLE_MARK)[self.quote].search(text, pos)
@@ -345,7 +349,7 @@ class _PythonStrings:
                     break
                 pos = at + 2
             elif mark != self.quote:
-                self.off = True  # a newline ends a one-quote string: Python's error
+                self.off = self.unsure = True  # a newline ends a one-quote string: Python's error
                 self.first_off = at if self.first_off < 0 else self.first_off
             elif not self.triple:
                 self.quote, pos = "", at + 1
@@ -740,13 +744,15 @@ class PythonicStream:
         a ``)`` followed by closers and ``}``; json.dumps writes ``)`` only inside a string, which
         no such suffix closes, so the arguments never end in it and the read raises. Nothing
         changes before it raises once every call before is streamed and complete and this one
-        has its entry.
+        has its entry, and while the scan's calls are Python's (``_PythonStrings.unsure``: after
+        a triple quote the scan can take a finished call for the one in progress).
         """
         scanner = self._scanner
         if self._strings.triple_open_at_end(text, scanner.stack[-1] if scanner.stack else None):
             return True
         return (
             scanner.inner_parens > 0
+            and not self._strings.unsure  # the scan's call in progress is Python's
             and scanner.list_open
             and len(scanner.stack) >= 3
             and scanner.stack[1] == "("
