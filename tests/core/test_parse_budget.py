@@ -204,6 +204,8 @@ _VALID = [
     # An f-string's doubled braces, and a '#' in strings (no comment): read incrementally too.
     ("llama-3", "pythonic", "[get_weather(text=f'{}')]", "{{{{k{0}}}}}: }}}}{{{{ x\\n, "),
     ("llama-3", "pythonic", "[get_weather(colors=[{}])]", "'#{0:06x}', "),
+    # After a docstring with an apostrophe the scan reads the rest inside out: no read is made.
+    ("llama-3", "pythonic", "[get_weather(doc='''It's here.''', rows=[{}])]", "'v{0}', "),
     # Pretty-printed and nested: every record parses the levels' heads (their indentation too).
     (
         "llama-3",

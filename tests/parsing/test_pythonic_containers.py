@@ -92,6 +92,8 @@ CORPUS = [
     # a value that is more than its bracket: the head is not written anew (a review's fuzz)
     "[f(a={'k': -[1, 2], 'l': +{'m': 1}, 'n': not [3], 'o': 1 if 1 else [4], 'p': x or [5]})]",
     "[f(a={'k': lambda: {'m': 1}, 'l': 'a' in [6], 'm': 1 + [7]})]",
+    "[f(a={'#k': [1, 2], # c, 'x'\n 'l': {'#m': [3]}}, b={1 # c\n: [2, 3]})]",
+    "[f(doc='''It's''', a=[1, 'x, y', {'k': 'v'}], b=\"q\") # it's done, 'z'\n]",
     "[f(a=[1, \\\n[2, 3]], b\\\r\n=\x0c{'k': [1]})]",
 ]
 
@@ -198,6 +200,7 @@ SHAPES = {
     "a dict of lists": "[write_file(a={'rows': [" + ", ".join(f"'v{i}'" for i in range(250)) + "]})]",
     "lists in lists in a dict": "[write_file(a={'x': [[" + ", ".join(str(i) for i in range(300)) + "]]})]",
     "colours ('#' in strings)": "[write_file(a=[" + ", ".join(f"'#{i:06x}'" for i in range(200)) + "])]",
+    "a list under a '#' key": "[write_file(a={'#k': [" + ", ".join(f"'v{i}'" for i in range(200)) + "]})]",
 }
 
 
@@ -265,6 +268,26 @@ def test_pretty_printed_nesting_is_read_in_linear_work() -> None:
         ratios.append(stream.scanned / len(text))
     assert max(ratios) < 16, ratios
     _same([_pretty(20)[at : at + 3] for at in range(0, len(_pretty(20)), 3)], None)
+
+
+def _after_apostrophe(items: int) -> str:
+    """A list after a docstring with an apostrophe: the quote-by-quote scan reads the rest of the
+    call inside out (its strings as code, its commas in strings)."""
+    return "[write_file(doc='''It's here.''', data=[" + ", ".join(f"'v{i}'" for i in range(items)) + "])]"
+
+
+def test_arguments_after_a_triple_quote_the_scan_misreads_make_no_read() -> None:
+    """Where the scan's string and Python's disagree at the end of the text (the completion adds a
+    quote that opens a string in Python's reading, or leaves one open), vLLM's read fails: no
+    record makes it (it grew with the call's square, and met the parse budget past ~2 KB)."""
+    for items in (100, 400):
+        text = _after_apostrophe(items)
+        stream = pythonic_stream(None)(True)
+        for at in range(0, len(text), 3):
+            stream.step(text[at : at + 3])
+        assert stream.scanned < 4 * len(text), (items, stream.scanned / len(text))
+    _same([_after_apostrophe(30)[at : at + 3] for at in range(0, len(_after_apostrophe(30)), 3)], None)
+    _same(list(_after_apostrophe(10)), END)
 
 
 #: Found by an adversarial pass: a piece parsed alone is less deep than in the whole text, so near

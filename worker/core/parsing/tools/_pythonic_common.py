@@ -382,6 +382,16 @@ class _PythonStrings:
             return False
         return self.closing_at(text, top) == -1
 
+    def quote_left_open(self, size: int, top: str | None) -> bool:
+        """Whether the completion of the text (read to its end, ``size``) leaves a one-quote
+        string open where Python reads it: ``top``, the quote the completion adds, opens one in
+        code (or in a comment, where its closers stay too), or inside a string of the other
+        quote the closers are text. The scan and Python disagree so only after a triple quote or
+        a comment (a triple-quoted string is ``triple_open_at_end``'s)."""
+        if self.off or self.pos < size or self.triple:
+            return False  # not read to the end (a quote run or backslash waits for what follows)
+        return top in _QUOTES if not self.quote else top != self.quote
+
     def closing_at(self, text: str, top: str | None) -> int:
         """Inside a triple-quoted string: the offset of the two quotes at its end that the
         completion's quote (``top``) completes to close it; -1 when the completion leaves it open,
@@ -738,8 +748,9 @@ class PythonicStream:
     def _read_fails(self, text: str) -> bool:
         """Whether vLLM's read of this record surely fails, leaving its state as it is.
 
-        Inside a triple-quoted string the completion leaves open, the parse fails
-        (``_PythonStrings``). With a ``(`` open inside the call in progress (a tuple, a nested
+        Inside a triple-quoted string the completion leaves open, or where the string the
+        completion opens or closes is not Python's, the parse fails (``_PythonStrings``).
+        With a ``(`` open inside the call in progress (a tuple, a nested
         call), the suffix the completion adds and vLLM withholds from that call's arguments holds
         a ``)`` followed by closers and ``}``; json.dumps writes ``)`` only inside a string, which
         no such suffix closes, so the arguments never end in it and the read raises. Nothing
@@ -748,7 +759,9 @@ class PythonicStream:
         a triple quote the scan can take a finished call for the one in progress).
         """
         scanner = self._scanner
-        if self._strings.triple_open_at_end(text, scanner.stack[-1] if scanner.stack else None):
+        top = scanner.stack[-1] if scanner.stack else None
+        strings = self._strings
+        if strings.triple_open_at_end(text, top) or strings.quote_left_open(len(self._text), top):
             return True
         return (
             scanner.inner_parens > 0
@@ -932,7 +945,9 @@ class PythonicStream:
         if at + 1 - parent.start <= _MAX_RAW_HEAD:
             raw = text[parent.start : at + 1]
             self.scanned += len(raw)
-            child = self._opener(parent, raw, stack[index])
+            # A '#' Python reads as a comment keeps the level off (the scan may misplace things).
+            commented = "#" in raw and at + 1 > self._strings.comment_free_to()
+            child = None if commented else self._opener(parent, raw, stack[index])
         if child is None:
             parent.off_at = at
             return False
@@ -953,8 +968,6 @@ class PythonicStream:
         if parent.bracket == "[":
             alone = head[-1] == bracket and _BLANKS.fullmatch(head, 0, len(head) - 1) is not None
             return (None, bracket, bracket) if alone else None
-        if "#" in head:
-            return None
         try:
             node = _parse("{" + head + _CLOSING[bracket] + "}").body[0]
             display = getattr(node, "value", None)
