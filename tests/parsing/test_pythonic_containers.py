@@ -305,3 +305,16 @@ NEAR_LIMITS = [
 @pytest.mark.parametrize("pieces", NEAR_LIMITS, ids=range(len(NEAR_LIMITS)))
 def test_nesting_near_pythons_limits_matches_the_whole_reread(pieces: list[str]) -> None:
     _same(pieces, None)
+
+
+def test_a_hash_in_strings_after_an_f_string_is_still_text() -> None:
+    """Python before 3.12 reads an f-string as any other string token, so Python's reading of
+    strings goes on after one and a '#' in a later string does not stop elements being parsed
+    once (3.12 reads quotes nested in its braces: there the reading stops at an f-string)."""
+    text = "[write_file(s=f'a {{b}}', a=[" + ", ".join(f"'#{i:06x}'" for i in range(300)) + "])]"
+    stream = pythonic_stream(None)(True)
+    for at in range(0, len(text), 3):
+        stream.step(text[at : at + 3])
+    limit = 400 if common._NESTED_FSTRINGS else 16
+    assert stream.scanned < limit * len(text), stream.scanned / len(text)
+    _same([text[at : at + 3] for at in range(0, 600, 3)], None)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import sys
 import warnings
 from typing import Any
 
@@ -37,6 +38,9 @@ _CLOSE_LIST_RE = re.compile(r"\)\s*\]")
 _JSON_NAMES: dict[str, Any] = {"null": None, "true": True, "false": False}
 _CLOSING = {"[": "]", "(": ")", "{": "}", "'": "'", '"': '"'}
 _QUOTES = ("'", '"')
+#: Python 3.12 reads quotes nested in an f-string's braces (PEP 701); before, an f-string is a
+#: string token like any other, whose end is found as a plain string's.
+_NESTED_FSTRINGS = sys.version_info >= (3, 12)
 #: The pythonic families' parse-budget window (``ToolParser.reread_window``): every parse reads
 #: the call's name and the levels' heads again (pretty-printed nesting, six levels deep, needs
 #: ~30 characters a record beside 8 times its text), so the window is larger than the JSON ones'.
@@ -287,8 +291,8 @@ class _PythonStrings:
     vLLM's completion scans quote by quote, so inside a triple-quoted string it closes a string of
     one quote: Python then meets an unterminated triple-quoted string and the read fails, unless
     the text ends in two of its quotes the added one completes (``triple_open_at_end``). Reading
-    stops for good (``off``) at an f-string (Python 3.12 reads nested quotes in them) or at a
-    string a newline ends (Python's error: every later read fails anyway).
+    stops for good (``off``) at an f-string on Python 3.12 and later (``_NESTED_FSTRINGS``) or at
+    a string a newline ends (Python's error: every later read fails anyway).
     """
 
     def __init__(self) -> None:
@@ -329,7 +333,7 @@ class _PythonStrings:
                 prefix = at
                 while prefix > 0 and text[prefix - 1].isalpha() and at - prefix < 3:
                     prefix -= 1
-                if "f" in text[prefix:at].lower():
+                if _NESTED_FSTRINGS and "f" in text[prefix:at].lower():
                     self.off = self.unsure = True
                     self.first_off = at if self.first_off < 0 else self.first_off
                     break
