@@ -32,7 +32,7 @@ from worker.runtime.kafka_client.base import (
 from worker.runtime.lifecycle import WorkerState
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.worker import Worker
+from worker.runtime.worker import FETCH_BATCH_BYTES, FETCH_BATCH_WAIT_MS, Worker
 from worker.settings import ModelSettings, pod_name
 
 TOPIC = "in"
@@ -121,6 +121,29 @@ def test_aiokafka_falls_back_to_its_eager_default(caplog: pytest.LogCaptureFixtu
     assert options["group_instance_id"] == "pod-1"  # aiokafka has static membership (KIP-345)
     ranged = aiokafka_backend.consumer_options(_config(assignment_strategy=AssignmentStrategy.RANGE), {})
     assert ranged["partition_assignment_strategy"] == (RangePartitionAssignor,)
+
+
+def test_both_backends_take_the_fetch_batching() -> None:
+    """Exactly-once workers let the broker hold a fetch (``Worker._fetch_batching``); others do not."""
+    batched = _config(fetch_min_bytes=FETCH_BATCH_BYTES, fetch_max_wait_ms=FETCH_BATCH_WAIT_MS)
+    librdkafka = confluent_backend.consumer_settings(batched)
+    assert librdkafka["fetch.min.bytes"] == FETCH_BATCH_BYTES
+    assert librdkafka["fetch.wait.max.ms"] == FETCH_BATCH_WAIT_MS
+    Consumer(librdkafka).close()  # accepted (it connects lazily)
+    aio = aiokafka_backend.consumer_options(batched, {})
+    assert (aio["fetch_min_bytes"], aio["fetch_max_wait_ms"]) == (FETCH_BATCH_BYTES, FETCH_BATCH_WAIT_MS)
+    model = ModelSettings(tokenizer="x", max_record_bytes=1024)
+    derenderer = derenderer_for(QWEN3_CONFIG)
+    assert Worker(run_settings(), derenderer, model=model)._fetch_batching() == {
+        "fetch_min_bytes": FETCH_BATCH_BYTES,
+        "fetch_max_wait_ms": FETCH_BATCH_WAIT_MS,  # the commit interval is 100 ms
+    }
+    # At most a tenth of the commit interval; nothing to gain where outputs are visible on send.
+    short = run_settings("--commit-interval-ms", "40")
+    assert Worker(short, derenderer, model=model)._fetch_batching()["fetch_max_wait_ms"] == 4
+    at_least_once = run_settings("--mode", "at-least-once")
+    assert Worker(at_least_once, derenderer, model=model)._fetch_batching() == {}
+    assert aiokafka_backend.consumer_options(_config(), {})["fetch_max_wait_ms"] == 500  # the default
 
 
 # --- librdkafka's rebalance callbacks -----------------------------------------------------------

@@ -28,13 +28,13 @@ from worker.errors import ConfigurationError
 from worker.runtime import metrics_names as m
 from worker.runtime import state_store, topics
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
-from worker.runtime.delivery import producer_config
+from worker.runtime.delivery import PRODUCER_LINGER_MS, TRANSACTIONAL_LINGER_MS, producer_config
 from worker.runtime.kafka_client import aiokafka_backend
 from worker.runtime.kafka_client.base import TopicPartition
 from worker.runtime.memory import OPENING_FACTOR, REQUEST_BASE_BYTES, MemoryBudget
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.prometheus_export import labelled
-from worker.runtime.worker import Worker, configuration_error
+from worker.runtime.worker import FETCH_BATCH_BYTES, FETCH_BATCH_WAIT_MS, Worker, configuration_error
 from worker.settings import (
     KafkaTopics,
     ModelSettings,
@@ -154,6 +154,14 @@ def test_security_kwargs_reach_every_client(monkeypatch: pytest.MonkeyPatch) -> 
         assert kwargs["sasl_plain_password"] == "pw-123", kind
     transactional = [kw for kind, kw in made if kind == "Producer" and "transactional_id" in kw]
     assert len(transactional) == 1
+    # Outputs of a transaction wait for its commit anyway: its producer lingers longer.
+    plain = [kw for kind, kw in made if kind == "Producer" and "transactional_id" not in kw]
+    assert transactional[0]["linger_ms"] == TRANSACTIONAL_LINGER_MS
+    assert plain[0]["linger_ms"] == PRODUCER_LINGER_MS < TRANSACTIONAL_LINGER_MS
+    # ... and its consumer lets the broker batch fetches (``Worker._fetch_batching``).
+    (consumer,) = [kw for kind, kw in made if kind == "Consumer"]
+    assert consumer["fetch_min_bytes"] == FETCH_BATCH_BYTES
+    assert consumer["fetch_max_wait_ms"] == FETCH_BATCH_WAIT_MS
 
 
 def test_sasl_ssl_without_credentials_exits_2() -> None:

@@ -85,6 +85,10 @@ METADATA_MAX_AGE_MS = 10_000
 LAYOUT_RECHECK_S = 10.0
 METRICS_LOG_INTERVAL_S = 30.0
 HEARTBEAT_MAX_MS = 250
+# Exactly-once outputs become visible at the commit: the broker may hold a fetch for a tenth of the
+# interval (at most this long) to answer with more records, fewer fetches for both sides.
+FETCH_BATCH_WAIT_MS = 10
+FETCH_BATCH_BYTES = 256 * 1024
 # Weight of the newest periodic commit in the running estimate of how long one takes.
 COMMIT_ESTIMATE_WEIGHT = 0.2
 
@@ -257,6 +261,7 @@ class Worker:
                 assignment_strategy=s.partition_assignment_strategy,
                 group_protocol=s.group_protocol,
                 group_instance_id=s.group_instance_id,
+                **self._fetch_batching(),
             )
         )
         self._consumer = consumer
@@ -271,7 +276,7 @@ class Worker:
         await self._restorer.start()
         if s.per_worker_transactions:
             producer = self._client.transactional_producer(
-                self._producer_config(s.client_id), s.worker_transactional_id()
+                self._producer_config(s.client_id, transactional=True), s.worker_transactional_id()
             )
             self._shared = Transaction(producer, consumer.group_metadata, self.metrics)
             await self._shared.start()  # init_transactions: aborts what a predecessor left open
@@ -788,9 +793,18 @@ class Worker:
             self.readiness.layout_error(message)
         return tps - unplaced
 
-    def _producer_config(self, client_id: str) -> ProducerConfig:
+    def _fetch_batching(self) -> dict[str, int]:
+        """The consumer's fetch batching (``ConsumerConfig``): none when outputs are visible on send."""
         s = self.settings
-        return producer_config(s, client_id, transaction_timeout_ms(s.transactional_id_mode))
+        if not s.exactly_once:
+            return {}
+        wait = max(1, min(FETCH_BATCH_WAIT_MS, s.commit_interval_ms // 10))
+        return {"fetch_min_bytes": FETCH_BATCH_BYTES, "fetch_max_wait_ms": wait}
+
+    def _producer_config(self, client_id: str, *, transactional: bool = False) -> ProducerConfig:
+        s = self.settings
+        timeout = transaction_timeout_ms(s.transactional_id_mode)
+        return producer_config(s, client_id, timeout, transactional=transactional)
 
     def _new_sink(self, tp: TopicPartition) -> Sink:
         s = self.settings
@@ -798,9 +812,8 @@ class Worker:
             return SharedSink(self._shared)
         if s.exactly_once:
             transactional_id = s.transactional_id(tp.partition)
-            transactional = self._client.transactional_producer(
-                self._producer_config(f"{s.client_id}-{transactional_id}"), transactional_id
-            )
+            config = self._producer_config(f"{s.client_id}-{transactional_id}", transactional=True)
+            transactional = self._client.transactional_producer(config, transactional_id)
             return TransactionalSink(transactional, self._group_id_metadata, self.metrics)
         producer = self._client.producer(self._producer_config(f"{s.client_id}-p{tp.partition}"))
         return AtLeastOnceSink(producer, self._commit_offsets)
@@ -887,7 +900,7 @@ class Worker:
         why = "was fenced" if self._shared.fenced else "left its transaction unsettled"
         log.warning("the shared producer %s %s; starting a new one", self._shared.transactional_id, why)
         producer = self._client.transactional_producer(
-            self._producer_config(s.client_id), s.worker_transactional_id()
+            self._producer_config(s.client_id, transactional=True), s.worker_transactional_id()
         )
         try:
             await self._shared.renew(producer)

@@ -145,6 +145,8 @@ def consumer_options(config: ConsumerConfig, security: Mapping[str, Any]) -> dic
         "metadata_max_age_ms": config.metadata_max_age_ms,
         "heartbeat_interval_ms": config.heartbeat_interval_ms,
         "max_poll_records": config.max_poll_records,
+        "fetch_min_bytes": config.fetch_min_bytes,
+        "fetch_max_wait_ms": config.fetch_max_wait_ms,
         "partition_assignment_strategy": (assignor(config.assignment_strategy),),
         # Static membership (KIP-345); a static member leaves no group on stop.
         "group_instance_id": config.group_instance_id,

@@ -130,6 +130,10 @@ class ConsumerConfig:
     assignment_strategy: AssignmentStrategy = AssignmentStrategy.COOPERATIVE_STICKY
     group_protocol: GroupProtocol = GroupProtocol.CLASSIC
     group_instance_id: str | None = None  # static membership (KIP-345)
+    # How long the broker may hold a fetch for ``fetch_min_bytes`` (the defaults of both libraries:
+    # answer as soon as there is a byte).
+    fetch_min_bytes: int = 1
+    fetch_max_wait_ms: int = 500
 
 
 @dataclass(frozen=True, slots=True)

@@ -234,6 +234,8 @@ def consumer_settings(config: ConsumerConfig) -> dict[str, Any]:
         # librdkafka's rebalance timeout (JoinGroup) is its max poll interval.
         "max.poll.interval.ms": max(config.rebalance_timeout_ms, config.session_timeout_ms),
         "topic.metadata.refresh.interval.ms": config.metadata_max_age_ms,
+        "fetch.min.bytes": config.fetch_min_bytes,
+        "fetch.wait.max.ms": config.fetch_max_wait_ms,
     }
     if config.group_protocol is GroupProtocol.CONSUMER:
         # KIP-848: assignment, session timeout and heartbeats are the broker's
