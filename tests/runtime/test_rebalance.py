@@ -124,7 +124,7 @@ def test_aiokafka_falls_back_to_its_eager_default(caplog: pytest.LogCaptureFixtu
 
 
 def test_both_backends_take_the_fetch_batching() -> None:
-    """Exactly-once workers let the broker hold a fetch (``Worker._fetch_batching``); others do not."""
+    """Exactly-once workers on librdkafka let the broker hold a fetch (``Worker._fetch_batching``)."""
     batched = _config(fetch_min_bytes=FETCH_BATCH_BYTES, fetch_max_wait_ms=FETCH_BATCH_WAIT_MS)
     librdkafka = confluent_backend.consumer_settings(batched)
     assert librdkafka["fetch.min.bytes"] == FETCH_BATCH_BYTES
@@ -143,6 +143,8 @@ def test_both_backends_take_the_fetch_batching() -> None:
     assert Worker(short, derenderer, model=model)._fetch_batching()["fetch_max_wait_ms"] == 4
     at_least_once = run_settings("--mode", "at-least-once")
     assert Worker(at_least_once, derenderer, model=model)._fetch_batching() == {}
+    aiokafka = run_settings("--kafka-client", "aiokafka")  # a held fetch delays its next one
+    assert Worker(aiokafka, derenderer, model=model)._fetch_batching() == {}
     assert aiokafka_backend.consumer_options(_config(), {})["fetch_max_wait_ms"] == 500  # the default
 
 

@@ -34,7 +34,7 @@ from worker.runtime.kafka_client.base import TopicPartition
 from worker.runtime.memory import OPENING_FACTOR, REQUEST_BASE_BYTES, MemoryBudget
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.prometheus_export import labelled
-from worker.runtime.worker import FETCH_BATCH_BYTES, FETCH_BATCH_WAIT_MS, Worker, configuration_error
+from worker.runtime.worker import Worker, configuration_error
 from worker.settings import (
     KafkaTopics,
     ModelSettings,
@@ -158,10 +158,9 @@ def test_security_kwargs_reach_every_client(monkeypatch: pytest.MonkeyPatch) -> 
     plain = [kw for kind, kw in made if kind == "Producer" and "transactional_id" not in kw]
     assert transactional[0]["linger_ms"] == TRANSACTIONAL_LINGER_MS
     assert plain[0]["linger_ms"] == PRODUCER_LINGER_MS < TRANSACTIONAL_LINGER_MS
-    # ... and its consumer lets the broker batch fetches (``Worker._fetch_batching``).
+    # ... while its aiokafka consumer fetches as soon as there is a byte (``Worker._fetch_batching``).
     (consumer,) = [kw for kind, kw in made if kind == "Consumer"]
-    assert consumer["fetch_min_bytes"] == FETCH_BATCH_BYTES
-    assert consumer["fetch_max_wait_ms"] == FETCH_BATCH_WAIT_MS
+    assert (consumer["fetch_min_bytes"], consumer["fetch_max_wait_ms"]) == (1, 500)
 
 
 def test_sasl_ssl_without_credentials_exits_2() -> None:

@@ -52,6 +52,7 @@ from worker.runtime.delivery import (
 from worker.runtime.health_server import ReadinessState
 from worker.runtime.kafka_client import make_client
 from worker.runtime.kafka_client.base import (
+    ClientKind,
     ConsumerConfig,
     GroupConsumer,
     KafkaClient,
@@ -86,7 +87,9 @@ LAYOUT_RECHECK_S = 10.0
 METRICS_LOG_INTERVAL_S = 30.0
 HEARTBEAT_MAX_MS = 250
 # Exactly-once outputs become visible at the commit: the broker may hold a fetch for a tenth of the
-# interval (at most this long) to answer with more records, fewer fetches for both sides.
+# interval (at most this long) to answer with more records, fewer fetches for both sides. librdkafka
+# only: aiokafka keeps one fetch in flight per broker and does not fetch a partition while records of
+# it are buffered, so a held fetch delays the others' next one (p50 +10-30 ms in ./run bench kafka).
 FETCH_BATCH_WAIT_MS = 10
 FETCH_BATCH_BYTES = 256 * 1024
 # Weight of the newest periodic commit in the running estimate of how long one takes.
@@ -794,9 +797,10 @@ class Worker:
         return tps - unplaced
 
     def _fetch_batching(self) -> dict[str, int]:
-        """The consumer's fetch batching (``ConsumerConfig``): none when outputs are visible on send."""
+        """The consumer's fetch batching (``ConsumerConfig``): none when outputs are visible on send,
+        nor with aiokafka (``FETCH_BATCH_WAIT_MS``)."""
         s = self.settings
-        if not s.exactly_once:
+        if not s.exactly_once or s.kafka_client is not ClientKind.CONFLUENT:
             return {}
         wait = max(1, min(FETCH_BATCH_WAIT_MS, s.commit_interval_ms // 10))
         return {"fetch_min_bytes": FETCH_BATCH_BYTES, "fetch_max_wait_ms": wait}
