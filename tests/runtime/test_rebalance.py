@@ -20,7 +20,7 @@ from tests.partition_fakes import StubConsumer, run_settings
 from tests.runtime.worker_fakes import FakeTransactionalProducer, handle_record, per_worker_tasks
 from worker.cli import main
 from worker.errors import ConfigurationError
-from worker.runtime.delivery import TransactionalSink
+from worker.runtime.delivery import COMMIT_LINGER_MS, PRODUCER_LINGER_MS, TransactionalSink
 from worker.runtime.kafka_client import aiokafka_backend, confluent_backend
 from worker.runtime.kafka_client.base import (
     AssignmentStrategy,
@@ -123,29 +123,37 @@ def test_aiokafka_falls_back_to_its_eager_default(caplog: pytest.LogCaptureFixtu
     assert ranged["partition_assignment_strategy"] == (RangePartitionAssignor,)
 
 
-def test_both_backends_take_the_fetch_batching() -> None:
-    """Exactly-once workers on librdkafka let the broker hold a fetch (``Worker._fetch_batching``)."""
-    batched = _config(fetch_min_bytes=FETCH_BATCH_BYTES, fetch_max_wait_ms=FETCH_BATCH_WAIT_MS)
-    librdkafka = confluent_backend.consumer_settings(batched)
+def test_both_backends_map_the_fetch_settings() -> None:
+    held = _config(fetch_min_bytes=FETCH_BATCH_BYTES, fetch_max_wait_ms=FETCH_BATCH_WAIT_MS)
+    librdkafka = confluent_backend.consumer_settings(held)
     assert librdkafka["fetch.min.bytes"] == FETCH_BATCH_BYTES
     assert librdkafka["fetch.wait.max.ms"] == FETCH_BATCH_WAIT_MS
     Consumer(librdkafka).close()  # accepted (it connects lazily)
-    aio = aiokafka_backend.consumer_options(batched, {})
+    aio = aiokafka_backend.consumer_options(held, {})
     assert (aio["fetch_min_bytes"], aio["fetch_max_wait_ms"]) == (FETCH_BATCH_BYTES, FETCH_BATCH_WAIT_MS)
+    assert aiokafka_backend.consumer_options(_config(), {})["fetch_max_wait_ms"] == 500  # the default
+
+
+def test_only_librdkafka_exactly_once_workers_batch_under_the_commit() -> None:
+    """``Worker._batches_under_commit``: held fetches and a long linger for transactional sends."""
     model = ModelSettings(tokenizer="x", max_record_bytes=1024)
     derenderer = derenderer_for(QWEN3_CONFIG)
-    assert Worker(run_settings(), derenderer, model=model)._fetch_batching() == {
-        "fetch_min_bytes": FETCH_BATCH_BYTES,
-        "fetch_max_wait_ms": FETCH_BATCH_WAIT_MS,  # the commit interval is 100 ms
-    }
-    # At most a tenth of the commit interval; nothing to gain where outputs are visible on send.
-    short = run_settings("--commit-interval-ms", "40")
-    assert Worker(short, derenderer, model=model)._fetch_batching()["fetch_max_wait_ms"] == 4
-    at_least_once = run_settings("--mode", "at-least-once")
-    assert Worker(at_least_once, derenderer, model=model)._fetch_batching() == {}
-    aiokafka = run_settings("--kafka-client", "aiokafka")  # a held fetch delays its next one
-    assert Worker(aiokafka, derenderer, model=model)._fetch_batching() == {}
-    assert aiokafka_backend.consumer_options(_config(), {})["fetch_max_wait_ms"] == 500  # the default
+
+    def worker(*argv: str) -> Worker:
+        return Worker(run_settings(*argv), derenderer, model=model)
+
+    batching = worker()  # confluent, exactly-once, 100 ms commits
+    config = batching._consumer_config()
+    assert (config.fetch_min_bytes, config.fetch_max_wait_ms) == (FETCH_BATCH_BYTES, FETCH_BATCH_WAIT_MS)
+    assert batching._producer_config("c", transactional=True).linger_ms == COMMIT_LINGER_MS
+    assert batching._producer_config("c").linger_ms == PRODUCER_LINGER_MS
+    # At most a tenth of the commit interval.
+    assert worker("--commit-interval-ms", "40")._consumer_config().fetch_max_wait_ms == 4
+    # Outputs visible on send; aiokafka's flush before a commit waits a linger out.
+    for others in (worker("--mode", "at-least-once"), worker("--kafka-client", "aiokafka")):
+        config = others._consumer_config()
+        assert (config.fetch_min_bytes, config.fetch_max_wait_ms) == (1, 500)
+        assert others._producer_config("c", transactional=True).linger_ms == PRODUCER_LINGER_MS
 
 
 # --- librdkafka's rebalance callbacks -----------------------------------------------------------

@@ -28,7 +28,7 @@ from worker.errors import ConfigurationError
 from worker.runtime import metrics_names as m
 from worker.runtime import state_store, topics
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
-from worker.runtime.delivery import PRODUCER_LINGER_MS, TRANSACTIONAL_LINGER_MS, producer_config
+from worker.runtime.delivery import PRODUCER_LINGER_MS, producer_config
 from worker.runtime.kafka_client import aiokafka_backend
 from worker.runtime.kafka_client.base import TopicPartition
 from worker.runtime.memory import OPENING_FACTOR, REQUEST_BASE_BYTES, MemoryBudget
@@ -154,11 +154,8 @@ def test_security_kwargs_reach_every_client(monkeypatch: pytest.MonkeyPatch) -> 
         assert kwargs["sasl_plain_password"] == "pw-123", kind
     transactional = [kw for kind, kw in made if kind == "Producer" and "transactional_id" in kw]
     assert len(transactional) == 1
-    # Outputs of a transaction wait for its commit anyway: its producer lingers longer.
-    plain = [kw for kind, kw in made if kind == "Producer" and "transactional_id" not in kw]
-    assert transactional[0]["linger_ms"] == TRANSACTIONAL_LINGER_MS
-    assert plain[0]["linger_ms"] == PRODUCER_LINGER_MS < TRANSACTIONAL_LINGER_MS
-    # ... while its aiokafka consumer fetches as soon as there is a byte (``Worker._fetch_batching``).
+    # aiokafka does not batch under the commit (``Worker._batches_under_commit``).
+    assert transactional[0]["linger_ms"] == PRODUCER_LINGER_MS
     (consumer,) = [kw for kind, kw in made if kind == "Consumer"]
     assert (consumer["fetch_min_bytes"], consumer["fetch_max_wait_ms"]) == (1, 500)
 

@@ -302,9 +302,7 @@ class Emitter:
     def __init__(self, settings: ProducingTopics, security: dict[str, Any], topic: str) -> None:
         self.topic = topic
         self.sent = 0
-        config = producer_config(
-            settings, f"{settings.client_id}-audit-emit", EMIT_TRANSACTION_TIMEOUT_MS, transactional=True
-        )
+        config = producer_config(settings, f"{settings.client_id}-audit-emit", EMIT_TRANSACTION_TIMEOUT_MS)
         self._producer = AiokafkaClient(security).transactional_producer(config, f"derender-audit-{topic}")
         self._open = False
 

@@ -44,10 +44,10 @@ log = logging.getLogger(__name__)
 
 PRODUCER_BATCH_BYTES = 512 * 1024
 PRODUCER_LINGER_MS = 2
-# In a transaction an output becomes visible at the commit, and the commit sends every lingering
-# batch at once (librdkafka's flush and aiokafka's commit both cut the linger short): a longer
-# linger costs no latency there and makes fewer, larger produce requests (README, "Benchmarks").
-TRANSACTIONAL_LINGER_MS = 20
+# A transaction's outputs become visible at its commit, and librdkafka's commit sends every
+# lingering batch at once: there a longer linger costs no latency and makes fewer, larger produce
+# requests (``Worker._batches_under_commit``).
+COMMIT_LINGER_MS = 20
 PRODUCER_REQUEST_TIMEOUT_MS = 30_000
 PRODUCER_RETRY_BACKOFF_MS = 10
 # Snapshots carry the request and its prompt ids and can pass Kafka's 1 MiB default; the topics
@@ -69,16 +69,16 @@ def producer_config(
     client_id: str,
     transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS,
     *,
-    transactional: bool = False,
+    linger_for_commit: bool = False,
 ) -> ProducerConfig:
-    """Every producer's settings: the worker's, ``audit``'s and ``dlq replay``'s; ``transactional``
-    for a producer whose records become visible only at a commit."""
+    """Every producer's settings: the worker's, ``audit``'s and ``dlq replay``'s; ``linger_for_commit``
+    for a transactional producer whose commit sends what lingers at once (``COMMIT_LINGER_MS``)."""
     return ProducerConfig(
         bootstrap_servers=settings.bootstrap_servers,
         client_id=client_id,
         max_record_bytes=MAX_RECORD_BYTES,
         batch_bytes=PRODUCER_BATCH_BYTES,
-        linger_ms=TRANSACTIONAL_LINGER_MS if transactional else PRODUCER_LINGER_MS,
+        linger_ms=COMMIT_LINGER_MS if linger_for_commit else PRODUCER_LINGER_MS,
         request_timeout_ms=PRODUCER_REQUEST_TIMEOUT_MS,
         retry_backoff_ms=PRODUCER_RETRY_BACKOFF_MS,
         transaction_timeout_ms=transaction_timeout_ms,

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import replace
 from typing import Any, Literal
 
 from worker.core.derenderer import Derenderer
@@ -86,10 +87,8 @@ METADATA_MAX_AGE_MS = 10_000
 LAYOUT_RECHECK_S = 10.0
 METRICS_LOG_INTERVAL_S = 30.0
 HEARTBEAT_MAX_MS = 250
-# Exactly-once outputs become visible at the commit: the broker may hold a fetch for a tenth of the
-# interval (at most this long) to answer with more records, fewer fetches for both sides. librdkafka
-# only: aiokafka keeps one fetch in flight per broker and does not fetch a partition while records of
-# it are buffered, so a held fetch delays the others' next one (p50 +10-30 ms in ./run bench kafka).
+# Batching under the commit (``Worker._batches_under_commit``): the broker may hold a fetch for a
+# tenth of the commit interval, at most this long, to answer with more records.
 FETCH_BATCH_WAIT_MS = 10
 FETCH_BATCH_BYTES = 256 * 1024
 # Weight of the newest periodic commit in the running estimate of how long one takes.
@@ -248,25 +247,7 @@ class Worker:
 
     async def _start_clients(self) -> None:
         s = self.settings
-        consumer: GroupConsumer = self._client.consumer(
-            ConsumerConfig(
-                bootstrap_servers=s.bootstrap_servers,
-                client_id=s.client_id,
-                group_id=s.group_id,
-                session_timeout_ms=s.session_timeout_ms,
-                rebalance_timeout_ms=s.rebalance_timeout_ms,
-                # A member learns of a rebalance from a heartbeat, and the group (the kept partitions'
-                # offset commits too) waits for the slowest to rejoin: beat often, not 1/4 session.
-                heartbeat_interval_ms=max(100, min(s.session_timeout_ms // 4, HEARTBEAT_MAX_MS)),
-                max_poll_records=s.max_poll_records,
-                metadata_max_age_ms=METADATA_MAX_AGE_MS,
-                security=s.security,
-                assignment_strategy=s.partition_assignment_strategy,
-                group_protocol=s.group_protocol,
-                group_instance_id=s.group_instance_id,
-                **self._fetch_batching(),
-            )
-        )
+        consumer: GroupConsumer = self._client.consumer(self._consumer_config())
         self._consumer = consumer
         await consumer.start()
         topics = s.topics
@@ -796,19 +777,43 @@ class Worker:
             self.readiness.layout_error(message)
         return tps - unplaced
 
-    def _fetch_batching(self) -> dict[str, int]:
-        """The consumer's fetch batching (``ConsumerConfig``): none when outputs are visible on send,
-        nor with aiokafka (``FETCH_BATCH_WAIT_MS``)."""
+    def _consumer_config(self) -> ConsumerConfig:
         s = self.settings
-        if not s.exactly_once or s.kafka_client is not ClientKind.CONFLUENT:
-            return {}
-        wait = max(1, min(FETCH_BATCH_WAIT_MS, s.commit_interval_ms // 10))
-        return {"fetch_min_bytes": FETCH_BATCH_BYTES, "fetch_max_wait_ms": wait}
+        config = ConsumerConfig(
+            bootstrap_servers=s.bootstrap_servers,
+            client_id=s.client_id,
+            group_id=s.group_id,
+            session_timeout_ms=s.session_timeout_ms,
+            rebalance_timeout_ms=s.rebalance_timeout_ms,
+            # A member learns of a rebalance from a heartbeat, and the group (the kept partitions'
+            # offset commits too) waits for the slowest to rejoin: beat often, not 1/4 session.
+            heartbeat_interval_ms=max(100, min(s.session_timeout_ms // 4, HEARTBEAT_MAX_MS)),
+            max_poll_records=s.max_poll_records,
+            metadata_max_age_ms=METADATA_MAX_AGE_MS,
+            security=s.security,
+            assignment_strategy=s.partition_assignment_strategy,
+            group_protocol=s.group_protocol,
+            group_instance_id=s.group_instance_id,
+        )
+        if not self._batches_under_commit():
+            return config
+        wait_ms = max(1, min(FETCH_BATCH_WAIT_MS, s.commit_interval_ms // 10))
+        return replace(config, fetch_min_bytes=FETCH_BATCH_BYTES, fetch_max_wait_ms=wait_ms)
+
+    def _batches_under_commit(self) -> bool:
+        """Whether to batch fetches and sends where the commit hides the wait (README, "When the
+        worker commits"): an output visible only at its commit, on librdkafka. Not on aiokafka: its
+        backend flushes before a commit (to learn which send failed), and that flush waits a linger
+        out; and it fetches no partition whose records are still buffered, so a held fetch delays
+        the next fetch of the partitions just handed over."""
+        s = self.settings
+        return s.exactly_once and s.kafka_client is ClientKind.CONFLUENT
 
     def _producer_config(self, client_id: str, *, transactional: bool = False) -> ProducerConfig:
         s = self.settings
         timeout = transaction_timeout_ms(s.transactional_id_mode)
-        return producer_config(s, client_id, timeout, transactional=transactional)
+        linger = transactional and self._batches_under_commit()
+        return producer_config(s, client_id, timeout, linger_for_commit=linger)
 
     def _new_sink(self, tp: TopicPartition) -> Sink:
         s = self.settings
