@@ -334,8 +334,7 @@ class _PythonStrings:
                 while prefix > 0 and text[prefix - 1].isalpha() and at - prefix < 3:
                     prefix -= 1
                 if _NESTED_FSTRINGS and "f" in text[prefix:at].lower():
-                    self.off = self.unsure = True
-                    self.first_off = at if self.first_off < 0 else self.first_off
+                    self._stop(at)
                     break
                 self.quote, self.triple = text[at], text.startswith(text[at] * 3, at)
                 self.unsure = self.unsure or self.triple
@@ -353,8 +352,7 @@ class _PythonStrings:
                     break
                 pos = at + 2
             elif mark != self.quote:
-                self.off = self.unsure = True  # a newline ends a one-quote string: Python's error
-                self.first_off = at if self.first_off < 0 else self.first_off
+                self._stop(at)  # a newline ends a one-quote string: Python's error
             elif not self.triple:
                 self.quote, pos = "", at + 1
             elif at + 3 > size:
@@ -365,6 +363,16 @@ class _PythonStrings:
             else:
                 pos = at + 1
         self.pos = pos
+
+    def _stop(self, at: int) -> None:
+        self.off = self.unsure = True
+        if self.first_off < 0:
+            self.first_off = at
+
+    @property
+    def in_triple(self) -> bool:
+        """The text read so far ends inside a triple-quoted string (Python's reading)."""
+        return self.triple and bool(self.quote) and not self.off
 
     def comment_free_to(self) -> int:
         """Python's reading of the text before this offset holds no comment: a ``#`` there is in a
@@ -382,9 +390,7 @@ class _PythonStrings:
     def triple_open_at_end(self, text: str, top: str | None) -> bool:
         """Whether ``text`` (read up to its end) ends inside a triple-quoted string that the
         completion of ``text`` (closers for the scanner's stack, ``top`` first) leaves open."""
-        if self.off or not self.triple or not self.quote:
-            return False
-        return self.closing_at(text, top) == -1
+        return self.in_triple and self.closing_at(text, top) == -1
 
     def quote_left_open(self, size: int, top: str | None) -> bool:
         """Whether the completion of the text (read to its end, ``size``) leaves a one-quote
@@ -736,7 +742,7 @@ class PythonicStream:
             self._commit(text)
         if self.incremental and calls and not cut:
             strings = self._strings
-            if not (strings.triple and strings.quote and not strings.off):
+            if not strings.in_triple:
                 self._fast = self._anchor(text, added, calls[-1][2])
             elif self._triple_tried != strings.body:  # one try per literal: the probe is a parse
                 self._triple_tried = strings.body
@@ -769,7 +775,7 @@ class PythonicStream:
             return True
         return (
             scanner.inner_parens > 0
-            and not self._strings.unsure  # the scan's call in progress is Python's
+            and not strings.unsure  # the scan's call in progress is Python's
             and scanner.list_open
             and len(scanner.stack) >= 3
             and scanner.stack[1] == "("
@@ -982,9 +988,9 @@ class PythonicStream:
                 return None
             # The value is the bracket alone (not ``[1] + [``), so a head written anew reads alike.
             value = display.values[0]
-            if not (isinstance(value, ast.List) and not value.elts and bracket == "[") and not (
-                isinstance(value, ast.Dict) and not value.keys and bracket == "{"
-            ):
+            empty_list = isinstance(value, ast.List) and not value.elts
+            empty_dict = isinstance(value, ast.Dict) and not value.keys
+            if not (empty_list if bracket == "[" else empty_dict):
                 return None
             written = json.dumps({key_node.value: 0}, ensure_ascii=False)
         except Exception:
@@ -1156,7 +1162,7 @@ class PythonicStream:
         """
         scanner = self._scanner
         strings = self._strings
-        triple = strings.triple and bool(strings.quote) and not strings.off
+        triple = strings.in_triple
         quote_at = strings.body - 3 if triple else scanner.quote_at
         open_end = strings.body if triple else quote_at + 1
         boundaries = scanner.boundaries
@@ -1237,7 +1243,7 @@ class PythonicStream:
         parse would, while the scanner's stack under the quote is the one anchored (brackets the
         quote-by-quote scan finds in the string change the completion: the parse decides)."""
         strings, scanner = self._strings, self._scanner
-        if cut or strings.off or not strings.triple or strings.body != triple.body:
+        if cut or not strings.in_triple or strings.body != triple.body:
             self._triple = None  # the literal closed (or the end marker came): read as usual
             return False, None
         kept = delta.rstrip()
