@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
-from confluent_kafka import Consumer
+from confluent_kafka import OFFSET_END, Consumer
 from confluent_kafka import TopicPartition as LibTopicPartition
 
 from tests.golden_cases import derenderer_for
@@ -183,6 +183,14 @@ class FakeLibConsumer:
     def pause(self, partitions: list[LibTopicPartition]) -> None:
         self._record("pause", partitions)
 
+    def resume(self, partitions: list[LibTopicPartition]) -> None:
+        self._record("resume", partitions)
+
+    def offsets_for_times(self, partitions: list[LibTopicPartition], timeout: float) -> None:
+        # The wake-up asks for the partitions' ends (a timestamp of -1).
+        assert {tp.offset for tp in partitions} == {OFFSET_END}
+        self._record("wake", partitions)
+
 
 def _lib(*partitions: int) -> list[LibTopicPartition]:
     return [LibTopicPartition(TOPIC, p) for p in partitions]
@@ -218,6 +226,7 @@ def _callbacks(config: ConsumerConfig) -> tuple[list[tuple[str, Partitions]], Fa
         assignments.append(f"{sorted(consumer.assignment())}")
         await asyncio.to_thread(consumer._assigned_cb, lib, _lib(1))
         assignments.append(f"{sorted(consumer.assignment())} opening {sorted(consumer._opening)}")
+        await consumer._wake_thread.run(lambda: None)  # the wake-ups submitted before it have run
 
     try:
         asyncio.run(rebalance())
@@ -232,8 +241,10 @@ def test_cooperative_callbacks_touch_only_the_moved_partitions() -> None:
         ("incremental_assign", [0, 1, 2, 3]),
         ("pause", [0, 1, 2, 3]),  # until poll has opened them
         ("incremental_unassign", [0, 1]),  # 2 and 3 go on being fetched
+        ("wake", [2, 3]),  # librdkafka resumed them: fetch them now, not up to a second later
         ("incremental_assign", [1]),
         ("pause", [1]),
+        ("wake", [2, 3]),  # paused again during this callback, and resumed
     ]
     assert seen == [("revoke", _tps(0, 1))]  # assign's worker callback runs in poll
     kept = [TopicPartition(TOPIC, p) for p in (2, 3)]
@@ -248,8 +259,37 @@ def test_cooperative_callbacks_touch_only_the_moved_partitions() -> None:
 def test_eager_callbacks_replace_the_whole_assignment() -> None:
     seen, lib, assignments = _callbacks(_config(assignment_strategy=AssignmentStrategy.RANGE))
     assert seen == [("revoke", _tps(0, 1))]
+    # Nothing is kept, so nothing to wake: an assign starts fetchers anew, which wakes them.
     assert [name for name, _ in lib.calls] == ["assign", "pause", "unassign", "assign", "pause"]
     assert assignments[1] == "[]" and assignments[2].startswith(f"{sorted(_tps(1))} opening")
+
+
+def test_partitions_resumed_after_their_open_are_woken_unless_paused() -> None:
+    """poll opens new partitions, then resumes them: a resume wakes no fetcher by itself."""
+    consumer = confluent_backend.ConfluentConsumer(_config())
+    real, lib = consumer._consumer, FakeLibConsumer()
+    opened: list[Partitions] = []
+
+    async def on_assign(partitions: Partitions) -> None:
+        opened.append(set(partitions))
+
+    async def unused(partitions: Partitions) -> None:
+        raise AssertionError("not called")
+
+    async def open_them() -> None:
+        consumer._callbacks = (on_assign, unused, unused)
+        consumer._consumer = lib  # type: ignore[assignment]  # the calls _open_assigned makes
+        consumer._assigned = consumer._opening = _tps(1, 2, 3)
+        consumer._paused = _tps(3)  # its breaker tripped: it stays paused
+        await consumer._open_assigned()
+        await consumer._wake_thread.run(lambda: None)
+
+    try:
+        asyncio.run(open_them())
+    finally:
+        real.close()
+    assert opened == [_tps(1, 2, 3)]
+    assert lib.calls == [("resume", [1, 2]), ("wake", [1, 2])]
 
 
 # --- the worker: a partial revocation -----------------------------------------------------------
