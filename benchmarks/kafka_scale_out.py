@@ -10,7 +10,8 @@ for ``--scale-out-seconds``; a third of the way in a second worker joins the gro
 output's ``source.partition``). Per partition, the longest time between two visible outputs
 while the load runs; reported as the worst partition that stayed with the first worker and the
 worst that moved to the second (from its log). The commit interval (100 ms) is the floor: outputs
-become visible a transaction at a time. The joining worker starts up at nice 10 (see
+become visible a transaction at a time. The control row (``one worker``) runs the same load with no
+second worker: the gaps this machine shows without any rebalance. The joining worker starts up at nice 10 (see
 ``_renice_when_subscribed``). Each gap's start is printed relative to the second
 worker's start, which tells a rebalance's gap from CPU contention.
 """
@@ -43,17 +44,19 @@ MEMBERSHIPS = {
     "range": ["--partition-assignment-strategy", "range"],
     "cooperative-sticky": ["--partition-assignment-strategy", "cooperative-sticky"],
     "KIP-848 consumer": ["--group-protocol", "consumer"],
+    "one worker": ["--partition-assignment-strategy", "cooperative-sticky"],  # the control: no join
 }
+CONTROL = "one worker"
 _OPENED = re.compile(r"opened partitions \[([\d, ]*)\]")
 
 
 @dataclass
 class Gaps:
     stayed_ms: float  # the longest gap of a partition that stayed with the first worker
-    moved_ms: float  # ... of one that moved to the second
+    moved_ms: float | None  # ... of one that moved to the second (none in the control)
     moved: int  # how many moved
     stayed_at_s: float  # when the stayed gap began, from the second worker's start
-    moved_at_s: float
+    moved_at_s: float | None
 
 
 class ArrivalReader:
@@ -143,8 +146,12 @@ async def _renice_when_subscribed(pid: int, log: Path) -> None:
 
 
 def _longest_gap(times: list[float], start: float, end: float) -> tuple[float, float]:
-    """The longest wait for the next visible output within [start, end] (ms), and when it began."""
-    inside = [start, *(t for t in times if start < t < end), end]
+    """The longest wait for the next visible output that began within [start, end] (ms), and when
+    it began. A wait open at ``end`` lasts until the next output (the last records sent become
+    visible after it), not to ``end``, which would cut it short."""
+    ordered = sorted(times)
+    inside = [start, *(t for t in ordered if start < t <= end)]
+    inside.append(next((t for t in ordered if t > end), end))
     return max(((b - a) * 1000, a) for a, b in itertools.pairwise(inside))
 
 
@@ -176,7 +183,7 @@ async def one_scale_out(
                 ahead = started + i / rate - time.monotonic()
                 if ahead > 0.002:
                     await asyncio.sleep(ahead)
-                if not joined and time.monotonic() - started > seconds / 3:
+                if not joined and time.monotonic() - started > seconds / 3 and strategy != CONTROL:
                     workers.append(_start(bootstrap, topics, group, "second", strategy, logs[1], nice=10))
                     joined, joined_at = True, time.monotonic()
                     renice = asyncio.create_task(_renice_when_subscribed(workers[1].pid, logs[1]))
@@ -188,7 +195,7 @@ async def one_scale_out(
         finally:
             await producer.stop()
         await reader.wait_for(len(load), timeout=120)
-        moved = await _opened(logs[1])
+        moved = await _opened(logs[1]) if joined else set()
     finally:
         for worker in workers:
             worker.terminate()
@@ -202,6 +209,8 @@ async def one_scale_out(
     # From one second into the load (the first worker's outputs flowing) to its end.
     gaps = {p: _longest_gap(reader.arrivals[p], started + 1.0, ended) for p in range(partitions)}
     stayed_ms, stayed_at = max(gaps[p] for p in range(partitions) if p not in moved)
+    if not moved:  # the control: times from when the second worker would have started
+        return Gaps(stayed_ms, None, 0, stayed_at - (started + seconds / 3), None)
     moved_ms, moved_at = max(gaps[p] for p in moved)
     return Gaps(stayed_ms, moved_ms, len(moved), stayed_at - joined_at, moved_at - joined_at)
 
@@ -212,10 +221,15 @@ async def scale_out(bootstrap: str, args: argparse.Namespace, log_dir: Path) -> 
         for strategy in args.memberships.split(","):
             gaps = await one_scale_out(bootstrap, strategy, args, log_dir, run)
             results.setdefault(strategy, []).append(gaps)
+            moved_text = (
+                f"{gaps.moved_ms:6.0f} ms (at {gaps.moved_at_s:+.1f} s) on the {gaps.moved} that moved"
+                if gaps.moved_ms is not None and gaps.moved_at_s is not None
+                else "no second worker"
+            )
             print(
                 f"  scale-out 1->2, {strategy:20s} run {run + 1}: longest output gap "
                 f"{gaps.stayed_ms:6.0f} ms (at {gaps.stayed_at_s:+.1f} s) on partitions that stayed, "
-                f"{gaps.moved_ms:6.0f} ms (at {gaps.moved_at_s:+.1f} s) on the {gaps.moved} that moved",
+                f"{moved_text}",
                 flush=True,
             )
     print()
@@ -224,11 +238,11 @@ async def scale_out(bootstrap: str, args: argparse.Namespace, log_dir: Path) -> 
         f"commits: longest output gap per partition, median of {args.runs} runs (min-max)"
     )
     for strategy, rs in results.items():
-        stayed, moved = [g.stayed_ms for g in rs], [g.moved_ms for g in rs]
-        print(
-            f"  {strategy:20s} stayed {statistics.median(stayed):7.0f} ms {_spread(stayed)}"
-            f"  moved {statistics.median(moved):7.0f} ms {_spread(moved)}"
-        )
+        stayed, moved = [g.stayed_ms for g in rs], [g.moved_ms for g in rs if g.moved_ms is not None]
+        line = f"  {strategy:20s} stayed {statistics.median(stayed):7.0f} ms {_spread(stayed)}"
+        if moved:
+            line += f"  moved {statistics.median(moved):7.0f} ms {_spread(moved)}"
+        print(line)
 
 
 def _spread(values: list[float]) -> str:

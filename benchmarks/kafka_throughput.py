@@ -523,8 +523,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scale-out-seconds", type=float, default=24.0)
     parser.add_argument(
         "--memberships",
-        default="range,cooperative-sticky,KIP-848 consumer",
-        help="comma-separated memberships the scale-out compares",
+        default="range,cooperative-sticky,KIP-848 consumer,one worker",
+        help='comma-separated memberships the scale-out compares ("one worker": no scale-out, the control)',
     )
     args = parser.parse_args(argv)
     from benchmarks.kafka_scale_out import MEMBERSHIPS
