@@ -11,7 +11,9 @@ output's ``source.partition``). Per partition, the longest time between two visi
 while the load runs; reported as the worst partition that stayed with the first worker and the
 worst that moved to the second (from its log). The commit interval (100 ms) is the floor: outputs
 become visible a transaction at a time. The control row (``one worker``) runs the same load with no
-second worker: the gaps this machine shows without any rebalance. The joining worker starts up at nice 10 (see
+second worker: the gaps this machine shows without any rebalance. Beside the whole load's worst gap
+of the partitions that stayed, the worst of those that began within ``SCALING_S`` of the second
+worker's start (of the control: of when it would have started). The joining worker starts up at nice 10 (see
 ``_renice_when_subscribed``). Each gap's start is printed relative to the second
 worker's start, which tells a rebalance's gap from CPU contention.
 """
@@ -47,12 +49,15 @@ MEMBERSHIPS = {
     "one worker": ["--partition-assignment-strategy", "cooperative-sticky"],  # the control: no join
 }
 CONTROL = "one worker"
+# From the second worker's start: its start-up and both rebalance rounds take under 4 s here.
+SCALING_S = 8.0
 _OPENED = re.compile(r"opened partitions \[([\d, ]*)\]")
 
 
 @dataclass
 class Gaps:
     stayed_ms: float  # the longest gap of a partition that stayed with the first worker
+    stayed_scaling_ms: float  # ... of those that began while the group scaled (SCALING_S)
     moved_ms: float | None  # ... of one that moved to the second (none in the control)
     moved: int  # how many moved
     stayed_at_s: float  # when the stayed gap began, from the second worker's start
@@ -210,9 +215,16 @@ async def one_scale_out(
     gaps = {p: _longest_gap(reader.arrivals[p], started + 1.0, ended) for p in range(partitions)}
     stayed_ms, stayed_at = max(gaps[p] for p in range(partitions) if p not in moved)
     if not moved:  # the control: times from when the second worker would have started
-        return Gaps(stayed_ms, None, 0, stayed_at - (started + seconds / 3), None)
+        joined_at = started + seconds / 3
+    scaling = max(
+        _longest_gap(reader.arrivals[p], joined_at, joined_at + SCALING_S)[0]
+        for p in range(partitions)
+        if p not in moved
+    )
+    if not moved:
+        return Gaps(stayed_ms, scaling, None, 0, stayed_at - joined_at, None)
     moved_ms, moved_at = max(gaps[p] for p in moved)
-    return Gaps(stayed_ms, moved_ms, len(moved), stayed_at - joined_at, moved_at - joined_at)
+    return Gaps(stayed_ms, scaling, moved_ms, len(moved), stayed_at - joined_at, moved_at - joined_at)
 
 
 async def scale_out(bootstrap: str, args: argparse.Namespace, log_dir: Path) -> None:
@@ -228,7 +240,8 @@ async def scale_out(bootstrap: str, args: argparse.Namespace, log_dir: Path) -> 
             )
             print(
                 f"  scale-out 1->2, {strategy:20s} run {run + 1}: longest output gap "
-                f"{gaps.stayed_ms:6.0f} ms (at {gaps.stayed_at_s:+.1f} s) on partitions that stayed, "
+                f"{gaps.stayed_ms:6.0f} ms (at {gaps.stayed_at_s:+.1f} s; {gaps.stayed_scaling_ms:.0f} ms "
+                f"while scaling) on partitions that stayed, "
                 f"{moved_text}",
                 flush=True,
             )
@@ -239,7 +252,11 @@ async def scale_out(bootstrap: str, args: argparse.Namespace, log_dir: Path) -> 
     )
     for strategy, rs in results.items():
         stayed, moved = [g.stayed_ms for g in rs], [g.moved_ms for g in rs if g.moved_ms is not None]
-        line = f"  {strategy:20s} stayed {statistics.median(stayed):7.0f} ms {_spread(stayed)}"
+        scaling = [g.stayed_scaling_ms for g in rs]
+        line = (
+            f"  {strategy:20s} stayed {statistics.median(stayed):7.0f} ms {_spread(stayed)}"
+            f" (while scaling {statistics.median(scaling):.0f} ms {_spread(scaling)})"
+        )
         if moved:
             line += f"  moved {statistics.median(moved):7.0f} ms {_spread(moved)}"
         print(line)
