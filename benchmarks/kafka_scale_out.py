@@ -12,8 +12,9 @@ while the load runs; reported as the worst partition that stayed with the first 
 worst that moved to the second (from its log). The commit interval (100 ms) is the floor: outputs
 become visible a transaction at a time. The control row (``one worker``) runs the same load with no
 second worker: the gaps this machine shows without any rebalance. Beside the whole load's worst gap
-of the partitions that stayed, the worst of those that began within ``SCALING_S`` of the second
-worker's start (of the control: of when it would have started). The joining worker starts up at nice 10 (see
+of the partitions that stayed, the worst of those from the second worker's start (of the control:
+when it would have started) that ended before the load did: the wait still open when the load
+stops depends on when it stops, not on the group. The joining worker starts up at nice 10 (see
 ``_renice_when_subscribed``). Each gap's start is printed relative to the second
 worker's start, which tells a rebalance's gap from CPU contention.
 """
@@ -49,15 +50,13 @@ MEMBERSHIPS = {
     "one worker": ["--partition-assignment-strategy", "cooperative-sticky"],  # the control: no join
 }
 CONTROL = "one worker"
-# From the second worker's start: its start-up and both rebalance rounds take under 4 s here.
-SCALING_S = 8.0
 _OPENED = re.compile(r"opened partitions \[([\d, ]*)\]")
 
 
 @dataclass
 class Gaps:
     stayed_ms: float  # the longest gap of a partition that stayed with the first worker
-    stayed_scaling_ms: float  # ... of those that began while the group scaled (SCALING_S)
+    stayed_after_join_ms: float  # ... of those from the second worker's start, ended before the load
     moved_ms: float | None  # ... of one that moved to the second (none in the control)
     moved: int  # how many moved
     stayed_at_s: float  # when the stayed gap began, from the second worker's start
@@ -150,14 +149,27 @@ async def _renice_when_subscribed(pid: int, log: Path) -> None:
         os.setpriority(os.PRIO_PROCESS, pid, 0)
 
 
-def _longest_gap(times: list[float], start: float, end: float) -> tuple[float, float]:
-    """The longest wait for the next visible output that began within [start, end] (ms), and when
-    it began. A wait open at ``end`` lasts until the next output (the last records sent become
-    visible after it), not to ``end``, which would cut it short."""
+def _waits(times: list[float], start: float, end: float) -> list[tuple[float, float, float]]:
+    """Each wait for the next visible output open at some moment of [start, end): (ms, began,
+    ended). A wait open at ``start`` counts from the output before it, one open at ``end`` until the
+    output after it (the last records sent become visible later), so neither is cut short; with no
+    output after, it lasts to ``end``."""
     ordered = sorted(times)
-    inside = [start, *(t for t in ordered if start < t <= end)]
-    inside.append(next((t for t in ordered if t > end), end))
-    return max(((b - a) * 1000, a) for a, b in itertools.pairwise(inside))
+    points = [max((t for t in ordered if t <= start), default=start), *(t for t in ordered if t > start)]
+    waits = [((b - a) * 1000, a, b) for a, b in itertools.pairwise(points) if a < end]
+    if points[-1] < end:
+        waits.append(((end - points[-1]) * 1000, points[-1], end))
+    return waits
+
+
+def _longest_gap(times: list[float], start: float, end: float) -> tuple[float, float]:
+    """The longest wait of ``_waits`` (ms), and when it began."""
+    return max((ms, began) for ms, began, _ in _waits(times, start, end))
+
+
+def _longest_closed_gap(times: list[float], start: float, end: float) -> float:
+    """The longest wait of ``_waits`` that an output ended by ``end`` (ms)."""
+    return max((ms for ms, _, ended in _waits(times, start, end) if ended <= end), default=0.0)
 
 
 async def one_scale_out(
@@ -214,17 +226,15 @@ async def one_scale_out(
     # From one second into the load (the first worker's outputs flowing) to its end.
     gaps = {p: _longest_gap(reader.arrivals[p], started + 1.0, ended) for p in range(partitions)}
     stayed_ms, stayed_at = max(gaps[p] for p in range(partitions) if p not in moved)
-    if not moved:  # the control: times from when the second worker would have started
+    if not joined:  # the control: times from when the second worker would have started
         joined_at = started + seconds / 3
-    scaling = max(
-        _longest_gap(reader.arrivals[p], joined_at, joined_at + SCALING_S)[0]
-        for p in range(partitions)
-        if p not in moved
+    after_join = max(
+        _longest_closed_gap(reader.arrivals[p], joined_at, ended) for p in range(partitions) if p not in moved
     )
     if not moved:
-        return Gaps(stayed_ms, scaling, None, 0, stayed_at - joined_at, None)
+        return Gaps(stayed_ms, after_join, None, 0, stayed_at - joined_at, None)
     moved_ms, moved_at = max(gaps[p] for p in moved)
-    return Gaps(stayed_ms, scaling, moved_ms, len(moved), stayed_at - joined_at, moved_at - joined_at)
+    return Gaps(stayed_ms, after_join, moved_ms, len(moved), stayed_at - joined_at, moved_at - joined_at)
 
 
 async def scale_out(bootstrap: str, args: argparse.Namespace, log_dir: Path) -> None:
@@ -240,8 +250,8 @@ async def scale_out(bootstrap: str, args: argparse.Namespace, log_dir: Path) -> 
             )
             print(
                 f"  scale-out 1->2, {strategy:20s} run {run + 1}: longest output gap "
-                f"{gaps.stayed_ms:6.0f} ms (at {gaps.stayed_at_s:+.1f} s; {gaps.stayed_scaling_ms:.0f} ms "
-                f"while scaling) on partitions that stayed, "
+                f"{gaps.stayed_ms:6.0f} ms (at {gaps.stayed_at_s:+.1f} s; {gaps.stayed_after_join_ms:.0f} ms "
+                f"after the join) on partitions that stayed, "
                 f"{moved_text}",
                 flush=True,
             )
@@ -252,10 +262,10 @@ async def scale_out(bootstrap: str, args: argparse.Namespace, log_dir: Path) -> 
     )
     for strategy, rs in results.items():
         stayed, moved = [g.stayed_ms for g in rs], [g.moved_ms for g in rs if g.moved_ms is not None]
-        scaling = [g.stayed_scaling_ms for g in rs]
+        after_join = [g.stayed_after_join_ms for g in rs]
         line = (
             f"  {strategy:20s} stayed {statistics.median(stayed):7.0f} ms {_spread(stayed)}"
-            f" (while scaling {statistics.median(scaling):.0f} ms {_spread(scaling)})"
+            f" (after the join {statistics.median(after_join):.0f} ms {_spread(after_join)})"
         )
         if moved:
             line += f"  moved {statistics.median(moved):7.0f} ms {_spread(moved)}"

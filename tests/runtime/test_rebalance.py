@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -217,16 +218,19 @@ def _callbacks(config: ConsumerConfig) -> tuple[list[tuple[str, Partitions]], Fa
     lib = FakeLibConsumer()
     assignments: list[str] = []
 
+    async def callback(call: Any, partitions: list[LibTopicPartition]) -> None:
+        await asyncio.to_thread(call, lib, partitions)
+        await consumer._wake_thread.run(lambda: None)  # the wake-ups it submitted have run
+
     async def rebalance() -> None:
         consumer._loop = asyncio.get_running_loop()
-        await asyncio.to_thread(consumer._assigned_cb, lib, _lib(0, 1, 2, 3))
+        await callback(consumer._assigned_cb, _lib(0, 1, 2, 3))
         assignments.append(f"{sorted(consumer.assignment())} opening {sorted(consumer._opening)}")
         consumer._opening = set()  # as poll's open would
-        await asyncio.to_thread(consumer._revoked_cb, lib, _lib(0, 1))
+        await callback(consumer._revoked_cb, _lib(0, 1))
         assignments.append(f"{sorted(consumer.assignment())}")
-        await asyncio.to_thread(consumer._assigned_cb, lib, _lib(1))
+        await callback(consumer._assigned_cb, _lib(1))
         assignments.append(f"{sorted(consumer.assignment())} opening {sorted(consumer._opening)}")
-        await consumer._wake_thread.run(lambda: None)  # the wake-ups submitted before it have run
 
     try:
         asyncio.run(rebalance())
@@ -259,7 +263,7 @@ def test_cooperative_callbacks_touch_only_the_moved_partitions() -> None:
 def test_eager_callbacks_replace_the_whole_assignment() -> None:
     seen, lib, assignments = _callbacks(_config(assignment_strategy=AssignmentStrategy.RANGE))
     assert seen == [("revoke", _tps(0, 1))]
-    # Nothing is kept, so nothing to wake: an assign starts fetchers anew, which wakes them.
+    # Nothing is kept, so nothing to wake here (poll wakes new partitions once it has opened them).
     assert [name for name, _ in lib.calls] == ["assign", "pause", "unassign", "assign", "pause"]
     assert assignments[1] == "[]" and assignments[2].startswith(f"{sorted(_tps(1))} opening")
 
@@ -290,6 +294,45 @@ def test_partitions_resumed_after_their_open_are_woken_unless_paused() -> None:
         real.close()
     assert opened == [_tps(1, 2, 3)]
     assert lib.calls == [("resume", [1, 2]), ("wake", [1, 2])]
+
+
+def test_a_wake_up_holds_up_no_callback_and_none_meets_a_closing_consumer() -> None:
+    """The wake-ups run on their own thread; stop() lets the one under way end, skips the queued
+    ones and only then closes librdkafka's consumer. Partitions the worker paused are not woken."""
+    consumer = confluent_backend.ConfluentConsumer(_config())
+    release = threading.Event()
+    returned: list[str] = []
+
+    class SlowLeader(FakeLibConsumer):
+        def offsets_for_times(self, partitions: list[LibTopicPartition], timeout: float) -> None:
+            # Released only after both callbacks returned: one that waited for it fails here.
+            if not release.wait(2):
+                raise AssertionError("a rebalance callback waited for its wake-up")
+            super().offsets_for_times(partitions, timeout)
+
+    lib = SlowLeader()
+
+    async def revoked(partitions: Partitions) -> None:
+        pass
+
+    async def run() -> None:
+        consumer._loop = asyncio.get_running_loop()
+        consumer._callbacks = (revoked, revoked, revoked)
+        consumer._assigned = _tps(0, 1, 2, 3)
+        consumer._paused = _tps(3)  # its breaker tripped: it stays paused
+        await asyncio.to_thread(consumer._revoked_cb, lib, _lib(0))  # wakes 1 and 2, then waits
+        returned.append("first revocation")
+        await asyncio.to_thread(consumer._revoked_cb, lib, _lib(1))  # queued behind it
+        returned.append("second revocation")
+        stopping = asyncio.ensure_future(consumer.stop())
+        await asyncio.sleep(0.05)
+        assert not stopping.done()  # waits for the wake-up under way
+        release.set()
+        await stopping
+
+    asyncio.run(run())
+    assert returned == ["first revocation", "second revocation"]  # neither waited for the leader
+    assert [call for call in lib.calls if call[0] == "wake"] == [("wake", [1, 2])]
 
 
 # --- the worker: a partial revocation -----------------------------------------------------------

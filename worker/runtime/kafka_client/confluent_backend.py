@@ -74,7 +74,9 @@ T = TypeVar("T")
 
 CALL_TIMEOUT_S = 30.0  # a coordinator call (committed offsets, offsets to a transaction, EndTxn)
 CLOSE_TIMEOUT_S = 10.0
-WAKE_TIMEOUT_S = 5.0  # a wake-up's ListOffsets (``ConfluentConsumer._wake_fetchers``); nobody waits on it
+# A wake-up's ListOffsets (``ConfluentConsumer._wake_fetchers``): past it, librdkafka's own one-second
+# timer wakes the fetchers anyway, and the wake-ups queued behind it and ``stop`` wait no longer.
+WAKE_TIMEOUT_S = 1.0
 STUCK_MARGIN_S = 5.0  # past a call's own timeout: it is not coming back (see _txn_call)
 _NO_OFFSET = confluent_kafka.OFFSET_INVALID
 _FENCED = {LibKafkaError._FENCED, LibKafkaError.PRODUCER_FENCED, LibKafkaError.INVALID_PRODUCER_EPOCH}
@@ -295,6 +297,7 @@ class ConfluentConsumer:
         self._poll_thread = _Thread("kafka-consume")
         self._call_thread = _Thread("kafka-consumer-call")  # not behind a consume (or its callbacks)
         self._wake_thread = _Thread("kafka-consumer-wake")  # see _wake_fetchers
+        self._closing = False  # no more wake-ups: close() must neither wait for one nor meet one
         self._loop: asyncio.AbstractEventLoop | None = None
         self._paused: Partitions = set()  # by the worker (a tripped breaker)
         self._assigned: Partitions = set()
@@ -392,17 +395,22 @@ class ConfluentConsumer:
     def _wake_fetchers(self, consumer: Any, partitions: Partitions) -> None:
         """Have librdkafka fetch ``partitions`` again now that they are resumed, not up to a second later.
 
-        librdkafka pauses the whole assignment while a rebalance callback runs and resumes the kept
-        partitions after it; a resume clears a flag but does not wake the broker thread that
-        fetches the partition, and one left with nothing to fetch sleeps until a request, an answer
-        or its one-second timer wakes it. Measured in a cooperative scale-out, that held a kept
-        partition's records back 200-550 ms at each rebalance (README, "Kafka, scale-out"). A
-        request to the partitions' leaders wakes their threads: ListOffsets of their ends (one per
-        leader, the answer unused), on a thread of its own so that no call waits behind it.
+        librdkafka pauses the whole assignment while a rebalance callback runs and resumes it in
+        ``incremental_assign``/``incremental_unassign``; a resume clears a flag but does not wake
+        the broker thread that fetches the partition, and one left with nothing to fetch sleeps
+        until a request, an answer or its one-second timer wakes it. In a cooperative scale-out
+        that held the kept partitions' records back 350-400 ms at each rebalance (README, "Kafka,
+        scale-out"). A request to the partitions' leaders wakes their threads: ListOffsets of their
+        ends (one per leader, the answer unused), on a thread of its own, so that neither the
+        consume thread nor a callback waits for it.
         """
         fetched = [_lib(tp, confluent_kafka.OFFSET_END) for tp in partitions - self._paused]
-        if fetched:
-            self._wake_thread.submit(consumer.offsets_for_times, fetched, WAKE_TIMEOUT_S)
+        if fetched and not self._closing:
+            self._wake_thread.submit(self._wake, consumer, fetched)
+
+    def _wake(self, consumer: Any, fetched: list[LibTopicPartition]) -> None:
+        if not self._closing:  # queued before stop: librdkafka is not to meet calls while it closes
+            consumer.offsets_for_times(fetched, WAKE_TIMEOUT_S)
 
     def _consume(self, max_records: int, timeout_s: float) -> dict[TopicPartition, list[ConsumedRecord]]:
         # librdkafka's batch call waits out its whole timeout unless it fills the batch, holding
@@ -492,6 +500,13 @@ class ConfluentConsumer:
         return self._group_id_metadata
 
     async def stop(self) -> None:
+        self._closing = True
+        try:
+            # A wake-up under way would hold close() up; it ends within its timeout.
+            async with asyncio.timeout(WAKE_TIMEOUT_S + 1):
+                await self._wake_thread.run(lambda: None)
+        except TimeoutError:
+            log.warning("a fetcher wake-up outlived its timeout; closing the consumer anyway")
         try:
             # close() leaves the group, running the revoke callback on this thread.
             await _call(self._poll_thread, self._consumer.close)
