@@ -12,6 +12,7 @@ import orjson
 
 from tests.golden_cases import MODELS_DIR, normalize
 from tests.paths import REPO_ROOT
+from tests.stream_builders import written
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.settings import ModelSettings
@@ -102,7 +103,7 @@ def with_carried_state(
             out.append(copy)
             result = processor.process(orjson.dumps(record))
             assert result.output is not None
-            state = result.output["body"]["stream_state"]
+            state = result.stream_state()
     return out
 
 
@@ -127,7 +128,7 @@ def replay_outputs(flags: list[str], envelopes: list[Envelope]) -> list[Envelope
     for envelope in envelopes:
         result = processor.process(orjson.dumps(envelope))
         assert result.output is not None, envelope
-        outputs.append(result.output)
+        outputs.append(written(result))
     return outputs
 
 

@@ -35,6 +35,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from tests.golden_cases import MODELS_DIR, normalize, sample_config
 from tests.kafka_broker import TopicFactory
 from tests.paths import REPO_ROOT
+from tests.stream_builders import written
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.kafka_client import make_client
@@ -471,7 +472,7 @@ def replay(derenderer: Derenderer, records: Iterable[Record], max_record_bytes: 
             dead.append(result.dead_letter.reason)
         elif result.output is not None:
             assert result.request_id is not None
-            outputs[result.request_id].append(result.output)
+            outputs[result.request_id].append(written(result))
             count += 1
     return Replay(dict(outputs), dead, count)
 

@@ -30,6 +30,7 @@ from tests.kafka_helpers import (
     make_worker_topics,
 )
 from tests.paths import REPO_ROOT
+from tests.stream_builders import written
 from worker.assembly import AssembledResponse, Assembler
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.pipeline.fake_vllm import FakeVllm, Fault, Recording
@@ -104,7 +105,7 @@ def reference_outputs(recording: Recording, request: dict[str, Any], prompt: int
         envelope = {"request_id": "r", "seq": seq, "endpoint": recording.endpoint, "body": body}
         result = processor.process(orjson.dumps(envelope), b"r")
         assert result.output is not None
-        outputs.append(result.output)
+        outputs.append(written(result))
     return outputs
 
 

@@ -6,6 +6,8 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 JsonDict = dict[str, Any]
 
 
@@ -68,3 +70,11 @@ def chat_one_shot(
             "chat_request": chat_request or {"model": model, "messages": [{"role": "user", "content": "hi"}]},
         },
     }
+
+
+def written(result: Any) -> JsonDict:
+    """An output as the worker writes it (its payload, decoded): a ``ProcessResult``'s ``output``
+    holds the ``stream_state`` encoded (see ``ProcessResult.stream_state``)."""
+    assert result.payload is not None
+    decoded: JsonDict = orjson.loads(result.payload)
+    return decoded

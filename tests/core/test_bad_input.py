@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from tests.golden_cases import MODELS_DIR, derenderer_for, sample_config
-from tests.stream_builders import chat_one_shot, chat_stream
+from tests.stream_builders import chat_one_shot, chat_stream, written
 from worker.core.envelope_processor import EnvelopeProcessor
 
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
@@ -31,7 +31,7 @@ def _outputs(processor: EnvelopeProcessor, records: list[bytes]) -> list[Any]:
 
 
 def _normalized_good(results: list[Any]) -> list[Any]:
-    outs = [r.output for r in results if r.output is not None and r.output["request_id"] == "good"]
+    outs = [written(r) for r in results if r.output is not None and r.output["request_id"] == "good"]
     for o in outs:
         o["body"]["chunk"]["created"] = 0
     return outs

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from tests.golden_cases import derenderer_for, sample_config
+from tests.stream_builders import written
 from worker.core.envelope_processor import EnvelopeProcessor
 
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
@@ -52,7 +53,7 @@ def _outputs(tool_parser: str, chunks: list[str]) -> list[dict[str, Any]]:
         record = {"request_id": "r", "seq": seq, "endpoint": "chat", "body": body}
         result = processor.process(orjson.dumps(record))
         assert result.output is not None and result.internal_error is None
-        outputs.append(result.output)
+        outputs.append(written(result))
     return outputs
 
 

@@ -327,7 +327,7 @@ def _check(result: ProcessResult, processor: EnvelopeProcessor) -> None:
     assert result.payload is not None
     assert len(result.payload) <= processor.max_output_bytes
     OutputEnvelope.model_validate_json(result.payload)
-    assert orjson.loads(result.payload) == result.output
+    assert orjson.dumps(result.output) == result.payload
 
 
 def _check_state(processor: EnvelopeProcessor) -> None:

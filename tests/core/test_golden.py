@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
+from tests.stream_builders import written
 from worker.core.envelope_processor import EnvelopeProcessor
 
 CASES = load_cases()
@@ -20,7 +21,7 @@ def run_case(case: GoldenCase) -> list[dict[str, Any]]:
         result = processor.process(orjson.dumps(envelope))
         assert result.dead_letter is None, result.dead_letter
         assert result.output is not None
-        outputs.append(result.output)
+        outputs.append(written(result))
     return outputs
 
 

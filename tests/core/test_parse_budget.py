@@ -15,7 +15,7 @@ import pytest
 
 from tests.golden_cases import derenderer_for, normalize, sample_config
 from tests.parsing_helpers import WEATHER_REQUEST, sample_tokenizer, tool_parsing
-from tests.stream_builders import chat_stream
+from tests.stream_builders import chat_stream, written
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.parsing.composite import REREAD_TEXT_FACTOR
 from worker.errors import ParseBudgetExceededError
@@ -57,7 +57,7 @@ def _warm(
     for record in records_:
         result = processor.process(orjson.dumps(record))
         assert result.output is not None and result.internal_error is None
-        outputs.append(result.output)
+        outputs.append(written(result))
     return outputs
 
 
@@ -74,10 +74,10 @@ def _cold(records_: list[JsonDict], window: int | None, config: JsonDict | None 
             orjson.dumps({**record, "body": body})
         )
         assert result.output is not None
-        outputs.append(result.output)
+        outputs.append(written(result))
         if "error" in result.output:
             break
-        state = orjson.loads(orjson.dumps(result.output["body"]["stream_state"]))
+        state = result.stream_state()
     return outputs
 
 

@@ -84,7 +84,7 @@ def test_a_failure_replaying_a_state_the_client_carried_is_a_400_as_in_vllm(
     processor = EnvelopeProcessor(_derenderer())
     first = processor.process(_record(0, 9707))
     assert first.output is not None
-    carried = first.output["body"]["stream_state"]
+    carried = first.stream_state()
 
     _break_sessions(monkeypatch)
     failed = EnvelopeProcessor(_derenderer()).process(_record(1, 0, state=carried))

@@ -86,7 +86,7 @@ def _check_result(result: ProcessResult, limit: int) -> None:
     else:
         assert result.payload is not None and len(result.payload) <= limit
         OutputEnvelope.model_validate_json(result.payload)
-        assert orjson.loads(result.payload) == result.output
+        assert orjson.dumps(result.output) == result.payload
 
 
 def _good_outputs(results: Sequence[ProcessResult]) -> list[Any]:
@@ -282,7 +282,7 @@ def test_a_consistent_carried_state_resumes_the_stream() -> None:
     processor = _processor()
     first = processor.process(_good()[0])
     assert first.output is not None
-    state = first.output["body"]["stream_state"]
+    state = first.stream_state()
     resumed = chat_stream("other", [[9707], [0], [151645]], prompt_token_ids=PROMPT)[1]
     resumed["body"]["stream_state"] = state
     result = _processor().process(orjson.dumps(resumed))

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.golden_cases import derenderer_for, sample_config
-from tests.stream_builders import chat_one_shot, chat_stream, split
+from tests.stream_builders import chat_one_shot, chat_stream, split, written
 from worker.core.envelope_processor import EnvelopeProcessor
 
 
@@ -43,7 +43,7 @@ def _run(model_dir: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for record in records:
         result = processor.process(orjson.dumps(record))
         assert result.output is not None, result
-        outputs.append(result.output)
+        outputs.append(written(result))
     return outputs
 
 
@@ -101,8 +101,8 @@ def test_carried_state_equals_held_state(model_dir: str, text: str, cuts: list[i
         processor = EnvelopeProcessor(derenderer_for(sample_config(model_dir=model_dir)))
         result = processor.process(orjson.dumps(record))
         assert result.output is not None
-        carried.append(result.output)
-        state = orjson.loads(orjson.dumps(result.output["body"]["stream_state"]))
+        carried.append(written(result))
+        state = result.stream_state()
     strip = [{**o, "body": {**o["body"], "chunk": {**o["body"]["chunk"], "created": 0}}} for o in held]
     assert [
         {**o, "body": {**o["body"], "chunk": {**o["body"]["chunk"], "created": 0}}} for o in carried

@@ -81,16 +81,16 @@ def test_a_name_at_index_minus_one_with_no_pinned_id_is_vllms_400() -> None:
 def test_the_same_stream_from_carried_state_is_the_same_400() -> None:
     first = EnvelopeProcessor(_derenderer()).process(_record(0, FIRST))
     assert first.output is not None
-    carried = first.output["body"]["stream_state"]
+    carried = first.stream_state()
     failed = EnvelopeProcessor(_derenderer()).process(_record(1, SECOND, state=carried))
     assert failed.output is not None and failed.internal_error is None
     assert failed.output["error"]["code"] == 400
 
 
 def test_index_minus_one_with_a_pinned_id_takes_the_last_one_as_in_vllm() -> None:
-    first = EnvelopeProcessor(_derenderer()).process(_record(0, FIRST))
-    assert first.output is not None
-    carried = first.output["body"]["stream_state"] | {"last_tool_call_ids": ["chatcmpl-tool-pinned"]}
+    state = EnvelopeProcessor(_derenderer()).process(_record(0, FIRST)).stream_state()
+    assert state is not None
+    carried = state | {"last_tool_call_ids": ["chatcmpl-tool-pinned"]}
     out = EnvelopeProcessor(_derenderer()).process(_record(1, SECOND, state=carried))
     assert out.output is not None and "error" not in out.output
     [call] = out.output["body"]["chunk"]["choices"][0]["delta"]["tool_calls"]

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize, sample_config
-from tests.stream_builders import split
+from tests.stream_builders import split, written
 from worker.core.envelope_processor import EnvelopeProcessor
 
 JsonDict = dict[str, Any]
@@ -38,7 +38,7 @@ def _warm(case: GoldenCase, records: list[JsonDict], max_live_parsers: int = 10_
     for record in records:
         result = processor.process(orjson.dumps(record))
         assert result.output is not None
-        outputs.append(result.output)
+        outputs.append(written(result))
     return outputs
 
 
@@ -57,9 +57,9 @@ def _cold(case: GoldenCase, records: list[JsonDict]) -> list[JsonDict]:
         record["body"]["stream_state"] = states.get(index)
         result = EnvelopeProcessor(derenderer_for(case.config)).process(orjson.dumps(record))
         assert result.output is not None, result
-        outputs.append(result.output)
+        outputs.append(written(result))
         if "body" in result.output:
-            states[index] = orjson.loads(orjson.dumps(result.output["body"]["stream_state"]))
+            states[index] = result.stream_state()
         last_index = index
     return outputs
 
@@ -329,6 +329,6 @@ def test_a_carried_state_does_not_pay_for_the_other_choices_replay() -> None:
     processor.process(record(1, 1))
     assert first.output is not None
     changed = {**request, "include_reasoning": False}
-    state = first.output["body"]["stream_state"]
+    state = first.stream_state()
     refused = processor.process(record(2, 0, chat_request=changed, stream_state=state))
     assert refused.output is not None and refused.output["error"]["code"] == 400

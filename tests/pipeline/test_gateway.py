@@ -31,6 +31,7 @@ from tests.pipeline_helpers import (
     request_of,
     two_prompt_recording,
 )
+from tests.stream_builders import written
 from worker.assembly import AssembledResponse
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.pipeline.fake_vllm import full_response
@@ -250,7 +251,7 @@ def test_one_shot_completion_with_two_prompts_equals_vllms_one_shot_derender(pip
     result = EnvelopeProcessor(derenderer_for(CONFIG)).process(orjson.dumps(envelope), b"r")
     assert result.output is not None
     got = {"seq": 0, "endpoint": "completion", "body": raw.http_response.json()}
-    assert comparable([got]) == comparable([result.output])
+    assert comparable([got]) == comparable([written(result)])
     completion = raw.parse()
     assert [c.index for c in completion.choices] == [0, 1]
     assert completion.choices[0].text == completion.choices[1].text != ""

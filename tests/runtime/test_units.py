@@ -12,6 +12,7 @@ from aiokafka import TopicPartition
 from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
 from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, owned_partition
+from tests.stream_builders import written
 from worker.cli import build_parser
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import ConfigurationError, IllegalTransitionError
@@ -130,9 +131,7 @@ def test_state_is_batched_per_commit_and_restorable() -> None:
         install(restored, {"unit-00000": decode(state[0].value)}, now=0.0)
         expected: list[dict[str, Any]] = []
         for e in a.envelopes[2:]:
-            output = restored.process(orjson.dumps(e), e["request_id"].encode()).output
-            assert output is not None
-            expected.append(output)
+            expected.append(written(restored.process(orjson.dumps(e), e["request_id"].encode())))
         # Commit 2: the rest of `a` closes it: a tombstone, since a snapshot was written before.
         for envelope in a.envelopes[2:]:
             await task.handle(FakeRecord(offset, envelope))
@@ -287,13 +286,15 @@ def test_restoring_from_a_snapshot_before_every_record_changes_nothing(case: Gol
     """
     derenderer = derenderer_for(case.config)
     straight = EnvelopeProcessor(derenderer)
-    expected = [straight.process(orjson.dumps(e)).output for e in case.input]
+    results = [straight.process(orjson.dumps(e)) for e in case.input]
+    expected = [written(r) if r.output is not None else None for r in results]
     snapshots: dict[str, bytes] = {}
     got = []
     for envelope in case.input:
         processor = EnvelopeProcessor(derenderer)
         install(processor, {rid: decode(value) for rid, value in snapshots.items()}, now=0.0)
-        got.append(processor.process(orjson.dumps(envelope)).output)
+        result = processor.process(orjson.dumps(envelope))
+        got.append(written(result) if result.output is not None else None)
         snapshots = {rid: encode_context(ctx) for rid, ctx in processor.requests.items()}
     assert normalize([o for o in got if o]) == normalize([o for o in expected if o])
 

@@ -266,6 +266,20 @@ class ProcessResult:
     refused: str | None = None
     """The record would have opened a request and ``Admission`` refused it: the cap's name."""
 
+    def stream_state(self) -> JsonDict | None:
+        """The output body's ``stream_state`` as a dict, or None without one.
+
+        ``output`` holds it encoded, an ``orjson.Fragment`` of the bytes ``payload`` carries: built
+        as Python lists too, it cost O(the output so far) per record (92 µs at 32,000 output
+        tokens) for a dict that only a library caller reads.
+        """
+        body = self.output.get("body") if self.output is not None else None
+        state = body.get("stream_state") if isinstance(body, dict) else None
+        if state is None:
+            return None
+        decoded: JsonDict = orjson.loads(orjson.dumps(state))
+        return decoded
+
 
 _LISTED_ERRORS = 20
 
@@ -514,20 +528,13 @@ class EnvelopeProcessor:
         *,
         closed: bool = False,
         source: JsonDict | None = None,
-        wire: orjson.Fragment | None = None,
     ) -> ProcessResult:
         """An output envelope, serialized. Output that cannot be written (a 500) or is larger than
-        ``max_output_bytes`` (a 413) becomes an error record instead, which fails the request.
-
-        ``wire``: the stream body's ``stream_state`` already encoded (``orjson.Fragment``).
-        """
+        ``max_output_bytes`` (a 413) becomes an error record instead, which fails the request."""
         if source is not None:
             output["source"] = source
-        written = output
-        if wire is not None:
-            written = {**output, "body": {**output["body"], "stream_state": wire}}
         try:
-            payload = orjson.dumps(written)
+            payload = orjson.dumps(output)
         except TypeError as exc:  # orjson.JSONEncodeError: a value the input bounds let through
             error = RequestError(
                 f"the response cannot be written as JSON: {exc}", code=500, error_type="InternalServerError"
@@ -698,7 +705,6 @@ class EnvelopeProcessor:
         for choice in choices:
             if choice.finish_reason is not None:
                 ctx.finished.add(choice.index)
-        wire = state.to_wire()
         wire_json = state.wire_json()  # validated, bounded values: it cannot fail
         ctx.note_wire(index, len(wire_json))
         if ctx.state_bytes() > self.max_request_state_bytes:
@@ -711,14 +717,14 @@ class EnvelopeProcessor:
             "request_id": rid,
             "seq": seq,
             "endpoint": endpoint,
-            "body": {"chunk": chunk, "stream_state": wire},
+            "body": {"chunk": chunk, "stream_state": orjson.Fragment(wire_json)},  # see ProcessResult
         }
         done = len(ctx.finished) >= ctx.expected_choices and (
             not ctx.wants_usage_record or (not choices and has_usage)
         )
         if done:
             self._close(rid, seq)
-        return self.output_result(rid, output, closed=done, source=source, wire=orjson.Fragment(wire_json))
+        return self.output_result(rid, output, closed=done, source=source)
 
     def _measured_context(
         self, ctx: RequestContext, given: JsonDict, request_raw: JsonDict | None
