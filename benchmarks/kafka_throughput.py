@@ -52,7 +52,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import confluent_kafka
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -295,7 +294,9 @@ def passthrough(bootstrap: str, source: str, sink: str, count: int, commit_ms: i
     Runs in its own process (``process_time`` then counts librdkafka's threads, and only them):
     records/s from the first record consumed to the last commit, and CPU µs per record.
     """
-    consumer = confluent_kafka.Consumer(
+    import confluent_kafka as ck
+
+    consumer = ck.Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"bench-pass-{uuid.uuid4().hex[:8]}",
@@ -304,7 +305,7 @@ def passthrough(bootstrap: str, source: str, sink: str, count: int, commit_ms: i
             "isolation.level": "read_committed",
         }
     )
-    producer = confluent_kafka.Producer(
+    producer = ck.Producer(
         {
             "bootstrap.servers": bootstrap,
             "transactional.id": f"bench-pass-{uuid.uuid4().hex[:8]}",
@@ -320,7 +321,7 @@ def passthrough(bootstrap: str, source: str, sink: str, count: int, commit_ms: i
     offsets: dict[tuple[str, int], int] = {}
 
     def commit() -> None:
-        tps = [confluent_kafka.TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        tps = [ck.TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         producer.send_offsets_to_transaction(tps, consumer.consumer_group_metadata())
         producer.commit_transaction()
 
@@ -434,7 +435,24 @@ async def one_run(
             args.sequences, max(2, int(rate * args.latency_seconds) // args.sequences), f"l{run}"
         )
         reader.track = True
-        sent, sent_wall = await paced_send(bootstrap, topics.input, lat_load, rate, headers, args.load_client)
+        sent: dict[bytes, float] = {}
+        sent_wall: dict[bytes, float] = {}
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=1)
+        await producer.start()
+        try:
+            started = time.monotonic()
+            futures = []
+            for i, (key, value) in enumerate(lat_load):
+                ahead = started + i / rate - time.monotonic()
+                if ahead > 0.002:
+                    await asyncio.sleep(ahead)
+                env = orjson.loads(value)
+                chunk_id = f"{env['request_id']}:{env['seq']}".encode()
+                sent[chunk_id], sent_wall[chunk_id] = time.monotonic(), time.time()
+                futures.append(await producer.send(topics.input, value=value, key=key, headers=headers))
+            await asyncio.gather(*futures)
+        finally:
+            await producer.stop()
         await reader.wait_for(len(load) + len(lat_load), timeout=120)
         latencies = sorted((reader.arrivals[k] - t) * 1000 for k, t in sent.items() if k in reader.arrivals)
         p50, p99 = _quantiles(latencies)
@@ -450,68 +468,6 @@ async def one_run(
         await reader.stop()
         await delete_topics(bootstrap, [topics.input, topics.output, topics.state, topics.dlq])
     return RunResult(throughput, p50, p99, rate, cpu_us, wire, payload, before, after)
-
-
-def _chunk_id(value: bytes) -> bytes:
-    env = orjson.loads(value)
-    return f"{env['request_id']}:{env['seq']}".encode()
-
-
-async def paced_send(
-    bootstrap: str,
-    topic: str,
-    load: list[tuple[bytes, bytes]],
-    rate: float,
-    headers: list[tuple[str, bytes]] | None,
-    client: str,
-) -> tuple[dict[bytes, float], dict[bytes, float]]:
-    """Send ``load`` at ``rate`` records/s; when each chunk was sent (monotonic, wall clock).
-
-    The load generator shares the cores with the worker and the broker, so it should take as little
-    of them as it can: ``confluent`` (librdkafka, the default) costs a few µs of Python a record,
-    ``aiokafka`` (what this benchmark used before) several times that, its protocol work on the
-    event loop."""
-    ids = [_chunk_id(value) for _, value in load]  # before the clock starts
-    sent: dict[bytes, float] = {}
-    sent_wall: dict[bytes, float] = {}
-
-    async def paced(send: Any) -> None:
-        started = time.monotonic()
-        for i, ((key, value), chunk_id) in enumerate(zip(load, ids, strict=True)):
-            ahead = started + i / rate - time.monotonic()
-            if ahead > 0.002:
-                await asyncio.sleep(ahead)
-            sent[chunk_id], sent_wall[chunk_id] = time.monotonic(), time.time()
-            await send(key, value)
-
-    if client == "confluent":
-        producer = confluent_kafka.Producer(
-            {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 1}
-        )
-
-        lib_headers: list[tuple[str, str | bytes | None]] | None = list(headers) if headers else None
-
-        async def send_confluent(key: bytes, value: bytes) -> None:
-            producer.produce(topic, value=value, key=key, headers=lib_headers)
-            producer.poll(0)
-
-        await paced(send_confluent)
-        if await asyncio.to_thread(producer.flush, 60):
-            raise RuntimeError("the load generator could not deliver every record")
-        return sent, sent_wall
-    aio = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=1)
-    await aio.start()
-    futures = []
-    try:
-
-        async def send_aiokafka(key: bytes, value: bytes) -> None:
-            futures.append(await aio.send(topic, value=value, key=key, headers=headers))
-
-        await paced(send_aiokafka)
-        await asyncio.gather(*futures)
-    finally:
-        await aio.stop()
-    return sent, sent_wall
 
 
 def _quantiles(values: list[float]) -> tuple[float, float]:
@@ -544,12 +500,6 @@ def main(argv: list[str] | None = None) -> None:
         "--latency-rate", type=float, default=0.0, help="chunks/s during the latency phase (0: half the max)"
     )
     parser.add_argument("--latency-seconds", type=float, default=10.0)
-    parser.add_argument(
-        "--load-client",
-        choices=("confluent", "aiokafka"),
-        default="confluent",
-        help="the latency phase's load generator (paced_send); aiokafka: as before, several times the CPU",
-    )
     parser.add_argument(
         "--modes",
         default="exactly-once/aiokafka/per-partition,exactly-once/confluent/per-partition,"
