@@ -9,7 +9,10 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.golden_cases import derenderer_for, sample_config
+from tests.stream_builders import chat_stream
 from worker.core.decoding import DecodeWindow
+from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.sequence_state import SequenceState
 
 
@@ -46,3 +49,19 @@ def test_a_record_encodes_only_its_own_ids(monkeypatch: pytest.MonkeyPatch) -> N
     state.output_chunk_lens.append(1)
     state.wire_json()
     assert encoded == [1, 1]  # the new id and its chunk length, not the 10,000 before them
+
+
+def test_the_result_holds_the_state_the_payload_carries_and_an_error_none() -> None:
+    """The processor's result keeps the ``stream_state`` encoded: ``stream_state()`` decodes exactly
+    what the payload carries, which the next record can bring back; an error record has none."""
+    processor = EnvelopeProcessor(derenderer_for(sample_config(parsers=True)))
+    first, second = chat_stream("r", [[9707], [11]], prompt_token_ids=[9707] * 3)
+    result = processor.process(orjson.dumps(first))
+    assert result.payload is not None
+    state = result.stream_state()
+    assert state is not None and state == orjson.loads(result.payload)["body"]["stream_state"]
+    assert state["output_token_ids"] == [9707]
+    assert processor.requests["r"].sequences[0].to_wire() == state  # what the processor holds
+    refused = processor.process(orjson.dumps({**second, "seq": 5}))  # a gap: an error record
+    assert refused.output is not None and "error" in refused.output
+    assert refused.stream_state() is None

@@ -252,6 +252,8 @@ class ProcessResult:
 
     request_id: str | None = None
     output: JsonDict | None = None
+    """The output envelope as built; a stream body's ``stream_state`` in it is encoded (an
+    ``orjson.Fragment``: ``stream_state()`` decodes it), so copy or compare ``payload``."""
     dead_letter: DeadLetter | None = None
     duplicate: bool = False
     closed: bool = False
