@@ -40,11 +40,13 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import shutil
 import subprocess
 import time
 import uuid
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import pytest
@@ -138,6 +140,21 @@ def _run_script(
         )
     lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
     return lines[-1] if lines else ""
+
+
+def second_broker_home(home: Path) -> Path:
+    """``home`` made ready for a second ``deploy/local/kafka`` broker (its ``KAFKA_HOME_DIR``): skips
+    the test without Java; reuses the default broker's jars (same version), else the script fetches
+    them."""
+    java = os.environ.get("JAVA_HOME")
+    if shutil.which("java") is None and not (java and Path(java, "bin", "java").exists()):
+        pytest.skip("no Java: deploy/local/kafka cannot start a second broker")
+    home.mkdir(parents=True, exist_ok=True)
+    version = os.environ.get("KAFKA_VERSION", "4.1.2")
+    jars = REPO_ROOT / "deploy" / "local" / ".kafka" / f"jars-{version}"
+    if (jars / ".complete").is_file():
+        (home / f"jars-{version}").symlink_to(jars)
+    return home
 
 
 def local_broker_running() -> bool:

@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from worker.core.envelope_processor import ProcessResult
+
 JsonDict = dict[str, Any]
 
 
@@ -72,7 +74,7 @@ def chat_one_shot(
     }
 
 
-def written(result: Any) -> JsonDict:
+def written(result: ProcessResult) -> JsonDict:
     """An output as the worker writes it (its payload, decoded): a ``ProcessResult``'s ``output``
     holds the ``stream_state`` encoded (see ``ProcessResult.stream_state``)."""
     assert result.payload is not None

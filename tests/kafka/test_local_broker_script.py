@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.kafka_broker import second_broker_home
 from tests.kafka_helpers import free_port
 from tests.paths import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "deploy" / "local" / "kafka"
-VERSION = os.environ.get("KAFKA_VERSION", "4.1.2")
 
 
 @pytest.mark.kafka
@@ -21,14 +20,7 @@ def test_a_cluster_id_that_reads_as_an_option_is_drawn_again(tmp_path: Path) -> 
     """A KRaft cluster id is base64url, so 1 draw in 64 starts with '-', which the storage tool
     took for an option ("expected one argument"): the start failed. One left by such an attempt is
     drawn again, and the broker starts on the data formatted with the new id."""
-    java = os.environ.get("JAVA_HOME")
-    if shutil.which("java") is None and not (java and Path(java, "bin", "java").exists()):
-        pytest.skip("no Java: deploy/local/kafka cannot start a second broker")
-    home = tmp_path / "kafka"
-    home.mkdir()
-    jars = REPO_ROOT / "deploy" / "local" / ".kafka" / f"jars-{VERSION}"
-    if (jars / ".complete").is_file():  # the default broker's jars, else the script fetches them
-        (home / f"jars-{VERSION}").symlink_to(jars)
+    home = second_broker_home(tmp_path / "kafka")
     (home / "cluster.id").write_text("-aCMNZeEEBIadg4EDfa4zg\n")
     env = {
         **os.environ,

@@ -14,7 +14,6 @@ import base64
 import http.server
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from tests.kafka_broker import second_broker_home
 from tests.kafka_helpers import QWEN3_CONFIG, TopicReader, free_port, generate_sequences, model_args
 from tests.paths import REPO_ROOT
 from worker.errors import ConfigurationError, TokenError
@@ -259,21 +259,9 @@ class OAuthBroker:
     env: dict[str, str]
 
 
-def _jars_from_the_shared_broker(home: Path) -> None:
-    """Reuse the jars the default broker fetched (same version), else the script fetches them."""
-    version = os.environ.get("KAFKA_VERSION", "4.1.2")
-    jars = REPO_ROOT / "deploy" / "local" / ".kafka" / f"jars-{version}"
-    if (jars / ".complete").is_file():
-        (home / f"jars-{version}").symlink_to(jars)
-
-
 @pytest.fixture(scope="module")
 def oauth_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthBroker]:
-    java = os.environ.get("JAVA_HOME")
-    if shutil.which("java") is None and not (java and Path(java, "bin", "java").exists()):
-        pytest.skip("no Java: deploy/local/kafka cannot start a second broker")
-    home = tmp_path_factory.mktemp("kafka-oauth")
-    _jars_from_the_shared_broker(home)
+    home = second_broker_home(tmp_path_factory.mktemp("kafka-oauth"))
     port, controller, sasl = free_port(), free_port(), free_port()
     extra = "\n".join(
         [

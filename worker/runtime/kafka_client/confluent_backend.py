@@ -356,8 +356,7 @@ class ConfluentConsumer:
         if partitions:
             consumer.pause(partitions)
         self._opening |= added
-        if self._incremental:
-            self._wake_fetchers(consumer, self._assigned - self._opening)  # the kept ones
+        self._wake_fetchers(consumer, self._assigned - self._opening)  # the kept ones (eager: none)
 
     def _revoked_cb(self, consumer: Any, partitions: list[LibTopicPartition]) -> None:
         self._give_up(consumer, partitions, 1)
@@ -374,11 +373,11 @@ class ConfluentConsumer:
                 consumer.incremental_unassign(partitions)
             self._assigned -= gone
             self._paused -= gone
-            self._wake_fetchers(consumer, self._assigned - self._opening)
         else:
             consumer.unassign()
             self._assigned = set()
             self._paused = set()
+        self._wake_fetchers(consumer, self._assigned - self._opening)  # the kept ones (eager: none)
 
     async def _open_assigned(self) -> None:
         opening, self._opening = self._opening, set()
