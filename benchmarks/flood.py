@@ -68,9 +68,6 @@ class _NullSink:
     async def send(self, record: OutgoingRecord) -> None:
         self.last = record
 
-    def seal(self) -> None:
-        pass
-
     async def commit(self, state_records: Any, offsets: Any) -> None:
         pass
 

@@ -44,9 +44,6 @@ class RecordingSink:
     async def send(self, record: OutgoingRecord) -> None:
         self.sent.append(record)
 
-    def seal(self) -> None:
-        pass  # sends are recorded as made; commits record what they were given
-
     async def commit(
         self, state_records: Sequence[OutgoingRecord], offsets: dict[TopicPartition, int]
     ) -> None:

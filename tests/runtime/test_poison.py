@@ -22,7 +22,6 @@ from tests.partition_fakes import (
     owned_partition,
     run_settings,
 )
-from tests.runtime.worker_fakes import step_booked
 from worker.core.envelope_processor import ProcessResult
 from worker.errors import ConfigurationError, DeliveryFailedError, KafkaClientError, RecordTooLargeError
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
@@ -265,7 +264,7 @@ def test_a_poison_commit_is_not_an_isolated_commit() -> None:
     worker, task = _worker(sink, DeadLetterLimits(max_ratio=None, max_consecutive=None), retries=1)
     worker.resets.record_failed(2, 0, "TypeError('x')")
     worker._consumer = PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
-    asyncio.run(step_booked(worker))
+    asyncio.run(worker._step())
     assert len(sink.commits) == 1 and sink.sent[0].topic == TOPICS.dlq  # skipped, committed at once
     assert worker.metrics.counters.get("derender.commits.isolated", 0) == 0
 
@@ -321,7 +320,7 @@ def test_a_kafka_client_error_is_not_blamed_on_the_record_being_handled() -> Non
     for error in errors:
         worker, task = _worker(_FlakySink(error), limits, retries=1)
         worker._consumer = PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
-        asyncio.run(step_booked(worker))
+        asyncio.run(worker._step())
         assert task.tp not in worker.tasks  # reset: it reopens and retries the record
         assert worker.resets.resets(2, 0) == 0 and not worker.resets.is_poison(2, 0)
         assert not worker.dead_letters.is_tripped(2) and worker.dead_letters.breaker(2).window_size == 0
@@ -330,7 +329,7 @@ def test_a_kafka_client_error_is_not_blamed_on_the_record_being_handled() -> Non
     # Any other error is the record's: it counts towards its retries and the breaker.
     worker, task = _worker(_FlakySink(RuntimeError("bug")), limits, retries=1)
     worker._consumer = PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
-    asyncio.run(step_booked(worker))
+    asyncio.run(worker._step())
     assert worker.resets.is_poison(2, 0) and worker.dead_letters.is_tripped(2)
 
 
@@ -348,7 +347,7 @@ def test_an_isolated_commit_that_fails_names_its_record_whatever_the_error() -> 
     worker, task = _worker(_RefusingSink(), DeadLetterLimits(max_ratio=None, max_consecutive=None))
     worker.resets.commit_failed(2, committed=0, attempted=2)  # a failed commit of [0, 2): isolating
     worker._consumer = PollingConsumer(task.tp, [FakeRecord(0, seq.envelopes[0])])
-    asyncio.run(step_booked(worker))
+    asyncio.run(worker._step())
     assert worker.resets.resets(2, 0) == 1
     assert worker.metrics.counters["derender.commits.isolated"] == 1
 
@@ -359,7 +358,7 @@ def test_a_range_replayed_after_a_reset_is_observed_by_the_breaker_once() -> Non
     limits = DeadLetterLimits(max_ratio=0.5, window=100, min_records=1, max_consecutive=None)
     worker, task = _worker(_FlakySink(None, None, RuntimeError("bug")), limits)
     worker._consumer = PollingConsumer(task.tp, records)
-    asyncio.run(step_booked(worker))  # 0 and 1 go through, 2 resets the partition
+    asyncio.run(worker._step())  # 0 and 1 go through, 2 resets the partition
     breaker = worker.dead_letters.breaker(2)
     assert task.tp not in worker.tasks and (breaker.window_size, breaker.invalid_in_window) == (3, 1)
     reopened = owned_partition(worker.derenderer, RecordingSink())
@@ -370,7 +369,7 @@ def test_a_range_replayed_after_a_reset_is_observed_by_the_breaker_once() -> Non
     )
     worker.tasks[reopened.tp] = reopened
     worker._consumer = PollingConsumer(task.tp, records)
-    asyncio.run(step_booked(worker))  # the replay: 0 and 1 again, then 2 goes through
+    asyncio.run(worker._step())  # the replay: 0 and 1 again, then 2 goes through
     assert reopened.position == 3
     assert (breaker.window_size, breaker.invalid_in_window) == (4, 1)  # not 6: 0 and 1 count once
 
@@ -415,7 +414,7 @@ def test_a_record_a_topic_refuses_as_too_large_is_named_by_isolation_and_dead_le
             current.position = current.committed_position = position
             worker.tasks[task.tp] = current
         worker._consumer = PollingConsumer(task.tp, records[position:])
-        asyncio.run(step_booked(worker))
+        asyncio.run(worker._step())
         return current
 
     step(0)  # the batch's commit fails: its culprit is unknown

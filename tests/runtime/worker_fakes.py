@@ -4,7 +4,6 @@ records its calls, a worker owning two partitions through it, and one record han
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from tests.golden_cases import derenderer_for
@@ -89,28 +88,3 @@ def handle_record(task: OwnedPartition, offset: int, envelope: dict[str, Any]) -
     record = FakeRecord(offset, envelope)
     record.partition = task.tp.partition
     asyncio.run(task.handle(record))
-
-
-async def step_booked(worker: Worker) -> None:
-    """One loop step, then its commit waited for and booked: a step leaves it in flight
-    (``Worker._start_commit``), and a test's event loop ends with the step."""
-    await worker._step()
-    await worker._settle_commit()
-
-
-class SlowClock:
-    """The worker module's ``time``: every monotonic reading is ``step_s`` after the last one, as
-    if each record took that long."""
-
-    def __init__(self, step_s: float) -> None:
-        self.step_s, self.now = step_s, 1000.0
-
-    def monotonic(self) -> float:
-        self.now += self.step_s
-        return self.now
-
-    def time(self) -> float:
-        return time.time()
-
-    def perf_counter(self) -> float:
-        return time.perf_counter()

@@ -98,9 +98,6 @@ class Sink(Protocol):
 
     async def send(self, record: OutgoingRecord) -> None: ...
 
-    def seal(self) -> None:
-        """The next ``commit`` takes what was sent until now, not what is sent while it runs."""
-
     async def commit(
         self, state_records: Sequence[OutgoingRecord], offsets: dict[TopicPartition, int]
     ) -> None: ...
@@ -111,12 +108,7 @@ class Sink(Protocol):
 
 
 class Transaction:
-    """One transactional producer's open transaction: begun on the first send, ended by commit or abort.
-
-    Pipelined commits (``Worker._start_commit``): ``seal`` marks where a commit's content ends. What
-    is sent after it, while that commit is in flight, is held and goes into the next transaction,
-    ahead of anything sent after the commit ended.
-    """
+    """One transactional producer's open transaction: begun on the first send, ended by commit or abort."""
 
     def __init__(
         self, producer: TransactionalProducer, group: GroupMetadata, metrics: Metrics | None = None
@@ -128,14 +120,10 @@ class Transaction:
         self._open = False
         self._fenced = False
         self._unsettled = False
-        self._sealed = False
-        self._held: list[OutgoingRecord] = []  # sent after the seal: for the next transaction
-        self._carried: list[OutgoingRecord] = []  # held before the seal: for the sealed one
 
     @property
     def open(self) -> bool:
-        """Holds uncommitted work: an open transaction, or sends held for one."""
-        return self._open or bool(self._held) or bool(self._carried)
+        return self._open
 
     @property
     def fenced(self) -> bool:
@@ -172,47 +160,21 @@ class Transaction:
             raise
         self._open = True
 
-    def seal(self) -> None:
-        """What was sent so far is the next commit's; later sends wait for that commit to end."""
-        if not self._sealed:
-            self._sealed = True
-            self._carried, self._held = self._held, []
-
     async def send(self, record: OutgoingRecord) -> None:
-        if self._sealed:
-            # Bounded by the worker's --max-uncommitted-records, which waits for the commit.
-            self._held.append(record)
-            return
         try:
-            if self._held:
-                await self._send_all(self._take_held())
-            await self._send(record)
+            if not self._open:
+                await self._begin()
+            # Awaiting send() blocks while the client's buffer is full: that is the backpressure
+            # between processing and the broker.
+            await self.producer.send(record)
         except ProducerFencedError:
             self._fenced = True
             raise
 
-    def _take_held(self) -> list[OutgoingRecord]:
-        held, self._held = self._held, []
-        return held
-
-    async def _send(self, record: OutgoingRecord) -> None:
-        if not self._open:
-            await self._begin()
-        # Awaiting send() blocks while the client's buffer is full: that is the backpressure
-        # between processing and the broker.
-        await self.producer.send(record)
-
-    async def _send_all(self, records: Sequence[OutgoingRecord]) -> None:
-        for record in records:
-            await self._send(record)  # should one fail, the partition is reset (module docstring)
-
     async def commit(self, state_records: Sequence[OutgoingRecord], offsets: Offsets) -> None:
-        """Commit what was sent up to the seal (sealing now if nothing did), with ``state_records``."""
-        self.seal()
         try:
-            carried, self._carried = self._carried, []
-            await self._send_all(carried)
-            await self._send_all(state_records)
+            for record in state_records:
+                await self.send(record)
             if not self._open:
                 if not offsets:
                     return
@@ -222,8 +184,6 @@ class Transaction:
         except ProducerFencedError:
             self._fenced = True
             raise
-        finally:
-            self._sealed = False
         self._open = False
         self._observe(timings)
 
@@ -236,8 +196,6 @@ class Transaction:
             self._metrics.timing(m.COMMIT_END_TXN_MS, timings.end_txn_ms)
 
     async def abort(self) -> None:
-        self._held.clear()
-        self._carried.clear()
         if not self._open:
             return
         self._open = False
@@ -273,9 +231,6 @@ class TransactionalSink:
     async def send(self, record: OutgoingRecord) -> None:
         await self.transaction.send(record)
 
-    def seal(self) -> None:
-        self.transaction.seal()
-
     async def commit(
         self, state_records: Sequence[OutgoingRecord], offsets: dict[TopicPartition, int]
     ) -> None:
@@ -306,9 +261,6 @@ class SharedSink:
     async def send(self, record: OutgoingRecord) -> None:
         await self.transaction.send(record)
 
-    def seal(self) -> None:
-        self.transaction.seal()
-
     async def commit(
         self, state_records: Sequence[OutgoingRecord], offsets: dict[TopicPartition, int]
     ) -> None:
@@ -337,9 +289,6 @@ class AtLeastOnceSink:
 
     async def send(self, record: OutgoingRecord) -> None:
         await self._producer.send(record)
-
-    def seal(self) -> None:
-        pass  # outputs are visible on send: one sent during a commit is at least once either way
 
     async def commit(
         self, state_records: Sequence[OutgoingRecord], offsets: dict[TopicPartition, int]

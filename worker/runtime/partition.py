@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult
@@ -36,16 +35,6 @@ log = logging.getLogger(__name__)
 
 # A dead letter that any dead-letter topic takes (the broker's default max.message.bytes is 1 MiB).
 _FALLBACK_DEAD_LETTER = 256 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class PendingCommit:
-    """What one commit of a partition holds, taken when it starts (``OwnedPartition.begin_commit``)."""
-
-    state: list[OutgoingRecord]
-    position: int  # the input offset it commits: every record before it
-    oldest_timestamp_ms: int | None  # create time of its first input
-    started: float  # perf_counter
 
 
 class OwnedPartition:
@@ -232,29 +221,17 @@ class OwnedPartition:
 
     async def commit(self) -> None:
         """Commit outputs, state and the input position together (one transaction in EOS mode)."""
-        pending = self.begin_commit()
-        await self.sink.commit(pending.state, {self.tp: pending.position})
-        self.committed(pending, time.perf_counter())
+        started = time.perf_counter()
+        state = self.state_records()
+        await self.sink.commit(state, {self.tp: self.position})
+        self.committed(state, started)
 
-    def begin_commit(self) -> PendingCommit:
-        """Take what a commit starting now holds: everything handled so far and its state records
-        (``StateChangelog.records``; called once per commit). Records handled while it is in flight
-        belong to the next one (``Worker._start_commit``); should it fail, the partition is reset."""
-        self.sink.seal()
-        pending = PendingCommit(
-            self.changelog.records(self.processor.requests),
-            self.position,
-            self.oldest_timestamp_ms,
-            time.perf_counter(),
-        )
-        self.uncommitted_records = 0
-        self.has_pending_output = False
-        self.oldest_timestamp_ms = None
-        return pending
+    def state_records(self) -> list[OutgoingRecord]:
+        """This commit's state records (``StateChangelog.records``); called once per commit."""
+        return self.changelog.records(self.processor.requests)
 
-    def committed(self, pending: PendingCommit, finished: float) -> None:
-        """Book ``pending`` as committed (it ended at ``finished``, a ``perf_counter`` time)."""
-        state = pending.state
+    def committed(self, state: list[OutgoingRecord], started: float) -> None:
+        """Book a commit of ``state`` and everything up to ``position`` (begun at ``started``)."""
         snapshots = sum(1 for r in state if r.value is not None)
         if state:
             self.metrics.increment(self._produced_key(self.topics.state), len(state))
@@ -262,9 +239,11 @@ class OwnedPartition:
         self.metrics.increment(m.STATE_SNAPSHOTS_WRITTEN, snapshots)
         self.metrics.increment(m.STATE_TOMBSTONES_WRITTEN, len(state) - snapshots)
         self.metrics.increment(m.COMMITS)
-        self.metrics.timing(m.COMMIT_MS, (finished - pending.started) * 1000)
-        if pending.oldest_timestamp_ms is not None:
+        self.metrics.timing(m.COMMIT_MS, (time.perf_counter() - started) * 1000)
+        if self.oldest_timestamp_ms is not None:
             # Input create time to committed output: the worker's share of end-to-end latency.
-            ended_ms = (time.time() - (time.perf_counter() - finished)) * 1000
-            self.metrics.timing(m.COMMIT_LAG_MS, ended_ms - pending.oldest_timestamp_ms)
-        self.committed_position = pending.position
+            self.metrics.timing(m.COMMIT_LAG_MS, time.time() * 1000 - self.oldest_timestamp_ms)
+            self.oldest_timestamp_ms = None
+        self.committed_position = self.position
+        self.uncommitted_records = 0
+        self.has_pending_output = False

@@ -1,10 +1,9 @@
 """The worker: poll a bounded batch, process it, commit at the interval; rebalances; shutdown.
 
 One asyncio lock serialises the three things that touch owned partitions: a loop step
-(poll + process + maybe start a commit), the rebalance listener and shutdown. A revocation thus
+(poll + process + maybe commit), the rebalance listener and shutdown. A revocation thus
 waits for the current step (at most one poll timeout plus one batch) and then finds no
-half-processed batch, only committed or committable work. A commit runs beside the steps that
-follow it (``_start_commit``); whatever aborts, closes or commits a sink waits for it first.
+half-processed batch, only committed or committable work.
 
 Backpressure, step by step: ``poll(max_records)`` bounds a batch; awaiting
 ``producer.send`` blocks while the producer's buffer is full; and a commit is forced once
@@ -26,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -68,7 +66,7 @@ from worker.runtime.lifecycle import Lifecycle, WorkerState
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.observer import RecordObserver
-from worker.runtime.partition import OwnedPartition, PendingCommit
+from worker.runtime.partition import OwnedPartition
 from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_record_limits
 from worker.runtime.prometheus_export import labelled
@@ -93,8 +91,6 @@ HEARTBEAT_MAX_MS = 250
 # tenth of the commit interval, at most this long, to answer with more records.
 FETCH_BATCH_WAIT_MS = 10
 FETCH_BATCH_BYTES = 256 * 1024
-# How often a batch lets a commit in flight move on (``Worker._start_commit``).
-COMMIT_TURN_S = 0.001
 # Weight of the newest periodic commit in the running estimate of how long one takes.
 COMMIT_ESTIMATE_WEIGHT = 0.2
 
@@ -109,31 +105,6 @@ def commit_delay_s(interval_s: float, age_s: float, commit_estimate_s: float) ->
     """
     lead = min(max(0.0, commit_estimate_s), interval_s / 2)
     return max(0.0, interval_s - lead - max(0.0, age_s))
-
-
-Pending = list[tuple[OwnedPartition, PendingCommit]]  # what one commit holds, per task
-
-
-class InFlightCommit:
-    """A commit started by ``Worker._start_commit`` and not booked yet (``Worker._settle_commit``)."""
-
-    def __init__(
-        self,
-        pending: Pending,
-        periodic: bool,
-        io: Awaitable[list[BaseException | None]],
-    ) -> None:
-        self.pending = pending
-        self.periodic = periodic  # not forced by a revocation or shutdown: it feeds the estimate
-        self.started = time.perf_counter()
-        self.finished: float | None = None
-        self.outcomes = asyncio.ensure_future(self._run(io))
-
-    async def _run(self, io: Awaitable[list[BaseException | None]]) -> list[BaseException | None]:
-        try:
-            return await io
-        finally:
-            self.finished = time.perf_counter()
 
 
 def configuration_error(exc: BaseException, settings: KafkaSettings) -> ConfigurationError | None:
@@ -212,8 +183,6 @@ class Worker:
         self._restorer: StateRestorer | None = None
         self._commit_due_at: float | None = None
         self._commit_estimate_s = 0.0  # running mean of periodic commits' durations (commit_delay_s)
-        self._in_flight: InFlightCommit | None = None  # see _start_commit
-        self._yield_at = 0.0  # the next turn a batch gives the commit in flight
         self._open_since: float | None = None  # when the first record since the last commit was handled
         self._next_expiry_at = 0.0
         self._next_heal_at = 0.0
@@ -344,8 +313,6 @@ class Worker:
         async with self._lock:
             if not self._step_cancelled:
                 await self._commit_all()
-            else:
-                await self._settle_commit()  # started before the cancelled step: whole, like any
             for task in list(self.tasks.values()):
                 await self._close_task(task)
             self.tasks.clear()
@@ -353,9 +320,6 @@ class Worker:
         await self._close_clients()
 
     async def _close_clients(self) -> None:
-        in_flight, self._in_flight = self._in_flight, None
-        if in_flight is not None:  # not booked: closing aborts what did not commit
-            await asyncio.wait({in_flight.outcomes})
         for task in list(self.tasks.values()):
             await self._close_task(task)
         self.tasks.clear()
@@ -382,8 +346,6 @@ class Worker:
             self._poll_timeout_ms(time.monotonic()), self.settings.max_poll_records
         )
         async with self._lock:
-            if self._in_flight is not None and self._in_flight.outcomes.done():
-                await self._settle_commit()  # book it now: a failed one resets before more work
             for tp, records in batches.items():
                 task = self.tasks.get(tp)
                 if task is None:
@@ -402,11 +364,6 @@ class Worker:
                     for record in records:
                         await task.handle(record)
                         now = time.monotonic()
-                        if self._in_flight is not None and now >= self._yield_at:
-                            # A send rarely suspends: without a turn now and then, a long batch
-                            # would hold the commit in flight back.
-                            self._yield_at = now + COMMIT_TURN_S
-                            await asyncio.sleep(0)
                         if self._commit_due_at is None:
                             self._commit_due_at = self._due_for(record.timestamp)
                             self._open_since = now
@@ -418,12 +375,9 @@ class Worker:
                             # a skipped poison record is committed at once, so it is skipped once.
                             if isolating:
                                 self.metrics.increment(m.COMMITS_ISOLATED)
-                            await self._settle_commit()
-                            if self.tasks.get(tp) is not task:
-                                break  # the commit in flight failed and reset this partition
                             committing = True
                             if self._shared is not None:  # one transaction holds every partition
-                                await self._commit_shared([task])
+                                await self._commit_shared([task], raise_errors=True)
                             else:
                                 await task.commit()
                             committing = False
@@ -431,7 +385,7 @@ class Worker:
                         elif self._due_within_batch(now):
                             # A long batch (a backlog, a restore) commits as it goes: an open
                             # transaction holds back every reader of the output partitions it wrote.
-                            await self._commit_due()
+                            await self._commit_all()
                             if self.tasks.get(tp) is not task:
                                 break  # the commit failed and reset this partition
                 except Exception as exc:
@@ -523,101 +477,63 @@ class Worker:
         if forced or due:
             if forced and not due:
                 self.metrics.increment(m.COMMITS_FORCED)
-            await self._commit_due()  # forced: waits for the commit in flight (backpressure)
-
-    async def _commit_due(self) -> None:
-        """A periodic commit: beside processing where ``_pipelines_commits``, else waited for."""
-        await self._start_commit()
-        if not self._pipelines_commits():
-            await self._settle_commit()
+            await self._commit_all()
 
     async def _commit_all(self, tps: set[TopicPartition] | None = None) -> None:
-        """Commit every task with work (or those in ``tps``) and wait for it; a failed one is reset."""
-        await self._start_commit(tps)
-        await self._settle_commit()
-
-    async def _start_commit(self, tps: set[TopicPartition] | None = None) -> None:
-        """Start committing every task with work (or those in ``tps``); processing goes on meanwhile.
-
-        Pipelined commits (README, "When the worker commits"): a commit takes what its tasks hold
-        now (``OwnedPartition.begin_commit``) and runs on its own, while the loop processes the next
-        records, whose sends the producer holds for the next transaction (``Transaction``). One
-        commit is in flight at a time: this first settles the previous one. Every path that aborts,
-        closes or commits a sink settles it first too (``_settle_commit``).
-        """
-        await self._settle_commit()
+        """Commit every task with work (or those in ``tps``); a failed one is reset."""
         tasks = [t for t in self.tasks.values() if t.needs_commit and (tps is None or t.tp in tps)]
         if tps is None:
             self._commit_due_at = self._open_since = None
         if not tasks:
             return
+        started = time.monotonic()
         if self._shared is not None:
-            # One transaction holds every partition's outputs: all with work commit together.
-            tasks = [t for t in self.tasks.values() if t.needs_commit]
-        pending = [(task, task.begin_commit()) for task in tasks]
-        self._in_flight = InFlightCommit(pending, tps is None, self._commit_io(pending))
-
-    async def _commit_io(self, pending: Pending) -> list[BaseException | None]:
-        """The Kafka side of a commit, one outcome per task; never raises (``_settle_commit`` books it)."""
-        if self._shared is not None:
-            try:
-                await self._shared.commit(
-                    [r for _, p in pending for r in p.state], {t.tp: p.position for t, p in pending}
-                )
-            except Exception as exc:  # noqa: BLE001 - booked by _settle_commit: every partition resets
-                return [exc] * len(pending)
-            return [None] * len(pending)
-        outcomes = await asyncio.gather(
-            *(t.sink.commit(p.state, {t.tp: p.position}) for t, p in pending), return_exceptions=True
-        )
-        return [o if isinstance(o, BaseException) else None for o in outcomes]
-
-    async def _settle_commit(self) -> None:
-        """Wait for the commit in flight, if any, and book it; the partitions of a failed one are reset."""
-        in_flight = self._in_flight
-        if in_flight is None:
-            return
-        # Shielded: a cancelled step (a stop request) must not cancel the commit under it.
-        outcomes = await asyncio.shield(in_flight.outcomes)
-        if self._in_flight is not in_flight:
-            return  # booked by another waiter meanwhile
-        self._in_flight = None
-        finished = in_flight.finished or time.perf_counter()
-        failed: list[tuple[OwnedPartition, BaseException]] = []
-        for (task, pending), outcome in zip(in_flight.pending, outcomes, strict=True):
-            if outcome is None:
-                task.committed(pending, finished)
-                self.resets.committed(task.tp.partition, pending.position)
-            else:
-                # Which record is to blame is unknown: the reopened partition isolates the range.
-                self.resets.commit_failed(task.tp.partition, task.committed_position, pending.position)
-                failed.append((task, outcome))
-        if failed:
-            log.warning(
-                "commit of %s failed, resetting: %r", sorted(t.tp.partition for t, _ in failed), failed[0][1]
-            )
-            self.metrics.increment(m.COMMITS_FAILED)
-            for task, error in failed:
-                if self.tasks.get(task.tp) is task:  # a shared abort may have reset it already
-                    await self._reset_partition(task.tp, None, error)
-        if in_flight.periodic:  # what the next one's early start is based on
-            taken = finished - in_flight.started
+            await self._commit_shared(tasks)
+        else:
+            results = await asyncio.gather(*(t.commit() for t in tasks), return_exceptions=True)
+            for task, result in zip(tasks, results, strict=True):
+                if isinstance(result, BaseException):
+                    log.warning("commit of %s failed, resetting it: %r", task.tp, result)
+                    self.metrics.increment(m.COMMITS_FAILED)
+                    # Which record is to blame is unknown: the reopened partition isolates the range.
+                    self.resets.commit_failed(task.tp.partition, task.committed_position, task.position)
+                    await self._reset_partition(task.tp, None, result)
+                else:
+                    self.resets.committed(task.tp.partition, task.position)
+        if tps is None:  # a periodic commit: what the next one's early start is based on
+            taken = time.monotonic() - started
             self._commit_estimate_s += COMMIT_ESTIMATE_WEIGHT * (taken - self._commit_estimate_s)
 
-    async def _commit_shared(self, tasks: list[OwnedPartition]) -> None:
-        """Per-worker transactions, a commit isolating a record: ``tasks`` and every other task with
-        work commit in one transaction, and the error, if any, is raised for the caller to reset."""
+    async def _commit_shared(self, tasks: list[OwnedPartition], *, raise_errors: bool = False) -> None:
+        """Per-worker transactions: every task with work commits in one transaction.
+
+        ``tasks`` must hold at least one task; all others with work join, since the transaction
+        holds their outputs too. On failure every one of them is reset (or, with
+        ``raise_errors``, the error is raised for the caller to reset with blame).
+        """
         assert self._shared is not None
-        await self._settle_commit()
         joined = {t.tp: t for t in tasks} | {tp: t for tp, t in self.tasks.items() if t.needs_commit}
-        pending = {tp: task.begin_commit() for tp, task in joined.items()}
-        await self._shared.commit(
-            [r for p in pending.values() for r in p.state], {tp: p.position for tp, p in pending.items()}
-        )
-        finished = time.perf_counter()
+        started = time.perf_counter()
+        states = {tp: task.state_records() for tp, task in joined.items()}
+        try:
+            await self._shared.commit(
+                [r for state in states.values() for r in state],
+                {tp: task.position for tp, task in joined.items()},
+            )
+        except Exception as exc:
+            if raise_errors:
+                raise
+            log.warning("commit of %s failed, resetting them: %r", sorted(tp.partition for tp in joined), exc)
+            self.metrics.increment(m.COMMITS_FAILED)
+            for tp, task in joined.items():
+                self.resets.commit_failed(tp.partition, task.committed_position, task.position)
+            for tp in joined:
+                if tp in self.tasks:  # the first reset aborts the transaction and resets the others
+                    await self._reset_partition(tp, None, exc)
+            return
         for tp, task in joined.items():
-            task.committed(pending[tp], finished)
-            self.resets.committed(tp.partition, pending[tp].position)
+            task.committed(states[tp], started)
+            self.resets.committed(tp.partition, task.position)
 
     async def _maybe_expire(self) -> None:
         now = time.monotonic()
@@ -664,7 +580,6 @@ class Worker:
     async def partitions_lost(self, lost: Partitions) -> None:
         """Gone already (session expired, fenced): their work is aborted, nothing is committed."""
         async with self._lock:
-            await self._settle_commit()
             mine = lost & set(self.tasks)
             log.warning("lost %s", sorted(tp.partition for tp in mine))
             for tp in mine:
@@ -894,14 +809,6 @@ class Worker:
         s = self.settings
         return s.exactly_once and s.kafka_client is ClientKind.CONFLUENT
 
-    def _pipelines_commits(self) -> bool:
-        """Whether the loop processes on while a commit is in flight (``_start_commit``): where a
-        commit waits on the broker off the loop and its outputs show only at its end, exactly once on
-        librdkafka. aiokafka commits on the loop itself, and there overlapping raised the half-max
-        p99 (README, "Benchmarks"); at-least-once outputs show on send, so there is nothing to gain."""
-        s = self.settings
-        return s.exactly_once and s.kafka_client is ClientKind.CONFLUENT
-
     def _producer_config(self, client_id: str, *, transactional: bool = False) -> ProducerConfig:
         s = self.settings
         timeout = transaction_timeout_ms(s.transactional_id_mode)
@@ -952,7 +859,6 @@ class Worker:
         it (the cluster's trouble: the partition simply retries, like after an outage).
         ``too_large``: a topic refused the record's output as too large; it is skipped at once.
         """
-        await self._settle_commit()  # which may reset this partition, or others, first
         self.metrics.increment(m.PARTITION_RESETS)
         reason = f"partition reset: {error!r}"
         counted = offset is not None or error is None or not kafka_client_error(error)
