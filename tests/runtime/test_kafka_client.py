@@ -43,6 +43,7 @@ from worker.runtime.kafka_client.base import (
 from worker.runtime.kafka_oauth import OidcClientCredentials
 from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
 from worker.runtime.records import OutgoingRecord
+from worker.runtime.state_changelog import StateChangelog, StateKeys
 from worker.runtime.worker import refused_as_too_large
 from worker.settings import ProducerSettings
 
@@ -261,6 +262,38 @@ def test_per_worker_reset_takes_every_partition_with_uncommitted_work() -> None:
     asyncio.run(worker._commit_all())
     assert worker.tasks == {} and producer.calls == ["begin", "commit", "abort"]
     assert worker.resets.resets(1, 0) == 0 and worker.resets.resets(2, 0) == 0
+
+
+def test_a_failed_isolating_shared_commit_resets_a_partition_whose_only_work_was_a_checkpoint() -> None:
+    """The commit took partition 2's due checkpoint too (its changelog now believes it written), so
+    the abort must reset partition 2 as well: kept, its later replay-from marker would skip records
+    the lost checkpoint held, and a restore would rebuild the request wrong."""
+    a, b = generate_sequences(2, seed=8, prefix="shared")
+    producer = FakeTransactionalProducer()
+    worker, (one, two) = per_worker_tasks(producer)
+    now = [1000.0]
+    two.changelog = StateChangelog(
+        TOPICS.state, 2, StateKeys("g"), checkpoint_interval_s=10.0, clock=lambda: now[0]
+    )
+    handle_record(two, 0, b.envelopes[0])
+    asyncio.run(worker._commit_all())  # the request's context
+    handle_record(two, 1, b.envelopes[1])
+    asyncio.run(worker._commit_all())  # its progress deferred to the checkpoint interval
+    assert not two.needs_commit
+    now[0] += 10.0
+    assert two.needs_commit  # the deferred checkpoint is due: nothing else
+    handle_record(one, 0, a.envelopes[0])
+    producer.fail_commit = RecordTooLargeError("refused as too large")
+
+    async def isolate() -> None:  # as Worker._step's commit of a record alone, and its reset
+        with pytest.raises(RecordTooLargeError) as failed:
+            await worker._commit_shared([one], raise_errors=True)
+        await worker._reset_partition(one.tp, 0, failed.value, too_large=True)
+
+    asyncio.run(isolate())
+    assert producer.calls[-2:] == ["commit", "abort"]
+    assert worker.tasks == {}  # both reopen from committed state
+    assert worker.resets.resets(1, 0) == 1 and worker.resets.resets(2, 1) == 0  # only 1 is blamed
 
 
 class _Client:

@@ -65,6 +65,9 @@ class OwnedPartition:
         self.changelog = changelog or StateChangelog(topics.state, tp.partition, StateKeys(DEFAULT_GROUP_ID))
         self.uncommitted_records = 0
         self.has_pending_output = False
+        # State records taken for a commit that has not ended: should it fail, the changelog
+        # believes them written, so the partition must reset with it (``needs_commit``).
+        self.state_taken = False
         self.oldest_timestamp_ms: int | None = None  # create time of the first uncommitted input
         self.dead_letters = dead_letters or DeadLetterPolicy(DeadLetterLimits(None, max_consecutive=None))
         self.trip: Trip | None = None  # set by the record that tripped this partition's breaker
@@ -81,7 +84,12 @@ class OwnedPartition:
 
     @property
     def needs_commit(self) -> bool:
-        return self.position != self.committed_position or self.has_pending_output or self.changelog.due
+        return (
+            self.position != self.committed_position
+            or self.has_pending_output
+            or self.state_taken
+            or self.changelog.due
+        )
 
     async def handle(self, record: ConsumedRecord) -> None:
         """Process one consumed record and send what it yields."""
@@ -228,6 +236,7 @@ class OwnedPartition:
 
     def state_records(self) -> list[OutgoingRecord]:
         """This commit's state records (``StateChangelog.records``); called once per commit."""
+        self.state_taken = True
         return self.changelog.records(self.processor.requests)
 
     def committed(self, state: list[OutgoingRecord], started: float) -> None:
@@ -246,4 +255,4 @@ class OwnedPartition:
             self.oldest_timestamp_ms = None
         self.committed_position = self.position
         self.uncommitted_records = 0
-        self.has_pending_output = False
+        self.has_pending_output = self.state_taken = False

@@ -884,10 +884,13 @@ class Worker:
         aborts_shared = self._shared is not None and self._shared.open
         if task is not None:
             await self._close_task(task)
-        if aborts_shared:
+        if self._shared is not None:
             # Closing it aborted the shared transaction, and with it every partition's uncommitted
-            # work: those reopen from committed state too (the cluster's doing: not counted).
-            for other in [t for t in self.tasks.values() if t.needs_commit]:
+            # work: those reopen from committed state too (the cluster's doing: not counted). So
+            # does one whose state records a failed commit took, even if it never began.
+            for other in [
+                t for t in self.tasks.values() if t.state_taken or (aborts_shared and t.needs_commit)
+            ]:
                 self.metrics.increment(m.PARTITION_RESETS)
                 self.readiness.partitions_assigned([other.tp.partition])
                 del self.tasks[other.tp]
