@@ -14,6 +14,7 @@ import confluent_kafka
 import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import KafkaError as LibKafkaError
+from confluent_kafka import KafkaException
 
 from tests.async_helpers import run_bounded
 from tests.kafka_helpers import generate_sequences
@@ -39,6 +40,7 @@ from worker.runtime.kafka_client import aiokafka_backend, confluent_backend
 from worker.runtime.kafka_client.base import (
     CompressionType,
     ProducerConfig,
+    TopicPartition,
 )
 from worker.runtime.kafka_oauth import OidcClientCredentials
 from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
@@ -421,6 +423,61 @@ def test_a_transactional_call_that_never_returns_gives_the_producer_up(
     finally:
         release.set()
         asyncio.run(producer.stop())
+
+
+class _LibTransactions:
+    """librdkafka's transactional calls, recorded with the thread each ran on."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.refuse_begin: KafkaException | None = None
+
+    def begin_transaction(self) -> None:
+        self.calls.append(("begin", threading.get_ident()))
+        if self.refuse_begin is not None:
+            raise self.refuse_begin
+
+    def send_offsets_to_transaction(self, offsets: object, group: object, timeout: float) -> None:
+        self.calls.append(("offsets", threading.get_ident()))
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.calls.append(("commit", threading.get_ident()))
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.calls.append(("abort", threading.get_ident()))
+
+
+def test_confluent_begins_the_next_transaction_on_its_thread_after_a_commit() -> None:
+    # begin_transaction waits for librdkafka's thread to answer (0.1-1 ms on a busy host): after a
+    # commit it is called on the producer's thread, and the loop's begin() then calls nothing.
+    config = ProducerConfig(
+        bootstrap_servers="127.0.0.1:9", client_id="c", max_record_bytes=1 << 20, batch_bytes=16384,
+        linger_ms=5, request_timeout_ms=1000, retry_backoff_ms=10, transaction_timeout_ms=15000,
+        compression=CompressionType.NONE,
+    )  # fmt: skip
+    producer = confluent_backend.ConfluentTransactionalProducer(config, "g-in-worker-0")
+    real, lib = producer._producer, _LibTransactions()
+    producer._producer = lib  # type: ignore[assignment]
+    loop_thread = threading.get_ident()
+
+    async def transactions() -> None:
+        await producer.begin()
+        await producer.commit({TopicPartition("in", 0): 5}, "group")
+        await producer.begin()  # begun already, on the producer's thread
+        lib.refuse_begin = KafkaException(LibKafkaError(LibKafkaError._STATE))
+        await producer.commit({}, "group")  # its begin-ahead fails: left for begin() to report
+        with pytest.raises(KafkaClientError):
+            await producer.begin()
+
+    try:
+        asyncio.run(transactions())
+    finally:
+        producer._producer = real
+        asyncio.run(producer.stop())
+    names = [name for name, _ in lib.calls]
+    assert names == ["begin", "offsets", "commit", "begin", "commit", "begin", "begin"]
+    on_loop = [name for name, thread in lib.calls if thread == loop_thread]
+    assert on_loop == ["begin", "begin"]  # the first one, and the one that reports the failure
 
 
 def test_a_stop_request_cancels_a_step_stuck_in_a_client_call(monkeypatch: pytest.MonkeyPatch) -> None:
