@@ -395,18 +395,23 @@ def test_a_send_gives_up_when_the_queue_stays_full() -> None:
         producer._thread.shutdown()
 
 
+def _offline_transactional_producer() -> confluent_backend.ConfluentTransactionalProducer:
+    """A librdkafka transactional producer pointed at no broker (its calls are the test's)."""
+    config = ProducerConfig(
+        bootstrap_servers="127.0.0.1:9", client_id="c", max_record_bytes=1 << 20, batch_bytes=16384,
+        linger_ms=5, request_timeout_ms=1000, retry_backoff_ms=10, transaction_timeout_ms=15000,
+        compression=CompressionType.NONE,
+    )  # fmt: skip
+    return confluent_backend.ConfluentTransactionalProducer(config, "g-in-worker-0")
+
+
 def test_a_transactional_call_that_never_returns_gives_the_producer_up(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # librdkafka's send_offsets_to_transaction was seen to block for minutes past its timeout while
     # the group rebalanced; waited for, it held the loop step, the consumer's poll and SIGTERM.
     monkeypatch.setattr(confluent_backend, "STUCK_MARGIN_S", 0.2)
-    config = ProducerConfig(
-        bootstrap_servers="127.0.0.1:9", client_id="c", max_record_bytes=1 << 20, batch_bytes=16384,
-        linger_ms=5, request_timeout_ms=1000, retry_backoff_ms=10, transaction_timeout_ms=15000,
-        compression=CompressionType.NONE,
-    )  # fmt: skip
-    producer = confluent_backend.ConfluentTransactionalProducer(config, "g-in-worker-0")
+    producer = _offline_transactional_producer()
     release = threading.Event()
 
     async def stuck_then_more() -> None:
@@ -450,12 +455,7 @@ class _LibTransactions:
 def test_confluent_begins_the_next_transaction_on_its_thread_after_a_commit() -> None:
     # begin_transaction waits for librdkafka's thread to answer (0.1-1 ms on a busy host): after a
     # commit it is called on the producer's thread, and the loop's begin() then calls nothing.
-    config = ProducerConfig(
-        bootstrap_servers="127.0.0.1:9", client_id="c", max_record_bytes=1 << 20, batch_bytes=16384,
-        linger_ms=5, request_timeout_ms=1000, retry_backoff_ms=10, transaction_timeout_ms=15000,
-        compression=CompressionType.NONE,
-    )  # fmt: skip
-    producer = confluent_backend.ConfluentTransactionalProducer(config, "g-in-worker-0")
+    producer = _offline_transactional_producer()
     real, lib = producer._producer, _LibTransactions()
     producer._producer = lib  # type: ignore[assignment]
     loop_thread = threading.get_ident()
