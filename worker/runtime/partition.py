@@ -66,7 +66,7 @@ class OwnedPartition:
         self.uncommitted_records = 0
         self.has_pending_output = False
         # State records taken for a commit that has not ended: should it fail, the changelog
-        # believes them written, so the partition must reset with it (``needs_commit``).
+        # believes them written, so the partition must reset with it (``Worker._reset_partition``).
         self.state_taken = False
         self.oldest_timestamp_ms: int | None = None  # create time of the first uncommitted input
         self.dead_letters = dead_letters or DeadLetterPolicy(DeadLetterLimits(None, max_consecutive=None))
@@ -84,12 +84,7 @@ class OwnedPartition:
 
     @property
     def needs_commit(self) -> bool:
-        return (
-            self.position != self.committed_position
-            or self.has_pending_output
-            or self.state_taken
-            or self.changelog.due
-        )
+        return self.position != self.committed_position or self.has_pending_output or self.changelog.due
 
     async def handle(self, record: ConsumedRecord) -> None:
         """Process one consumed record and send what it yields."""

@@ -886,8 +886,8 @@ class Worker:
             await self._close_task(task)
         if self._shared is not None:
             # Closing it aborted the shared transaction, and with it every partition's uncommitted
-            # work: those reopen from committed state too (the cluster's doing: not counted). So
-            # does one whose state records a failed commit took, even if it never began.
+            # work; and a failed commit took the state records of every partition it joined, even
+            # one with no other work. Those reopen from committed state too (not counted).
             for other in [
                 t for t in self.tasks.values() if t.state_taken or (aborts_shared and t.needs_commit)
             ]:
