@@ -669,11 +669,8 @@ class ConfluentTransactionalProducer(_ProducerBase):
         t1 = _perf_ms()
         self._producer.commit_transaction(CALL_TIMEOUT_S)  # flushes first
         end_txn_ms = _perf_ms() - t1
-        # The next transaction begins here, off the event loop: begin_transaction waits for
-        # librdkafka's own thread to answer, 0.1-1 ms on a busy host, and the loop called it once
-        # per commit and producer. Begun and empty, it holds nothing at the broker (the
-        # coordinator learns of a transaction at its first partition); a failure here is left
-        # for begin() to meet again and report.
+        # The next transaction begins here, off the loop (README, "The Kafka client layer"); a
+        # failure is left for begin() to meet again and report.
         try:
             self._producer.begin_transaction()
             self._begun_ahead = True
