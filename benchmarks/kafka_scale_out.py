@@ -39,7 +39,7 @@ from pathlib import Path
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from benchmarks.kafka_throughput import MODEL_DIR, REPO, delete_topics, make_workload
+from benchmarks.kafka_throughput import MODEL_DIR, REPO, collector_held_off, delete_topics, make_workload
 from worker.runtime.topics import TopicNames, create_topics
 
 # Eager first: the baseline; KIP-848 assigns on the broker, always incrementally.
@@ -192,26 +192,29 @@ async def one_scale_out(
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=1)
         await producer.start()
         try:
-            started = time.monotonic()
-            joined, joined_at = False, started
-            renice: asyncio.Task[None] | None = None
-            futures = []
-            for i, (key, value) in enumerate(load):
-                ahead = started + i / rate - time.monotonic()
-                if ahead > 0.002:
-                    await asyncio.sleep(ahead)
-                if not joined and time.monotonic() - started > seconds / 3 and strategy != CONTROL:
-                    workers.append(_start(bootstrap, topics, group, "second", strategy, logs[1], nice=10))
-                    joined, joined_at = True, time.monotonic()
-                    renice = asyncio.create_task(_renice_when_subscribed(workers[1].pid, logs[1]))
-                futures.append(await producer.send(topics.input, value=value, key=key))
-            await asyncio.gather(*futures)
-            ended = time.monotonic()
-            if renice is not None:
-                await renice
+            with collector_held_off():
+                started = time.monotonic()
+                joined, joined_at = False, started
+                renice: asyncio.Task[None] | None = None
+                futures = []
+                for i, (key, value) in enumerate(load):
+                    ahead = started + i / rate - time.monotonic()
+                    if ahead > 0.002:
+                        await asyncio.sleep(ahead)
+                    if not joined and time.monotonic() - started > seconds / 3 and strategy != CONTROL:
+                        workers.append(_start(bootstrap, topics, group, "second", strategy, logs[1], nice=10))
+                        joined, joined_at = True, time.monotonic()
+                        renice = asyncio.create_task(_renice_when_subscribed(workers[1].pid, logs[1]))
+                    futures.append(await producer.send(topics.input, value=value, key=key))
+                await producer.flush()  # not a gather: see kafka_throughput's latency phase
+                ended = time.monotonic()
+                if renice is not None:
+                    await renice
+                await reader.wait_for(len(load), timeout=120)
+            for future in futures:
+                future.result()
         finally:
             await producer.stop()
-        await reader.wait_for(len(load), timeout=120)
         moved = await _opened(logs[1]) if joined else set()
     finally:
         for worker in workers:
