@@ -39,7 +39,14 @@ from pathlib import Path
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from benchmarks.kafka_throughput import MODEL_DIR, REPO, collector_held_off, delete_topics, make_workload
+from benchmarks.kafka_throughput import (
+    MODEL_DIR,
+    REPO,
+    collector_held_off,
+    delete_topics,
+    make_workload,
+    raise_failed_send,
+)
 from worker.runtime.topics import TopicNames, create_topics
 
 # Eager first: the baseline; KIP-848 assigns on the broker, always incrementally.
@@ -210,9 +217,10 @@ async def one_scale_out(
                 ended = time.monotonic()
                 if renice is not None:
                     await renice
-                await reader.wait_for(len(load), timeout=120)
-            for future in futures:
-                future.result()
+                try:
+                    await reader.wait_for(len(load), timeout=120)
+                finally:
+                    raise_failed_send(futures)
         finally:
             await producer.stop()
         moved = await _opened(logs[1]) if joined else set()
