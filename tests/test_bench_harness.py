@@ -26,13 +26,13 @@ def test_a_failing_phase_hands_the_collector_back() -> None:
 def test_a_collector_disabled_before_stays_disabled_and_frozen_objects_stay_frozen() -> None:
     kept: list[list[int]] = [[] for _ in range(1_000)]  # lists are tracked by the collector, so they freeze
     gc.freeze()
-    frozen = gc.get_freeze_count()
     gc.disable()
     try:
         with collector_held_off():
             pass
         assert not gc.isenabled()
-        assert gc.get_freeze_count() == frozen >= len(kept)
+        # Not equal to the count at the freeze: frozen objects that die leave the permanent generation.
+        assert gc.get_freeze_count() >= len(kept)
     finally:
         gc.enable()
         gc.unfreeze()
