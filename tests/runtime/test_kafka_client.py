@@ -464,6 +464,9 @@ def test_confluent_begins_the_next_transaction_on_its_thread_after_a_commit() ->
         await producer.begin()
         await producer.commit({TopicPartition("in", 0): 5}, "group")
         await producer.begin()  # begun already, on the producer's thread
+        await producer.commit({}, "group")
+        await producer.abort()  # ends the transaction begun ahead: the next begin() is the loop's
+        await producer.begin()
         lib.refuse_begin = KafkaException(LibKafkaError(LibKafkaError._STATE))
         await producer.commit({}, "group")  # its begin-ahead fails: left for begin() to report
         with pytest.raises(KafkaClientError):
@@ -475,9 +478,13 @@ def test_confluent_begins_the_next_transaction_on_its_thread_after_a_commit() ->
         producer._producer = real
         asyncio.run(producer.stop())
     names = [name for name, _ in lib.calls]
-    assert names == ["begin", "offsets", "commit", "begin", "commit", "begin", "begin"]
+    assert names == [
+        *["begin", "offsets", "commit", "begin"],  # a commit, the next transaction begun ahead
+        *["commit", "begin", "abort", "begin"],  # another, aborted: begin() calls librdkafka again
+        *["commit", "begin", "begin"],  # the begin-ahead refused, and begin() reporting it
+    ]
     on_loop = [name for name, thread in lib.calls if thread == loop_thread]
-    assert on_loop == ["begin", "begin"]  # the first one, and the one that reports the failure
+    assert on_loop == ["begin", "begin", "begin"]  # the first, the one after the abort, the failing one
 
 
 def test_a_stop_request_cancels_a_step_stuck_in_a_client_call(monkeypatch: pytest.MonkeyPatch) -> None:
