@@ -21,7 +21,7 @@ from worker.cli import build_parser
 DEPLOY = REPO_ROOT / "deploy"
 K8S_DIR = DEPLOY / "kubernetes"
 
-# The oldest Kubernetes minor these manifests promise to work on (deploy/README.md), and the newest
+# The oldest Kubernetes minor these manifests promise to work on (docs/operations.md), and the newest
 # one kubernetes-validate bundles.
 K8S_MIN_VERSION = "1.30"
 K8S_VERSIONS = [K8S_MIN_VERSION, ".".join(kv.latest_version().split(".")[:2])]

@@ -70,6 +70,8 @@ COMPOSE_FILE = COMPOSE_DIR / "compose.yaml"
 DOCKERFILE = DOCKER_DIR / "Dockerfile"
 MODEL_DOCKERFILE = DOCKER_DIR / "model.Dockerfile"
 HEALTHCHECK_SCRIPT = DOCKER_DIR / "healthcheck.py"
+# The deployment guide (deploy/README.md points to it): its DERENDER_* names and topic count are checked.
+OPERATIONS_DOC = REPO_ROOT / "docs" / "operations.md"
 SAMPLE_MODEL = MODELS_DIR / "qwen3"
 
 KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}
@@ -165,7 +167,7 @@ def _worker_env_sources() -> dict[str, set[str]]:
         "Dockerfile ENV": set(_dockerfile_env()),
     }
     text_files = [
-        DEPLOY / "README.md",
+        OPERATIONS_DOC,
         COMPOSE_FILE,
         DOCKERFILE,
         HEALTHCHECK_SCRIPT,
@@ -389,9 +391,9 @@ def _compose_partitions() -> int:
 def test_max_replicas_do_not_exceed_the_input_partitions() -> None:
     scaled = _one("ScaledObject")
     partitions = int(scaled["metadata"]["annotations"]["derender-worker/input-topic-partitions"])
-    # the README's and the compose file's topic creation use the same count
+    # the deployment guide's and the compose file's topic creation use the same count
     assert partitions == _compose_partitions()
-    assert f"topics create --partitions {partitions}" in (DEPLOY / "README.md").read_text("utf-8")
+    assert f"topics create --partitions {partitions}" in OPERATIONS_DOC.read_text("utf-8")
     assert 1 <= scaled["spec"]["minReplicaCount"] <= scaled["spec"]["maxReplicaCount"] <= partitions
     assert _compose()["services"]["worker"]["deploy"]["replicas"] <= partitions
 

@@ -3,7 +3,7 @@
 * Two consumer groups on one state topic keep separate state (``StateKeys``).
 * An input topic grown without its state topic: the new partitions are not served, the worker
   says why on ``/readyz`` and stays up; growing the state topic heals it.
-* The documented procedure for growing partitions (deploy/README.md) under load: no 409/408
+* The documented procedure for growing partitions (docs/operations.md) under load: no 409/408
   storm, every stream exactly once and equal to ``replay``.
 """
 
@@ -173,9 +173,9 @@ def test_input_grown_without_its_state_partitions(
 
 
 def test_growing_partitions_under_load(kafka_bootstrap: str, kafka_topic_factory: TopicFactory) -> None:
-    """deploy/README.md's procedure: drain (no new requests; in-flight ones finish; requests open
-    reaches 0), grow the state topic, then the input topic, resume. New load starts at once,
-    while the workers are still noticing the new partitions."""
+    """docs/operations.md's procedure ("Growing partitions"): drain (no new requests; in-flight
+    ones finish; requests open reaches 0), grow the state topic, then the input topic, resume. New
+    load starts at once, while the workers are still noticing the new partitions."""
     before = interleave(generate_sequences(200, seed=81, prefix="before"), window=60)
     after = interleave(generate_sequences(200, seed=82, prefix="after"), window=60)
     reference = replay(derenderer_for(QWEN3_CONFIG), before + after)
