@@ -13,7 +13,8 @@ import worker.runtime.worker as worker_module
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
 from tests.partition_fakes import FakeRecord, PollingConsumer, RecordingSink, owned_partition, run_settings
-from worker.runtime.worker import Worker, commit_delay_s
+from worker.runtime.commit_schedule import commit_delay_s
+from worker.runtime.worker import Worker
 from worker.settings import ModelSettings
 
 
@@ -72,4 +73,4 @@ def test_a_long_batch_commits_as_it_goes(monkeypatch: pytest.MonkeyPatch) -> Non
     assert positions[-1] == len(records)
     assert len([r for r in sink.sent if r.topic == "out"]) == len(records)
     # Commits within the batch count towards the next early start (each took a clock step here).
-    assert worker._commit_estimate_s > 0
+    assert worker.schedule.estimate_s > 0

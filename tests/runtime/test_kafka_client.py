@@ -322,9 +322,9 @@ def test_a_fenced_shared_producer_is_replaced() -> None:
     handle_record(one, 0, a.envelopes[0])
     asyncio.run(worker._commit_all())
     assert worker.tasks == {two.tp: two} and fenced.calls == ["begin", "commit", "stop"]
-    assert worker._shared is not None and len(client.made) == 1
+    assert worker.committer.shared is not None and len(client.made) == 1
     renewed = client.made[0]
-    assert worker._shared.producer is renewed and renewed.calls == ["start"]
+    assert worker.committer.shared.producer is renewed and renewed.calls == ["start"]
     assert renewed.transactional_id == worker.settings.worker_transactional_id()
     handle_record(two, 0, a.envelopes[0])  # the partition that stayed sends through the new producer
     asyncio.run(worker._commit_all())
@@ -348,7 +348,7 @@ def test_a_shared_producer_whose_abort_timed_out_is_replaced() -> None:
     handle_record(one, 0, a.envelopes[0])
     asyncio.run(worker._commit_all())
     assert stuck.calls == ["begin", "commit", "abort", "stop"] and len(client.made) == 1
-    assert worker._shared is not None and worker._shared.producer is client.made[0]
+    assert worker.committer.shared is not None and worker.committer.shared.producer is client.made[0]
     handle_record(two, 0, a.envelopes[0])
     asyncio.run(worker._commit_all())
     assert client.made[0].calls == ["start", "begin", "commit"] and not two.needs_commit
@@ -368,7 +368,7 @@ def test_a_shared_producer_that_cannot_begin_is_replaced() -> None:
     with pytest.raises(KafkaClientError):
         handle_record(one, 0, a.envelopes[0])
     asyncio.run(worker._reset_partition(one.tp, None, KafkaClientError("_CONFLICT")))
-    assert worker._shared is not None and worker._shared.producer is client.made[0]
+    assert worker.committer.shared is not None and worker.committer.shared.producer is client.made[0]
     assert client.made[0].calls == ["start"]
 
 

@@ -69,12 +69,12 @@ def per_worker_tasks(producer: FakeTransactionalProducer) -> tuple[Worker, list[
     worker = Worker(
         settings, derenderer_for(QWEN3_CONFIG), model=ModelSettings(tokenizer="x", max_record_bytes=1 << 20)
     )
-    worker._shared = Transaction(producer, lambda: "group-metadata", worker.metrics)
+    worker.committer.shared = Transaction(producer, lambda: "group-metadata", worker.metrics)
     tasks = []
     for partition in (1, 2):
         tp = TopicPartition("in", partition)
         task = OwnedPartition(
-            tp, EnvelopeProcessor(worker.derenderer), SharedSink(worker._shared), TOPICS, Metrics(),
+            tp, EnvelopeProcessor(worker.derenderer), SharedSink(worker.committer.shared), TOPICS, Metrics(),
             position=0,
         )  # fmt: skip
         worker.tasks[tp] = task

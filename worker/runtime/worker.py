@@ -16,7 +16,9 @@ consumed, its committed position stays right after the tripping record, and ``/r
 503 naming it, until the worker restarts (a re-assignment in this process pauses it again).
 A record that keeps resetting its partition is dead-lettered after ``--max-record-retries``
 resets (``poison``); input partitions without a state partition are not opened
-(``_check_layout``).
+(``assignment.LayoutWatch``). When to commit is ``commit_schedule``'s, how is ``committer``'s,
+and opening a partition (the restore) is ``partition_opener``'s; the worker keeps the loop, the
+rebalance callbacks, stop and reset.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ from worker.errors import (
     GroupRejectedError,
     KafkaClientError,
     KafkaUnreachableError,
-    PartitionNotAssignedError,
     RecordTooLargeError,
 )
 from worker.runtime import metrics_names as m
-from worker.runtime import state_changelog
+from worker.runtime.assignment import LayoutWatch
+from worker.runtime.commit_schedule import CommitSchedule
+from worker.runtime.committer import Committer, LostWork
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy, Trip
 from worker.runtime.delivery import (
     AtLeastOnceSink,
@@ -67,44 +70,28 @@ from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.observer import RecordObserver
 from worker.runtime.partition import OwnedPartition
+from worker.runtime.partition_opener import PartitionOpener
 from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_record_limits
 from worker.runtime.prometheus_export import labelled
-from worker.runtime.state_changelog import StateChangelog, StateKeys
+from worker.runtime.state_changelog import StateKeys
 from worker.runtime.state_store import StateRestorer
-from worker.runtime.topics import check_layout, layout_problem, max_message_bytes, partition_counts
+from worker.runtime.topics import check_layout, max_message_bytes, partition_counts
 from worker.settings import KafkaSettings, ModelSettings
 
 log = logging.getLogger(__name__)
 
-MAX_POLL_TIMEOUT_MS = 100
 # How long a stop request waits for the step in progress (a commit) before cancelling it.
 STEP_GRACE_S = 10.0
 HEAL_BACKOFF_S = 1.0
-# How soon a partition count change is seen (aiokafka's default is 5 minutes), and how often input
-# partitions without a state partition are checked again.
+# How soon a partition count change is seen (aiokafka's default is 5 minutes).
 METADATA_MAX_AGE_MS = 10_000
-LAYOUT_RECHECK_S = 10.0
 METRICS_LOG_INTERVAL_S = 30.0
 HEARTBEAT_MAX_MS = 250
 # Batching under the commit (``Worker._batches_under_commit``): the broker may hold a fetch for a
 # tenth of the commit interval, at most this long, to answer with more records.
 FETCH_BATCH_WAIT_MS = 10
 FETCH_BATCH_BYTES = 256 * 1024
-# Weight of the newest periodic commit in the running estimate of how long one takes.
-COMMIT_ESTIMATE_WEIGHT = 0.2
-
-
-def commit_delay_s(interval_s: float, age_s: float, commit_estimate_s: float) -> float:
-    """How long from now the next commit starts, for work whose oldest input is ``age_s`` old.
-
-    Its outputs become visible when the commit ends, so it starts one interval after that input
-    was created less what commits recently took (at most half the interval): the interval bounds
-    produce-to-visible, not produce-to-commit-start. Never later than one interval from now, so a
-    producer's skewed clock cannot delay a commit.
-    """
-    lead = min(max(0.0, commit_estimate_s), interval_s / 2)
-    return max(0.0, interval_s - lead - max(0.0, age_s))
 
 
 def configuration_error(exc: BaseException, settings: KafkaSettings) -> ConfigurationError | None:
@@ -178,18 +165,16 @@ class Worker:
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._consumer: Any = None  # a GroupConsumer once started
-        # --transactional-id-mode per-worker: the one transaction every partition writes into.
-        self._shared: Transaction | None = None
+        self.schedule = CommitSchedule(settings.commit_interval_ms, settings.max_uncommitted_records)
+        # With --transactional-id-mode per-worker, its ``shared`` is set once started.
+        self.committer = Committer(self.metrics, self.resets)
+        self.layout = LayoutWatch(
+            settings.bootstrap_servers, settings.topics, self._security, self.metrics, self.readiness
+        )
         self._restorer: StateRestorer | None = None
-        self._commit_due_at: float | None = None
-        self._commit_estimate_s = 0.0  # running mean of periodic commits' durations (commit_delay_s)
-        self._open_since: float | None = None  # when the first record since the last commit was handled
+        self._opener: PartitionOpener | None = None
         self._next_expiry_at = 0.0
         self._next_heal_at = 0.0
-        # Assigned input partitions with no state partition: not opened (see _check_layout).
-        self._unplaced: set[TopicPartition] = set()
-        self._next_layout_check_at = 0.0
-        self._layout_message: str | None = None
         self._next_metrics_log_at = 0.0
         self._epoch = 0  # bumped whenever partitions are opened; see _step
         self._step_cancelled = False  # see _step_unless_stopped
@@ -258,12 +243,25 @@ class Worker:
             s.bootstrap_servers, s.client_id, topics.state, self._security, StateKeys(s.group_id)
         )
         await self._restorer.start()
+        self._opener = PartitionOpener(
+            s,
+            self.model,
+            self.derenderer,
+            restorer=self._restorer,
+            parsers=self.parsers,
+            metrics=self.metrics,
+            dead_letters=self.dead_letters,
+            budget=self.budget,
+            resets=self.resets,
+            observer=self.observer,
+        )
         if s.per_worker_transactions:
             producer = self._client.transactional_producer(
                 self._producer_config(s.client_id, transactional=True), s.worker_transactional_id()
             )
-            self._shared = Transaction(producer, consumer.group_metadata, self.metrics)
-            await self._shared.start()  # init_transactions: aborts what a predecessor left open
+            shared = Transaction(producer, consumer.group_metadata, self.metrics)
+            self.committer.shared = shared
+            await shared.start()  # init_transactions: aborts what a predecessor left open
         # Bound methods, no listener object: the consumer calls back into the worker it serves.
         consumer.subscribe(
             [topics.input],
@@ -330,11 +328,12 @@ class Worker:
                 await client.stop()  # the consumer's stop() leaves the group
             except Exception as exc:  # noqa: BLE001 - closing goes on; the failure is logged
                 log.warning("closing %r failed: %r", client, exc)
-        self._consumer = self._restorer = None
-        if self._shared is not None:
-            await self._shared.abort()
-            await self._shared.close()
-            self._shared = None
+        self._consumer = self._restorer = self._opener = None
+        shared = self.committer.shared
+        if shared is not None:
+            await shared.abort()
+            await shared.close()
+            self.committer.shared = None
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -343,7 +342,7 @@ class Worker:
         # and the assignment waits for the listener, which takes the lock.
         poll_epoch = self._epoch
         batches = await self._consumer.poll(
-            self._poll_timeout_ms(time.monotonic()), self.settings.max_poll_records
+            self.schedule.poll_timeout_ms(time.monotonic()), self.settings.max_poll_records
         )
         async with self._lock:
             for tp, records in batches.items():
@@ -364,9 +363,7 @@ class Worker:
                     for record in records:
                         await task.handle(record)
                         now = time.monotonic()
-                        if self._commit_due_at is None:
-                            self._commit_due_at = self._due_for(record.timestamp)
-                            self._open_since = now
+                        self.schedule.record_handled(record.timestamp, now, time.time())
                         if task.trip is not None:
                             break
                         isolating = self.resets.isolating(tp.partition, record.offset)
@@ -376,13 +373,13 @@ class Worker:
                             if isolating:
                                 self.metrics.increment(m.COMMITS_ISOLATED)
                             committing = True
-                            if self._shared is not None:  # one transaction holds every partition
+                            if self.committer.shared is not None:  # one transaction holds every partition
                                 await self._commit_shared([task], raise_errors=True)
                             else:
                                 await task.commit()
                             committing = False
                             self.resets.committed(tp.partition, task.position)
-                        elif self._due_within_batch(now):
+                        elif self.schedule.due_within_batch(now):
                             # A long batch (a backlog, a restore) commits as it goes: an open
                             # transaction holds back every reader of the output partitions it wrote.
                             await self._commit_all()
@@ -445,35 +442,11 @@ class Worker:
                 )
         self.metrics.gauge(m.STATE_BYTES, self.budget.state_bytes)
 
-    def _due_for(self, first_timestamp_ms: int) -> float:
-        """When to commit work whose oldest input was created at ``first_timestamp_ms``.
-
-        Counting the interval from the input's create time rather than from when it was
-        processed keeps the time a commit spent blocking the loop out of the latency budget.
-        """
-        age = time.time() - first_timestamp_ms / 1000
-        interval = self.settings.commit_interval_ms / 1000
-        return time.monotonic() + commit_delay_s(interval, age, self._commit_estimate_s)
-
-    def _due_within_batch(self, now: float) -> bool:
-        """Whether to commit before the rest of a batch: once the commit is due and the transaction
-        has been open for an interval (so a backlog of old records still commits an interval's work
-        at a time, not record by record)."""
-        if self._commit_due_at is None or self._open_since is None:
-            return False
-        interval = self.settings.commit_interval_ms / 1000
-        return now >= max(self._commit_due_at, self._open_since + interval)
-
-    def _poll_timeout_ms(self, now: float) -> int:
-        if self._commit_due_at is None:
-            return MAX_POLL_TIMEOUT_MS
-        return max(0, min(MAX_POLL_TIMEOUT_MS, int((self._commit_due_at - now) * 1000)))
-
     async def _maybe_commit(self) -> None:
         uncommitted = sum(t.uncommitted_records for t in self.tasks.values())
         self.metrics.gauge(m.UNCOMMITTED_RECORDS, uncommitted)
-        forced = uncommitted >= self.settings.max_uncommitted_records
-        due = self._commit_due_at is not None and time.monotonic() >= self._commit_due_at
+        forced = self.schedule.forced(uncommitted)
+        due = self.schedule.due(time.monotonic())
         if forced or due:
             if forced and not due:
                 self.metrics.increment(m.COMMITS_FORCED)
@@ -481,59 +454,24 @@ class Worker:
 
     async def _commit_all(self, tps: set[TopicPartition] | None = None) -> None:
         """Commit every task with work (or those in ``tps``); a failed one is reset."""
-        tasks = [t for t in self.tasks.values() if t.needs_commit and (tps is None or t.tp in tps)]
         if tps is None:
-            self._commit_due_at = self._open_since = None
-        if not tasks:
-            return
+            self.schedule.periodic_commit_started()
         started = time.monotonic()
-        if self._shared is not None:
-            await self._commit_shared(tasks)
-        else:
-            results = await asyncio.gather(*(t.commit() for t in tasks), return_exceptions=True)
-            for task, result in zip(tasks, results, strict=True):
-                if isinstance(result, BaseException):
-                    log.warning("commit of %s failed, resetting it: %r", task.tp, result)
-                    self.metrics.increment(m.COMMITS_FAILED)
-                    # Which record is to blame is unknown: the reopened partition isolates the range.
-                    self.resets.commit_failed(task.tp.partition, task.committed_position, task.position)
-                    await self._reset_partition(task.tp, None, result)
-                else:
-                    self.resets.committed(task.tp.partition, task.position)
-        if tps is None:  # a periodic commit: what the next one's early start is based on
-            taken = time.monotonic() - started
-            self._commit_estimate_s += COMMIT_ESTIMATE_WEIGHT * (taken - self._commit_estimate_s)
+        outcome = await self.committer.commit(self.tasks, tps)
+        await self._reset_lost(outcome.lost)
+        if tps is None and outcome.committed_any:
+            self.schedule.periodic_commit_took(time.monotonic() - started)
 
     async def _commit_shared(self, tasks: list[OwnedPartition], *, raise_errors: bool = False) -> None:
-        """Per-worker transactions: every task with work commits in one transaction.
+        """One per-worker transaction for ``tasks`` and every other task with work (see ``Committer``)."""
+        lost = await self.committer.commit_shared(tasks, self.tasks, raise_errors=raise_errors)
+        await self._reset_lost(lost)
 
-        ``tasks`` must hold at least one task; all others with work join, since the transaction
-        holds their outputs too. On failure every one of them is reset (or, with
-        ``raise_errors``, the error is raised for the caller to reset with blame).
-        """
-        assert self._shared is not None
-        joined = {t.tp: t for t in tasks} | {tp: t for tp, t in self.tasks.items() if t.needs_commit}
-        started = time.perf_counter()
-        states = {tp: task.state_records() for tp, task in joined.items()}
-        try:
-            await self._shared.commit(
-                [r for state in states.values() for r in state],
-                {tp: task.position for tp, task in joined.items()},
-            )
-        except Exception as exc:
-            if raise_errors:
-                raise
-            log.warning("commit of %s failed, resetting them: %r", sorted(tp.partition for tp in joined), exc)
-            self.metrics.increment(m.COMMITS_FAILED)
-            for tp, task in joined.items():
-                self.resets.commit_failed(tp.partition, task.committed_position, task.position)
-            for tp in joined:
-                if tp in self.tasks:  # the first reset aborts the transaction and resets the others
-                    await self._reset_partition(tp, None, exc)
-            return
-        for tp, task in joined.items():
-            task.committed(states[tp], started)
-            self.resets.committed(tp.partition, task.position)
+    async def _reset_lost(self, lost: list[LostWork]) -> None:
+        for work in lost:
+            # Per worker, the first reset aborts the transaction and resets the others with it.
+            if work.tp in self.tasks:
+                await self._reset_partition(work.tp, None, work.error)
 
     async def _maybe_expire(self) -> None:
         now = time.monotonic()
@@ -544,9 +482,8 @@ class Worker:
         open_requests = 0
         for tp, task in list(self.tasks.items()):
             try:
-                if await task.expire(ttl) and self._commit_due_at is None:
-                    self._commit_due_at = now + self.settings.commit_interval_ms / 1000
-                    self._open_since = now
+                if await task.expire(ttl):
+                    self.schedule.work_without_record(now)
             except Exception as exc:
                 log.exception("expiring requests of %s failed; resetting the partition", tp)
                 await self._reset_partition(tp, None, exc)
@@ -562,9 +499,7 @@ class Worker:
         # Not while rebalancing: the listener's assign opens the new assignment.
         if self.lifecycle.state is not WorkerState.RUNNING or time.monotonic() < self._next_heal_at:
             return
-        missing = self._consumer.assignment() - set(self.tasks)
-        if time.monotonic() < self._next_layout_check_at:
-            missing -= self._unplaced
+        missing = self.layout.missing(self._consumer.assignment(), self.tasks.keys())
         if missing:
             await self._open_partitions(missing)
 
@@ -584,7 +519,7 @@ class Worker:
             log.warning("lost %s", sorted(tp.partition for tp in mine))
             for tp in mine:
                 await self._reset_partition(tp, None, KafkaClientError("partition lost"))
-            self._unplaced -= lost
+            self.layout.lost(lost)
             for tp in lost:
                 self.readiness.partitions_revoked([tp.partition])
 
@@ -602,7 +537,7 @@ class Worker:
             # Commit before returning: the next owner starts right after every member's revoke.
             # A per-worker transaction also holds the kept partitions' outputs: it commits whole
             # (closing a revoked partition's sink would otherwise abort their work with it).
-            await self._commit_all(None if self._shared is not None else mine)
+            await self._commit_all(None if self.committer.shared is not None else mine)
             committed = time.perf_counter()
             for tp in mine:
                 task = self.tasks.pop(tp, None)
@@ -615,10 +550,7 @@ class Worker:
                 (time.perf_counter() - committed) * 1000,
             )
             # Every revoked partition, also one that never opened (it would stay "restoring").
-            self._unplaced -= revoked
-            if not self._unplaced and self._layout_message is not None:
-                self._layout_message = None
-                self.readiness.layout_error(None)
+            self.layout.revoked(revoked)
             # Their breakers and reset counts stay (see dead_letter_policy and poison).
             for tp in revoked:
                 p = tp.partition
@@ -635,7 +567,7 @@ class Worker:
             self.metrics.increment(m.PARTITIONS_ASSIGNED, len(assigned))
             self.metrics.increment(m.REBALANCES)
             self.readiness.partitions_assigned(tp.partition for tp in assigned)
-            if self._shared is not None:
+            if self.committer.shared is not None:
                 # A restore can take longer than the per-worker transaction timeout: commit what
                 # the shared transaction holds rather than keep it open across the restore.
                 await self._commit_all()
@@ -644,138 +576,44 @@ class Worker:
                 self.lifecycle.to(WorkerState.RUNNING)
 
     async def _open_partitions(self, tps: set[TopicPartition]) -> None:
-        """Fence and start the sinks, restore state, then seek to the committed offsets.
+        """Open the partitions of ``tps`` that have a state partition (``PartitionOpener``).
 
         Must hold the lock. On failure, nothing is opened and ``_heal`` retries later.
         """
-        tps = await self._check_layout(tps)
+        tps = await self.layout.placeable(tps, self._consumer.assignment())
         if not tps:
             return
+        assert self._opener is not None
         started = time.perf_counter()
-        sinks: dict[TopicPartition, Sink] = {}
         try:
-            for tp in tps:
-                sinks[tp] = self._new_sink(tp)
-            # init_transactions: aborts whatever a previous owner left open, so the committed
-            # offsets and the state partition's end are stable from here on.
-            await asyncio.gather(*(sink.start() for sink in sinks.values()))
-            restorer = self._restorer
-            assert restorer is not None
-            latest = await restorer.restore(tp.partition for tp in tps)
-            positions = {}
-            restores: dict[TopicPartition, state_changelog.Restored] = {}
-            replays: dict[TopicPartition, list[Any]] = {}
-            for tp in tps:
-                committed = await self._consumer.committed(tp)
-                if committed is None:
-                    committed = await self._consumer.beginning_offset(tp)
-                positions[tp] = committed
-                restores[tp] = state_changelog.restore(restorer.keys, latest[tp.partition])
-                start = restores[tp].replay_from
-                if start is not None and start < committed:
-                    replays[tp] = await restorer.read_range(tp.topic, tp.partition, start, committed)
+            opened = await self._opener.open(tps, self._consumer, self._new_sink, self._next_epoch)
         except Exception as exc:  # noqa: BLE001 - any failure: retried after a backoff
             log.warning("opening partitions %s failed, will retry: %r", sorted(t.partition for t in tps), exc)
-            for sink in sinks.values():
-                await sink.close()
             self._next_heal_at = time.monotonic() + HEAL_BACKOFF_S
             return
-        now = time.monotonic()
-        restored = replayed_records = 0
-        self._epoch += 1
-        for tp in sorted(tps):
-            try:
-                # The group may have started taking partitions away while we awaited above.
-                self._consumer.seek(tp, positions[tp])
-            except PartitionNotAssignedError:
-                log.info("partition %d was unassigned while opening; dropped", tp.partition)
-                self.readiness.partitions_revoked([tp.partition])
-                await sinks.pop(tp).close()
-                continue
-            processor = self.model.processor_for(
-                self.derenderer,
-                live_parsers=self.parsers,
-                require_key=True,  # key-less records are dead letters (placement by request_id)
-            )
-            checkpoints = restores[tp].checkpoints
-            state_changelog.install(processor, checkpoints, now)
-            replay = replays.get(tp, [])
-            replayed = state_changelog.replay_after(processor, checkpoints, replay)
-            changelog = StateChangelog(
-                self.settings.topics.state,
-                tp.partition,
-                restorer.keys,
-                checkpoint_interval_s=self.settings.state_checkpoint_interval_ms / 1000,
-            )
-            changelog.restored(restores[tp], replayed)
-            restored += len(checkpoints)
-            replayed_records += len(replay)
-            self.tasks[tp] = OwnedPartition(
-                tp,
-                processor,
-                sinks[tp],
-                self.settings.topics,
-                self.metrics,
-                position=positions[tp],
-                changelog=changelog,
-                epoch=self._epoch,
-                dead_letters=self.dead_letters,
-                budget=self.budget,
-                resets=self.resets,
-                observer=self.observer,
-            )
+        self.readiness.partitions_revoked(tp.partition for tp in opened.dropped)
+        self.tasks.update(opened.tasks)
+        for tp in opened.tasks:
             trip = self.dead_letters.tripped().get(tp.partition)
             if trip is not None:  # tripped earlier in this process: it stays paused
                 self._pause(tp, trip)
         # Partitions that failed to open stay "restoring": not ready until _heal opens them.
-        self.readiness.partitions_restored(tp.partition for tp in sinks if tp in self.tasks)
-        self.metrics.increment(m.STATE_RESTORED_REQUESTS, restored)
-        self.metrics.increment(m.STATE_REPLAYED_RECORDS, replayed_records)
+        self.readiness.partitions_restored(tp.partition for tp in opened.tasks)
+        self.metrics.increment(m.STATE_RESTORED_REQUESTS, opened.restored_requests)
+        self.metrics.increment(m.STATE_REPLAYED_RECORDS, opened.replayed_records)
         self.metrics.timing(m.STATE_RESTORE_MS, (time.perf_counter() - started) * 1000)
         self.metrics.gauge(m.PARTITIONS_OWNED, len(self.tasks))
         log.info(
             "opened partitions %s at %s with %d restored requests (%d input records re-read)",
-            sorted(tp.partition for tp in sinks),
-            {tp.partition: positions[tp] for tp in sorted(sinks)},
-            restored,
-            replayed_records,
+            sorted(tps),
+            {tp.partition: opened.positions[tp] for tp in sorted(opened.positions)},
+            opened.restored_requests,
+            opened.replayed_records,
         )
 
-    async def _check_layout(self, tps: set[TopicPartition]) -> set[TopicPartition]:
-        """The partitions of ``tps`` that can be opened: those with a state partition.
-
-        The input topic grown without (or before) the state topic: the new input partitions have
-        nowhere to keep state. They are not opened, the worker is not ready and says why, and the
-        layout is checked again every ``LAYOUT_RECHECK_S``, so growing the state topic heals it.
-        """
-        s = self.settings
-        try:
-            counts = await partition_counts(
-                s.bootstrap_servers, [s.topics.input, s.topics.state], self._security
-            )
-        except Exception as exc:  # noqa: BLE001 - the open itself will fail too and be retried
-            log.warning("could not read the partition counts: %r", exc)
-            return tps
-        state_partitions = counts.get(s.topics.state, 0)
-        problem = layout_problem(s.topics, counts.get(s.topics.input, 0), state_partitions)
-        unplaced = {tp for tp in tps if tp.partition >= state_partitions} if problem else set()
-        self._unplaced = (self._unplaced - tps) | unplaced
-        self._unplaced &= self._consumer.assignment()
-        message = None
-        if self._unplaced:
-            self._next_layout_check_at = time.monotonic() + LAYOUT_RECHECK_S
-            message = (
-                f"input partitions {sorted(tp.partition for tp in self._unplaced)} not served: {problem}"
-            )
-        if message != self._layout_message:
-            if message is not None:
-                log.error(message)
-                self.metrics.increment(m.LAYOUT_ERRORS)
-            else:
-                log.info("every assigned input partition has its state partition again")
-            self._layout_message = message
-            self.readiness.layout_error(message)
-        return tps - unplaced
+    def _next_epoch(self) -> int:
+        self._epoch += 1
+        return self._epoch
 
     def _consumer_config(self) -> ConsumerConfig:
         s = self.settings
@@ -817,8 +655,8 @@ class Worker:
 
     def _new_sink(self, tp: TopicPartition) -> Sink:
         s = self.settings
-        if self._shared is not None:
-            return SharedSink(self._shared)
+        if self.committer.shared is not None:
+            return SharedSink(self.committer.shared)
         if s.exactly_once:
             transactional_id = s.transactional_id(tp.partition)
             config = self._producer_config(f"{s.client_id}-{transactional_id}", transactional=True)
@@ -881,10 +719,11 @@ class Worker:
                 self._pause(tp, trip)
         self.readiness.partitions_assigned([tp.partition])
         task = self.tasks.pop(tp, None)
-        aborts_shared = self._shared is not None and self._shared.open
+        shared = self.committer.shared
+        aborts_shared = shared is not None and shared.open
         if task is not None:
             await self._close_task(task)
-        if self._shared is not None:
+        if shared is not None:
             # Closing it aborted the shared transaction, and with it every partition's uncommitted
             # work; and a failed commit took the state records of every partition it joined, even
             # one with no other work. Those reopen from committed state too (not counted).
@@ -895,7 +734,7 @@ class Worker:
                 self.readiness.partitions_assigned([other.tp.partition])
                 del self.tasks[other.tp]
                 await self._close_task(other)
-        if self._shared is not None and self._shared.needs_new_producer:
+        if shared is not None and shared.needs_new_producer:
             await self._renew_shared()
         # _heal reopens it (with backoff) if it is still ours.
         self._next_heal_at = time.monotonic() + HEAL_BACKOFF_S
@@ -907,15 +746,16 @@ class Worker:
         epoch) or when a process with the same client id started. A fresh producer takes the id
         (back) over; its init_transactions settles whatever the old one left open. A zombie that
         does so loses its partitions at its next poll all the same."""
-        assert self._shared is not None
+        shared = self.committer.shared
+        assert shared is not None
         s = self.settings
-        why = "was fenced" if self._shared.fenced else "left its transaction unsettled"
-        log.warning("the shared producer %s %s; starting a new one", self._shared.transactional_id, why)
+        why = "was fenced" if shared.fenced else "left its transaction unsettled"
+        log.warning("the shared producer %s %s; starting a new one", shared.transactional_id, why)
         producer = self._client.transactional_producer(
             self._producer_config(s.client_id, transactional=True), s.worker_transactional_id()
         )
         try:
-            await self._shared.renew(producer)
+            await shared.renew(producer)
         except KafkaClientError as exc:  # still fenced: the next reset tries again
             log.warning("starting a new shared producer failed: %r", exc)
 

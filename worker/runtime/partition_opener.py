@@ -1,0 +1,168 @@
+"""Opening assigned input partitions: the whole restore sequence in one place.
+
+For a set of partitions: start their sinks (``init_transactions`` fences a previous owner), read
+the state partition's latest records, find each committed input offset, rebuild the open requests
+from the checkpoints, re-read the inputs after the last checkpoint, and hand back ready
+``OwnedPartition`` tasks positioned at the committed offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.core.derenderer import Derenderer
+from worker.core.live_parsers import LiveParserPool
+from worker.errors import PartitionNotAssignedError
+from worker.runtime import state_changelog
+from worker.runtime.dead_letter_policy import DeadLetterPolicy
+from worker.runtime.delivery import Sink
+from worker.runtime.kafka_client.base import TopicPartition
+from worker.runtime.memory import MemoryBudget
+from worker.runtime.metrics import Metrics
+from worker.runtime.observer import RecordObserver
+from worker.runtime.partition import OwnedPartition
+from worker.runtime.poison import ResetTracker
+from worker.runtime.state_changelog import StateChangelog
+from worker.runtime.state_store import StateRestorer
+from worker.settings import KafkaSettings, ModelSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Opened:
+    """What one ``open`` gave: the tasks, and what did not open."""
+
+    tasks: dict[TopicPartition, OwnedPartition] = field(default_factory=dict)
+    positions: dict[TopicPartition, int] = field(default_factory=dict)
+    dropped: set[TopicPartition] = field(default_factory=set)  # unassigned while opening
+    restored_requests: int = 0
+    replayed_records: int = 0
+
+
+class PartitionOpener:
+    """Builds the tasks of newly assigned partitions from committed offsets and the state topic."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        model: ModelSettings,
+        derenderer: Derenderer,
+        *,
+        restorer: StateRestorer,
+        parsers: LiveParserPool,
+        metrics: Metrics,
+        dead_letters: DeadLetterPolicy,
+        budget: MemoryBudget,
+        resets: ResetTracker,
+        observer: RecordObserver,
+    ) -> None:
+        self.settings = settings
+        self.model = model
+        self.derenderer = derenderer
+        self.restorer = restorer
+        self.parsers = parsers
+        self.metrics = metrics
+        self.dead_letters = dead_letters
+        self.budget = budget
+        self.resets = resets
+        self.observer = observer
+
+    async def open(
+        self,
+        tps: Iterable[TopicPartition],
+        consumer: Any,
+        new_sink: Callable[[TopicPartition], Sink],
+        next_epoch: Callable[[], int],
+    ) -> Opened:
+        """Open ``tps``; raises (with every sink it started closed) when any step fails, to be retried.
+
+        ``next_epoch`` is called once the restore is read, right before the seeks: records of a poll
+        that started earlier carry an older epoch and are fetched again (see ``Worker._step``).
+        """
+        wanted = sorted(tps)
+        sinks: dict[TopicPartition, Sink] = {}
+        try:
+            for tp in wanted:
+                sinks[tp] = new_sink(tp)
+            # init_transactions: aborts whatever a previous owner left open, so the committed
+            # offsets and the state partition's end are stable from here on.
+            await asyncio.gather(*(sink.start() for sink in sinks.values()))
+            latest = await self.restorer.restore(tp.partition for tp in wanted)
+            positions: dict[TopicPartition, int] = {}
+            restores: dict[TopicPartition, state_changelog.Restored] = {}
+            replays: dict[TopicPartition, list[Any]] = {}
+            for tp in wanted:
+                committed = await consumer.committed(tp)
+                if committed is None:
+                    committed = await consumer.beginning_offset(tp)
+                positions[tp] = committed
+                restores[tp] = state_changelog.restore(self.restorer.keys, latest[tp.partition])
+                start = restores[tp].replay_from
+                if start is not None and start < committed:
+                    replays[tp] = await self.restorer.read_range(tp.topic, tp.partition, start, committed)
+        except Exception:
+            for sink in sinks.values():
+                await sink.close()
+            raise
+        opened = Opened(positions=positions)
+        now = time.monotonic()
+        epoch = next_epoch()
+        for tp in wanted:
+            try:
+                # The group may have started taking partitions away while we awaited above.
+                consumer.seek(tp, positions[tp])
+            except PartitionNotAssignedError:
+                log.info("partition %d was unassigned while opening; dropped", tp.partition)
+                opened.dropped.add(tp)
+                await sinks[tp].close()
+                continue
+            replay = replays.get(tp, [])
+            opened.tasks[tp] = self._task(tp, sinks[tp], positions[tp], restores[tp], replay, now, epoch)
+            opened.restored_requests += len(restores[tp].checkpoints)
+            opened.replayed_records += len(replays.get(tp, []))
+        return opened
+
+    def _task(
+        self,
+        tp: TopicPartition,
+        sink: Sink,
+        position: int,
+        restored: state_changelog.Restored,
+        replay: list[Any],
+        now: float,
+        epoch: int,
+    ) -> OwnedPartition:
+        processor = self.model.processor_for(
+            self.derenderer,
+            live_parsers=self.parsers,
+            require_key=True,  # key-less records are dead letters (placement by request_id)
+        )
+        state_changelog.install(processor, restored.checkpoints, now)
+        replayed = state_changelog.replay_after(processor, restored.checkpoints, replay)
+        changelog = StateChangelog(
+            self.settings.topics.state,
+            tp.partition,
+            self.restorer.keys,
+            checkpoint_interval_s=self.settings.state_checkpoint_interval_ms / 1000,
+        )
+        changelog.restored(restored, replayed)
+        return OwnedPartition(
+            tp,
+            processor,
+            sink,
+            self.settings.topics,
+            self.metrics,
+            position=position,
+            changelog=changelog,
+            epoch=epoch,
+            dead_letters=self.dead_letters,
+            budget=self.budget,
+            resets=self.resets,
+            observer=self.observer,
+        )
