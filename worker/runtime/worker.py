@@ -605,7 +605,7 @@ class Worker:
         self.metrics.gauge(m.PARTITIONS_OWNED, len(self.tasks))
         log.info(
             "opened partitions %s at %s with %d restored requests (%d input records re-read)",
-            sorted(tps),
+            sorted(tp.partition for tp in tps),
             {tp.partition: opened.positions[tp] for tp in sorted(opened.positions)},
             opened.restored_requests,
             opened.replayed_records,
