@@ -259,13 +259,16 @@ def test_one_shot_completion_with_two_prompts_equals_vllms_one_shot_derender(pip
 
 def test_trace_context_rides_from_the_http_request_to_every_record(pipeline: Pipeline) -> None:
     """The client's W3C trace context reaches the requests, input and output records of its request
-    (gateway -> ingest -> worker), so one trace covers the whole pipeline."""
+    (gateway -> ingest -> worker), so one trace covers the whole pipeline; but not its sampled flag
+    (a client must not force sampling) nor its baggage (8 KB of it would ride on every record)."""
     from tests.kafka_helpers import TopicReader
     from worker.runtime.genai_metrics import REQUEST_START_HEADER
 
     parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     body = request_of(recording(case(STREAM_CASE).id))
-    chunks = list(client(pipeline).chat.completions.create(**body, extra_headers={"traceparent": parent}))
+    baggage = ",".join(f"k{i}={'v' * 60}" for i in range(128))[:8000]
+    headers = {"traceparent": parent, "baggage": baggage}
+    chunks = list(client(pipeline).chat.completions.create(**body, extra_headers=headers))
     request_id = chunks[0].id.rsplit("chatcmpl-", 1)[1]
 
     async def records(topic: str, count: int) -> list[Any]:
@@ -286,6 +289,8 @@ def test_trace_context_rides_from_the_http_request_to_every_record(pipeline: Pip
     inputs = asyncio.run(records(pipeline.topics.input, len(chunks)))
     outputs = asyncio.run(records(pipeline.topics.output, len(chunks)))
     assert len(inputs) == len(outputs) == len(chunks)
+    unsampled = parent[:-2] + "00"  # the same trace and parent, not sampled
     for record in [*requests, *inputs, *outputs]:
-        assert dict(record.headers).get("traceparent") == parent.encode(), record
+        assert dict(record.headers).get("traceparent") == unsampled.encode(), record
+        assert "baggage" not in dict(record.headers), record
     assert all(REQUEST_START_HEADER in dict(r.headers) for r in inputs)
