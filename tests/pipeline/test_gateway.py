@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import time
@@ -559,3 +560,49 @@ def test_the_gateway_fails_closed_without_an_api_key(pipeline: Pipeline) -> None
     )
     assert result.returncode == 2
     assert b"--allow-no-api-key" in result.stderr
+
+
+def test_idle_slow_and_half_sent_connections_end(pipeline: Pipeline) -> None:
+    """Idle connections, one byte every few seconds, and a body that never arrives stayed open
+    indefinitely."""
+    process, url = extra_gateway(pipeline, "--header-timeout-s", "2", "--body-timeout-s", "2")
+    port = int(url.rsplit(":", 1)[1])
+
+    async def closed_after(trickle: bool) -> float:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(15):
+                while True:
+                    try:
+                        if trickle:
+                            writer.write(b"P")  # a request line that never ends
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(1.0):
+                                if not await reader.read(1):
+                                    return time.monotonic() - started
+                    except ConnectionError:
+                        return time.monotonic() - started
+        finally:
+            writer.close()
+
+    async def half_body() -> tuple[bytes, float]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        started = time.monotonic()
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        writer.write(head + b"Content-Length: 100\r\n\r\n" + b'{"model": ')
+        async with asyncio.timeout(15):
+            answer = await reader.read(4096)
+        writer.close()
+        return answer, time.monotonic() - started
+
+    async def go() -> tuple[float, float, tuple[bytes, float]]:
+        return await asyncio.gather(closed_after(False), closed_after(True), half_body())
+
+    try:
+        idle, trickled, (answer, body_took) = asyncio.run(go())
+    finally:
+        process.terminate()
+    assert idle < 6 and trickled < 6, (idle, trickled)
+    assert answer.startswith(b"HTTP/1.1 408") and b'"code":408' in answer, answer
+    assert body_took < 6

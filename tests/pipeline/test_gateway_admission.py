@@ -9,10 +9,11 @@ from typing import Any
 
 import orjson
 import pytest
+from aiohttp import web
 
 from worker.errors import ConfigurationError
 from worker.pipeline.gateway_admission import Admitted, Budget, Refused, admit_body
-from worker.pipeline.gateway_delivery import Delivery, Mailbox
+from worker.pipeline.gateway_delivery import Delivery, Mailbox, SseWriter
 from worker.pipeline.gateway_edge import ANONYMOUS, ApiKeys, allowed_baggage, edge_trace, unsampled
 from worker.settings import GatewayOptions
 
@@ -253,3 +254,61 @@ def test_an_error_record_waits_for_the_outputs_before_it() -> None:
     events = asyncio.run(run())
     assert [("error" in e) for e in events] == [False, False, True]
     assert events[-1]["error"]["message"] == "cut off"
+
+
+def test_a_terminal_error_ends_the_stream_whatever_its_seq() -> None:
+    """An ingest that took over after a crash writes its error at seq 0, already shown: it was
+    dropped as a duplicate and the client waited for the request timeout."""
+    admitted = Admitted("completion", b"{}", True, 1, False, 1)
+    error = {"request_id": "r", "seq": 0, "terminal": True, "error": {"message": "restarted", "code": 503}}
+
+    async def run() -> list[dict[str, Any]]:
+        mailbox = Mailbox(1 << 20, lambda _: None, lambda: None)
+        delivery = Delivery("r", admitted, mailbox, 5.0)
+        for value in (_chunk("r", 0, 0, None), orjson.dumps(error)):
+            mailbox.put("r", value)
+        async with asyncio.timeout(2):
+            return [event async for event in delivery.events()]
+
+    events = asyncio.run(run())
+    assert events[-1] == {"error": error["error"]}
+
+
+def test_a_client_that_reads_nothing_is_ended_by_the_write_timeout() -> None:
+    """A client that stopped reading held its request (and its queued outputs) until the request
+    timeout; each write now has its own timeout."""
+
+    async def run() -> tuple[str, float]:
+        ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            writer = await SseWriter.open(request, 1.0)
+            try:
+                while True:
+                    await writer.data(b"x" * 65536)
+            except TimeoutError:
+                ended.set_result("timeout")
+                raise
+            return writer.response
+
+        app = web.Application()
+        app.router.add_get("/", handler)
+        runner = web.AppRunner(app, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # then never reads
+            started = time.monotonic()
+            async with asyncio.timeout(30):
+                outcome = await ended
+            took = time.monotonic() - started
+            writer.close()
+            return outcome, took
+        finally:
+            await runner.cleanup()
+
+    outcome, took = asyncio.run(run())
+    assert outcome == "timeout" and took < 15

@@ -165,8 +165,13 @@ class Delivery:
                 yield {"error": error}  # a timeout, an error of the whole request, or the worker's own
                 return
             seq = record.get("seq")
-            if state is None or not isinstance(seq, int) or seq in state.seen:
-                continue  # another request's, or a duplicate
+            if state is None or not isinstance(seq, int):
+                continue  # another request's
+            if error is not None and record.get("terminal") is True and seq in state.seen:
+                yield {"error": error}  # ingest ended the stream at a seq already shown (it restarted)
+                return
+            if seq in state.seen:
+                continue  # a duplicate
             if error is not None:
                 state.held_error = record
             else:
