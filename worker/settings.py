@@ -967,7 +967,7 @@ class GatewayOptions(RequestsTopic, OutputTopic):
     )
     # --- trace context from clients ---
     baggage_keys: Annotated[tuple[str, ...], NoDecode] = Field(
-        (), description="baggage members passed on from a client (default: baggage is dropped)"
+        (), description="the baggage members a client may pass on (none: a client's baggage is dropped)"
     )
     max_baggage_bytes: int = Field(512, ge=0, description="the baggage passed on is cut to this many bytes")
     trust_client_sampling: bool = Field(

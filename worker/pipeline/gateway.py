@@ -128,8 +128,8 @@ class Gateway:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
-        if self._cancels:
-            await asyncio.wait(set(self._cancels), timeout=self.settings.shutdown_timeout_s)
+        if self._cancels:  # the other half of --shutdown-timeout-s (the handlers had the first)
+            await asyncio.wait(set(self._cancels), timeout=self.settings.shutdown_timeout_s / 2)
         if self.consumer is not None:
             await self.consumer.stop()
         if self.producer is not None:
@@ -336,13 +336,19 @@ class Gateway:
         writer = await SseWriter.open(http, self.settings.write_timeout_s)
         event = first
         failed = False
-        while event is not None:
-            await writer.event(event)
-            if "error" in event:
-                failed = True
-                break
-            event = await anext(events, None)
-        await writer.close()
+        try:
+            while event is not None:
+                await writer.event(event)
+                if "error" in event:
+                    failed = True
+                    break
+                event = await anext(events, None)
+            await writer.close()
+        except TimeoutError:  # the client stopped reading: leaving the exchange cancels the request
+            log.info("request %s: a write waited over %gs; ended", exchange.request_id, writer.timeout_s)
+            if http.transport is not None:
+                http.transport.close()
+            return writer.response
         if not failed:
             exchange.succeeded()
         return writer.response
