@@ -214,26 +214,27 @@ def _chunk(request_id: str, seq: int, index: int, finish: str | None) -> bytes:
     return orjson.dumps({"request_id": request_id, "seq": seq, "endpoint": "completion", "body": body})
 
 
-def test_a_thousand_prompts_cost_each_record_the_same() -> None:
-    """Each record's cost does not grow with the prompt count (the scans over every prompt made a
-    20k-prompt completion hold the loop for 18 s)."""
-    prompts = 1024
+def test_thousands_of_prompts_cost_each_record_the_same() -> None:
+    """Each record's cost does not grow with the prompt count: the scans over every prompt per record
+    (``ids.index``, ``all()``) made a 20k-prompt completion hold the loop for 18 s. Here 4096 prompts
+    of two records each: some 67 million steps for those scans, a few thousand dict lookups now."""
+    prompts = 4096
     admitted = Admitted("completion", b"{}", True, 1, False, prompts)
 
     async def run() -> tuple[int, float]:
         mailbox = Mailbox(1 << 30, lambda _: None, lambda: None)
         delivery = Delivery("r", admitted, mailbox, 5.0)
-        for i, sid in enumerate(delivery.stream_ids):
-            for seq in range(4):
-                mailbox.put(sid, _chunk(sid, seq, 0, "length" if seq == 3 else None))
-            assert i == int(sid.rsplit("-", 1)[1])
+        for sid in delivery.stream_ids:
+            for seq in range(2):
+                mailbox.put(sid, _chunk(sid, seq, 0, "length" if seq == 1 else None))
         started = time.perf_counter()
         events = [event async for event in delivery.events()]
+        assert [e["choices"][0]["index"] for e in events[:4]] == [0, 0, 1, 1]  # prompt i is choice i
         return len(events), time.perf_counter() - started
 
     count, took = asyncio.run(run())
-    assert count == prompts * 4
-    assert took < 1.0, f"{took:.2f}s for {count} records"
+    assert count == prompts * 2
+    assert took < 10.0, f"{took:.2f}s for {count} records"  # well under 1 s on an idle machine
 
 
 def test_an_error_record_waits_for_the_outputs_before_it() -> None:

@@ -61,17 +61,23 @@ class Mailbox:
             self._records.clear()
             self._arrived.set()
 
-    async def get(self) -> tuple[str, bytes] | JsonDict:
-        """The next record, or the error the mailbox was ended with."""
-        while not self._records and self.ended is None:
-            self._arrived.clear()
-            await self._arrived.wait()
+    def get_nowait(self) -> tuple[str, bytes] | JsonDict | None:
+        """The next record, or the error the mailbox was ended with; ``None`` when nothing waits."""
         if self.ended is not None:
             return self.ended
+        if not self._records:
+            return None
         key, value = self._records.popleft()
         self.queued -= len(value)
         self._on_bytes(-len(value))
         return key, value
+
+    async def get(self) -> tuple[str, bytes] | JsonDict:
+        """The next record, or the error the mailbox was ended with."""
+        while (got := self.get_nowait()) is None:
+            self._arrived.clear()
+            await self._arrived.wait()
+        return got
 
 
 def overrun_error(max_bytes: int) -> JsonDict:
@@ -124,11 +130,13 @@ class Delivery:
     async def _next(self) -> tuple[str, JsonDict]:
         """The next record as JSON, or ``("", {"error": ...})`` for a timeout, an overrun, a shutdown."""
         while True:
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    got = await self.mailbox.get()
-            except TimeoutError:
-                return "", {"error": timeout_error(self.timeout_s)}
+            got = self.mailbox.get_nowait()  # records already waiting need no timer
+            if got is None:
+                try:
+                    async with asyncio.timeout(self.timeout_s):
+                        got = await self.mailbox.get()
+                except TimeoutError:
+                    return "", {"error": timeout_error(self.timeout_s)}
             if isinstance(got, dict):
                 return "", {"error": got}
             key, raw = got
