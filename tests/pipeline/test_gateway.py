@@ -606,3 +606,27 @@ def test_idle_slow_and_half_sent_connections_end(pipeline: Pipeline) -> None:
     assert idle < 6 and trickled < 6, (idle, trickled)
     assert answer.startswith(b"HTTP/1.1 408") and b'"code":408' in answer, answer
     assert body_took < 6
+
+
+def test_a_key_over_its_open_requests_gets_429_with_retry_after(pipeline: Pipeline) -> None:
+    process, url = extra_gateway(pipeline, "--max-open-requests-per-key", "1", "--retry-after-s", "3")
+    body = request_of(recording(STREAM_CASE), user="fault:stall")
+    sdk = OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+    try:
+        stream = sdk.chat.completions.create(**body)
+        next(iter(stream))  # the first request is open, generating
+        with pytest.raises(openai.RateLimitError) as raised:
+            sdk.chat.completions.create(**request_of(recording(ONE_SHOT_CASE)))
+        assert raised.value.response.headers["Retry-After"] == "3"
+        stream.close()  # the client leaves: its share comes back
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                answer = sdk.chat.completions.create(**request_of(recording(ONE_SHOT_CASE)))
+                break
+            except openai.RateLimitError:
+                assert time.monotonic() < deadline, "the closed request's share never came back"
+                time.sleep(0.2)
+        assert answer.choices[0].finish_reason == "tool_calls"
+    finally:
+        process.terminate()

@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from schemas.pipeline import CancelRecord
 from worker.pipeline.connection import Connection, add_connection_arguments, require_topics, topic_partitions
@@ -320,6 +321,11 @@ class Gateway:
                 return await self._one_shot(exchange)
         except Refused as refused:
             return refused_response(refused)
+        except KafkaError as exc:  # the request could not be written: nothing runs, the client may retry
+            log.warning("a request could not be written to %s: %r", self.settings.requests_topic, exc)
+            return refused_response(
+                Refused(503, error_body(503, "the request could not be queued", "ServiceUnavailableError"), 1)
+            )
 
     async def _one_shot(self, exchange: Exchange) -> web.StreamResponse:
         answer = await exchange.delivery.result()
