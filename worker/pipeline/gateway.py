@@ -318,7 +318,7 @@ class Gateway:
             async with self.exchange(http, admitted) as exchange:
                 if admitted.stream:
                     return await self._stream(http, exchange)
-                return await self._one_shot(exchange)
+                return await self._one_shot(http, exchange)
         except Refused as refused:
             return refused_response(refused)
         except KafkaError as exc:  # the request could not be written: nothing runs, the client may retry
@@ -327,12 +327,28 @@ class Gateway:
                 Refused(503, error_body(503, "the request could not be queued", "ServiceUnavailableError"), 1)
             )
 
-    async def _one_shot(self, exchange: Exchange) -> web.StreamResponse:
+    async def _one_shot(self, http: web.Request, exchange: Exchange) -> web.StreamResponse:
         answer = await exchange.delivery.result()
         if "error" in answer:
             return error_response(answer["error"])
+        # Written here, within the write timeout and while the request holds its share of the budget:
+        # left to aiohttp, an answer of many MiB would wait for a client that never reads, unbounded.
+        response = json_response(answer)
+        try:
+            async with asyncio.timeout(self.settings.write_timeout_s):
+                await response.prepare(http)
+                await response.write_eof()
+        except TimeoutError:
+            log.info(
+                "request %s: the answer waited over %gs for its client; ended",
+                exchange.request_id,
+                self.settings.write_timeout_s,
+            )
+            if http.transport is not None:
+                http.transport.close()
+            return response
         exchange.succeeded()
-        return json_response(answer)
+        return response
 
     async def _stream(self, http: web.Request, exchange: Exchange) -> web.StreamResponse:
         events = exchange.delivery.events()
