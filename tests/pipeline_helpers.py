@@ -213,6 +213,7 @@ class Pipeline:
             "test-model",
             "--request-timeout-s",
             "30",
+            "--allow-no-api-key",
             *extra,
         )
         self.gateway = WorkerProcess("gateway", command, self.workers.log_dir / "gateway.log").start()

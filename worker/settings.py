@@ -891,15 +891,26 @@ class IngestOptions(RequestsTopic, InputTopic, OutputTopic):
         return self
 
 
+MiB = 1024 * 1024
+
+
 class GatewayOptions(RequestsTopic, OutputTopic):
-    """``gateway``: the OpenAI-compatible HTTP front of the pipeline."""
+    """``gateway``: the OpenAI-compatible HTTP front of the pipeline (limits: docs/gateway.md)."""
 
     GROUP: ClassVar[str] = "http"
 
     host: str = Field("0.0.0.0", description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to serve on")
-    api_key: str | None = Field(
-        None, description="clients must send 'Authorization: Bearer KEY' (prefer the environment)"
+    api_keys: Annotated[tuple[str, ...], NoDecode, Cli(flags=("--api-key",))] = Field(
+        (),
+        validation_alias=AliasChoices("DERENDER_API_KEY"),
+        description=(
+            "clients must send 'Authorization: Bearer KEY' with one of these keys (several: rotation; "
+            "prefer the environment, space-separated)"
+        ),
+    )
+    allow_no_api_key: bool = Field(
+        False, description="serve without --api-key (otherwise the gateway refuses to start without one)"
     )
     served_model_names: Annotated[tuple[str, ...], NoDecode, Cli(flags=("--served-model-name",))] = Field(
         (),
@@ -911,11 +922,75 @@ class GatewayOptions(RequestsTopic, OutputTopic):
         gt=0,
         description="a request with no new output for this long ends with error 504 (and is cancelled)",
     )
+    # --- admission: what one request may ask for ---
+    max_body_bytes: int = Field(4 * MiB, gt=0, description="a larger request body is refused with 413")
+    max_prompts: int = Field(
+        1024, gt=0, le=1024, description="prompts in one completion request (each is one generate stream)"
+    )
+    max_n: int = Field(128, gt=0, description="choices per prompt ('n')")
+    max_logprob_tokens: int = Field(
+        131_072,
+        gt=0,
+        description=(
+            "a non-streaming request with logprobs may ask for at most prompts x n x max_tokens x "
+            "(top_logprobs + 1) of them: its answer is one record"
+        ),
+    )
+    # --- admission: what is open at once ---
+    max_open_requests: int = Field(1024, gt=0, description="open requests in total (more: 503)")
+    max_open_requests_per_key: int = Field(256, gt=0, description="open requests per API key (more: 429)")
+    max_bytes_in_flight: int = Field(
+        192 * MiB, gt=0, description="request bodies plus queued outputs in total (more: 503)"
+    )
+    max_bytes_in_flight_per_key: int = Field(
+        64 * MiB, gt=0, description="request bodies plus queued outputs per API key (more: 429)"
+    )
+    retry_after_s: int = Field(1, ge=0, description="the Retry-After of a 429 or 503 for a full gateway")
+    # --- connections and delivery ---
+    header_timeout_s: float = Field(
+        15.0, gt=0, description="a connection that has not sent a request's headers in this time is closed"
+    )
+    body_timeout_s: float = Field(30.0, gt=0, description="reading a request's body may take this long (408)")
+    write_timeout_s: float = Field(
+        30.0, gt=0, description="a client that takes longer to accept one write is ended (and cancelled)"
+    )
+    max_queued_bytes: int = Field(
+        4 * MiB,
+        gt=0,
+        description=(
+            "output bytes waiting for one slow client; past it the request ends with an error event "
+            "and is cancelled (one record is always taken)"
+        ),
+    )
+    shutdown_timeout_s: float = Field(
+        20.0, gt=0, description="SIGTERM: open requests are cancelled and the cancels flushed within this"
+    )
+    # --- trace context from clients ---
+    baggage_keys: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="the baggage members a client may pass on (none: a client's baggage is dropped)"
+    )
+    max_baggage_bytes: int = Field(512, ge=0, description="the baggage passed on is cut to this many bytes")
+    trust_client_sampling: bool = Field(
+        False, description="keep a client's sampled flag in traceparent (otherwise it is cleared)"
+    )
+    output_partition_refresh_s: float = Field(
+        30.0, gt=0, description="how often the gateway looks for new partitions of the output topic"
+    )
 
-    @field_validator("served_model_names", mode="before")
+    @field_validator("served_model_names", "api_keys", "baggage_keys", mode="before")
     @classmethod
     def _split_names(cls, raw: Any) -> Any:
         return tuple(raw.split()) if isinstance(raw, str) else raw
+
+    @model_validator(mode="after")
+    def _key_or_consent(self) -> GatewayOptions:
+        if not self.api_keys and not self.allow_no_api_key:
+            raise ConfigurationError(
+                "the gateway needs --api-key (or DERENDER_API_KEY); --allow-no-api-key serves without one"
+            )
+        if any(not key for key in self.api_keys):
+            raise ConfigurationError("an empty --api-key would let anyone in")
+        return self
 
 
 # `run`'s sections, in --help order; RunConfig holds one of each.

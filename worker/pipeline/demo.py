@@ -241,6 +241,7 @@ def _demo(args: argparse.Namespace, tmp: Path) -> int:
                 *kafka,
                 *("--requests-topic", topics["openai-requests"], "--output-topic", topics["responses"]),
                 *("--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_MODEL),
+                "--allow-no-api-key",  # bound to loopback, for the demo's own client
             ],
         )
         base_url = f"http://127.0.0.1:{port}"

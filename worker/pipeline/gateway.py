@@ -1,14 +1,19 @@
 """``derender-worker gateway``: an OpenAI-compatible HTTP front for the pipeline.
 
 ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streaming as SSE with ``data: [DONE]``, or
-one JSON response), ``GET /v1/models``, ``GET /healthz``, optional ``--api-key``. Each request is
-written to the requests topic as a ``RequestEnvelope`` and answered from the worker's output records,
-read with ``read_committed`` as they arrive. A client that disconnects makes the gateway write a
-cancel record, which makes ``ingest`` abort the generation upstream.
+one JSON response), ``GET /v1/models``, ``GET /healthz``. Each request is checked and admitted
+(``gateway_admission``), written to the requests topic as a ``RequestEnvelope`` and answered from the
+worker's output records, read with ``read_committed`` as they arrive (``gateway_delivery``). A request
+that does not end as a success (the client went away, an error, a timeout, a slow client, SIGTERM)
+makes the gateway write a cancel record, which makes ``ingest`` abort the generation upstream.
+
+Another API in front of the same pipeline (a module of its own) uses ``Gateway.exchange``: it
+admits a chat or completion body, sends it, and gives a ``Delivery`` to read the answer from; the
+route table is ``Gateway.app``, to which a module adds its routes with ``Gateway.add_routes``.
 
 Finding the outputs: every replica reads every partition of the output topic from the end it saw at
-start and keeps the records whose key is one of its own open requests (it minted their ids), dropping
-the rest. N replicas therefore read the output topic N times; see the README for the limits.
+start (and new partitions as they appear) and keeps the records whose key is one of its own open
+requests, dropping the rest. N replicas therefore read the output topic N times; docs/gateway.md.
 """
 
 from __future__ import annotations
@@ -20,76 +25,77 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
-from schemas.pipeline import CancelRecord, RequestEnvelope
+from schemas.pipeline import CancelRecord
 from worker.pipeline.connection import Connection, add_connection_arguments, require_topics, topic_partitions
-from worker.runtime.tracing import NO_HEADERS, Headers, propagated
+from worker.pipeline.gateway_admission import Admitted, Budget, Endpoint, Refused, admit_body, error_body
+from worker.pipeline.gateway_delivery import Delivery, Mailbox, SseWriter, shutdown_error
+from worker.pipeline.gateway_edge import ApiKeys, edge_trace
+from worker.runtime.tracing import NO_HEADERS, Headers
 from worker.settings import GatewayOptions, LoggingSettings, add_arguments, load
 
 log = logging.getLogger(__name__)
 
 JsonDict = dict[str, Any]
-MAX_BODY_BYTES = 16 * 1024 * 1024
+# The name of the API key a request matched (its share of the budget), set by the auth middleware.
+API_KEY_NAME = web.RequestKey("api_key_name", str)
+_READ_CHUNK = 64 * 1024
 
 
-def error_body(code: int, message: str, type_: str = "BadRequestError") -> JsonDict:
-    """vLLM's ``ErrorResponse``."""
-    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(body), status=status, content_type="application/json", headers=headers
+    )
 
 
-def _json_response(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
-
-
-def _error_response(error: JsonDict) -> web.Response:
+def error_response(error: JsonDict) -> web.Response:
+    """An error record's ``error`` as vLLM answers it: its code is the HTTP status."""
     code = error.get("code")
     status = code if isinstance(code, int) and 400 <= code <= 599 else 500
-    return _json_response({"error": error}, status)
+    return json_response({"error": error}, status)
 
 
-def prompt_count(request: JsonDict) -> int:
-    """How many prompts a completion request has, as vLLM's render counts them."""
-    prompt = request.get("prompt")
-    if isinstance(prompt, list) and prompt and not all(isinstance(p, int) for p in prompt):
-        return len(prompt)
-    return 1
+def refused_response(refused: Refused) -> web.Response:
+    headers = {"Retry-After": str(refused.retry_after_s)} if refused.retry_after_s is not None else None
+    return json_response(refused.body, refused.status, headers)
 
 
 @dataclass
-class _Stream:
-    """One derender stream of a request: its outputs in ``seq`` order, ingest's error held in place."""
+class Exchange:
+    """One request in flight: read its answer from ``delivery``; ``succeeded()`` once it was given
+    whole, otherwise leaving the ``exchange`` block cancels it upstream."""
 
-    seen: set[int] = field(default_factory=set)
-    held_error: JsonDict | None = None  # ingest's error record, waiting for the outputs before it
-    finished: set[int] = field(default_factory=set)
-    usage_seen: bool = False
+    request_id: str
+    delivery: Delivery
+    ok: bool = False
 
-
-class _Waiter:
-    """The records of one open request, as they arrive (``None``: no more will be read)."""
-
-    def __init__(self, request_id: str, ids: list[str]) -> None:
-        self.request_id = request_id
-        self.ids = ids
-        self.queue: asyncio.Queue[tuple[str, JsonDict]] = asyncio.Queue()
+    def succeeded(self) -> None:
+        self.ok = True
 
 
 class Gateway:
     def __init__(self, settings: GatewayOptions, connection: Connection) -> None:
         self.settings = settings
         self.connection = connection
-        self.waiters: dict[str, _Waiter] = {}
+        self.keys = ApiKeys(settings.api_keys)
+        self.budget = Budget(settings)
+        self.mailboxes: dict[str, Mailbox] = {}  # by output record key (request id, or request-prompt)
+        self.open: dict[str, Mailbox] = {}  # by request id
         self.producer: AIOKafkaProducer | None = None
         self.consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._cancels: set[asyncio.Task[None]] = set()
+        self._routes: list[Callable[[web.Application], None]] = []
         self.ready = False
+        self.closing = False
         self.started = int(time.time())
 
     # --- Kafka -------------------------------------------------------------------------------------
@@ -117,11 +123,14 @@ class Gateway:
             log.error("the output topic reader failed: %r", task.exception())
 
     async def stop(self) -> None:
+        """Stop reading, then flush every cancel not yet written before the producer closes."""
         self.ready = False
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
+        if self._cancels:  # the other half of --shutdown-timeout-s (the handlers had the first)
+            await asyncio.wait(set(self._cancels), timeout=self.settings.shutdown_timeout_s / 2)
         if self.consumer is not None:
             await self.consumer.stop()
         if self.producer is not None:
@@ -129,18 +138,38 @@ class Gateway:
 
     async def _read(self) -> None:
         assert self.consumer is not None
+        next_refresh = time.monotonic() + self.settings.output_partition_refresh_s
         while True:
             batches = await self.consumer.getmany(timeout_ms=100)
             for records in batches.values():
                 for record in records:
                     key = record.key.decode(errors="replace") if record.key else ""
-                    waiter = self.waiters.get(key)
-                    if waiter is None or record.value is None:
-                        continue
-                    with contextlib.suppress(orjson.JSONDecodeError):
-                        value = orjson.loads(record.value)
-                        if isinstance(value, dict):
-                            waiter.queue.put_nowait((key, value))
+                    mailbox = self.mailboxes.get(key)
+                    if mailbox is not None and record.value is not None:
+                        mailbox.put(key, record.value)
+            if time.monotonic() >= next_refresh:
+                await self._add_new_partitions()
+                next_refresh = time.monotonic() + self.settings.output_partition_refresh_s
+
+    async def _add_new_partitions(self) -> None:
+        """Read the output topic's partitions added since the last look, from their beginning (a
+        record for an open request may already be there); the others keep their positions."""
+        assert self.consumer is not None
+        try:
+            current = await topic_partitions(self.connection, self.settings.output_topic)
+        except Exception as exc:  # noqa: BLE001 (a metadata hiccup: try again at the next refresh)
+            log.warning("could not look for new output partitions: %r", exc)
+            return
+        assigned = set(self.consumer.assignment())
+        new = [tp for tp in current if tp not in assigned]
+        if not new:
+            return
+        positions: dict[TopicPartition, int] = {tp: await self.consumer.position(tp) for tp in assigned}
+        self.consumer.assign([*assigned, *new])
+        for tp, offset in positions.items():
+            self.consumer.seek(tp, offset)
+        await self.consumer.seek_to_beginning(*new)
+        log.info("reading %d new partition(s) of %s", len(new), self.settings.output_topic)
 
     async def _send(self, request_id: str, value: bytes, trace: Headers = NO_HEADERS) -> None:
         assert self.producer is not None
@@ -148,36 +177,88 @@ class Gateway:
             self.settings.requests_topic, value=value, key=request_id.encode(), headers=list(trace) or None
         )
 
-    def _cancel_later(self, request_id: str) -> None:
-        """Write the cancel record from a task of its own: the handler is being cancelled."""
+    def cancel(self, request_id: str) -> None:
+        """Write the cancel record from a task of its own (the caller may be being cancelled); ``stop``
+        waits for it. Cancelling twice is harmless: ingest ignores a cancel of a request it ended."""
+        if self.producer is None:
+            return
         cancel = CancelRecord(request_id=request_id, cancel=True).model_dump_json().encode()
         task = asyncio.get_running_loop().create_task(self._send(request_id, cancel))
-        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+        self._cancels.add(task)
+        task.add_done_callback(self._cancel_sent)
+
+    def _cancel_sent(self, task: asyncio.Task[None]) -> None:
+        self._cancels.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a cancel record could not be written: %r", task.exception())
+
+    # --- one request, for any API ------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def exchange(self, http: web.Request, admitted: Admitted) -> AsyncIterator[Exchange]:
+        """Admit ``admitted`` against the budget (``Refused``: 429/503), write it to the requests topic
+        and yield its ``Exchange``; on leaving, free its share and, unless it succeeded, cancel it."""
+        if self.closing:
+            raise Refused(503, error_body(503, "the gateway is shutting down", "ServiceUnavailableError"), 1)
+        ticket = self.budget.admit(http.get(API_KEY_NAME, "-"), admitted.size)
+        request_id = uuid.uuid4().hex
+        mailbox = Mailbox(self.settings.max_queued_bytes, ticket.add, lambda: self.cancel(request_id))
+        delivery = Delivery(request_id, admitted, mailbox, self.settings.request_timeout_s)
+        keys = {request_id, *delivery.stream_ids}
+        for key in keys:
+            self.mailboxes[key] = mailbox
+        self.open[request_id] = mailbox
+        exchange = Exchange(request_id, delivery)
+        sent = False
+        try:
+            # The body is JSON already checked: spliced in, not serialized again.
+            envelope = b'{"request_id":"%s","endpoint":"%s","request":%s}' % (
+                request_id.encode(),
+                admitted.endpoint.encode(),
+                admitted.raw,
+            )
+            await self._send(request_id, envelope, edge_trace(http.headers, self.settings))
+            sent = True
+            yield exchange
+        finally:
+            for key in keys:
+                self.mailboxes.pop(key, None)
+            self.open.pop(request_id, None)
+            mailbox.end(shutdown_error())  # drops whatever is still queued
+            ticket.release()
+            if sent and not exchange.ok:
+                self.cancel(request_id)
 
     # --- HTTP --------------------------------------------------------------------------------------
 
+    def add_routes(self, register: Callable[[web.Application], None]) -> None:
+        """Another API's routes, added to the app ``app()`` builds (they get auth and the limits)."""
+        self._routes.append(register)
+
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._auth], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(middlewares=[self._auth], client_max_size=self.settings.max_body_bytes + 1)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/healthz", self._health)
+        for register in self._routes:
+            register(app)
         return app
 
     @web.middleware
-    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        key = self.settings.api_key
-        if (
-            key
-            and request.path.startswith("/v1/")
-            and request.headers.get("Authorization") != f"Bearer {key}"
-        ):
-            return _json_response(error_body(401, "Unauthorized", "AuthenticationError"), 401)
-        response: web.StreamResponse = await handler(request)
-        return response
+    async def _auth(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.path.startswith("/v1/"):
+            name = self.keys.identify(request.headers.get("Authorization"))
+            if name is None:
+                return json_response(error_body(401, "Unauthorized", "AuthenticationError"), 401)
+            request[API_KEY_NAME] = name
+        return await handler(request)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(text="ok" if self.ready else "starting", status=200 if self.ready else 503)
+        ok = self.ready and not self.closing
+        return web.Response(text="ok" if ok else "unavailable", status=200 if ok else 503)
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         data = [
@@ -191,7 +272,7 @@ class Gateway:
             }
             for name in self.settings.served_model_names
         ]
-        return _json_response({"object": "list", "data": data})
+        return json_response({"object": "list", "data": data})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "chat")
@@ -199,139 +280,106 @@ class Gateway:
     async def _completion(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "completion")
 
-    async def _serve(self, http: web.Request, endpoint: str) -> web.StreamResponse:
+    async def read_body(self, http: web.Request) -> bytes:
+        """The request body, at most ``--max-body-bytes`` (413) read within ``--body-timeout-s`` (408)."""
+        limit = self.settings.max_body_bytes
+        if http.content_length is not None and http.content_length > limit:
+            raise Refused(
+                413, error_body(413, f"the request body is over {limit} bytes", "RequestEntityTooLarge")
+            )
+        pieces: list[bytes] = []
+        size = 0
         try:
-            body = orjson.loads(await http.read())
-        except orjson.JSONDecodeError as exc:
-            return _json_response(error_body(400, f"JSON decode error: {exc}"), 400)
-        if not isinstance(body, dict):
-            return _json_response(error_body(400, "the request body must be a JSON object"), 400)
-        request_id = uuid.uuid4().hex
-        stream = bool(body.get("stream"))
-        count = prompt_count(body) if endpoint == "completion" and stream else 1
-        stream_ids = [request_id] if count == 1 else [f"{request_id}-{i}" for i in range(count)]
-        waiter = _Waiter(request_id, stream_ids)
-        for key in {request_id, *stream_ids}:
-            self.waiters[key] = waiter
-        envelope = RequestEnvelope(request_id=request_id, endpoint=endpoint, request=body)
-        done = False
-        try:
-            # The client's W3C trace context (as vLLM honours it on its HTTP entry points) rides on.
-            await self._send(request_id, envelope.model_dump_json().encode(), propagated(http.headers))
-            if stream:
-                response = await self._stream(http, waiter, request_id, body, count)
-            else:
-                response = await self._one_shot(waiter, request_id)
-            done = True
-            return response
-        finally:
-            for key in {request_id, *stream_ids}:
-                self.waiters.pop(key, None)
-            if not done:  # the client went away (or we failed): stop the generation upstream
-                self._cancel_later(request_id)
-
-    async def _next(self, waiter: _Waiter) -> tuple[str, JsonDict]:
-        try:
-            async with asyncio.timeout(self.settings.request_timeout_s):
-                return await waiter.queue.get()
+            async with asyncio.timeout(self.settings.body_timeout_s):
+                while piece := await http.content.read(_READ_CHUNK):
+                    size += len(piece)
+                    if size > limit:
+                        raise Refused(
+                            413,
+                            error_body(
+                                413, f"the request body is over {limit} bytes", "RequestEntityTooLarge"
+                            ),
+                        )
+                    pieces.append(piece)
         except TimeoutError:
-            self._cancel_later(waiter.request_id)
-            timeout = self.settings.request_timeout_s
-            return "", {
-                "error": {
-                    "message": f"no answer within {timeout:g}s",
-                    "type": "TimeoutError",
-                    "param": None,
-                    "code": 504,
-                }
-            }
+            timeout = self.settings.body_timeout_s
+            raise Refused(
+                408, error_body(408, f"the request body took over {timeout:g}s", "RequestTimeout")
+            ) from None
+        return b"".join(pieces)
 
-    async def _one_shot(self, waiter: _Waiter, request_id: str) -> web.StreamResponse:
-        while True:
-            _, record = await self._next(waiter)
-            if record.get("error") is not None:
-                return _error_response(record["error"])
-            body = record.get("body")
-            if isinstance(body, dict) and "chunk" not in body:
-                return _json_response(body)
+    async def admit(self, http: web.Request, endpoint: Endpoint) -> Admitted:
+        """Read and check a chat or completion request (``Refused`` when it may not run)."""
+        return admit_body(await self.read_body(http), endpoint, self.settings)
 
-    async def _events(self, waiter: _Waiter, body: JsonDict, count: int) -> AsyncIterator[JsonDict]:
-        """The client's events in order: chunks, then possibly one error; ends when the request ended."""
-        given = body.get("n")
-        n = given if isinstance(given, int) and given > 0 else 1
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        streams = {sid: _Stream() for sid in waiter.ids}
-        usage_total: JsonDict | None = None
-        while True:
-            key, record = await self._next(waiter)
-            state = streams.get(key)
-            error = record.get("error")
-            if error is not None and (state is None or "source" in record):
-                yield {"error": error}  # a timeout, an error of the whole request, or the worker's own
-                return
-            if state is None or not isinstance(record.get("seq"), int) or record["seq"] in state.seen:
-                continue  # another request's, or a duplicate
-            if error is not None:
-                state.held_error = record
-            else:
-                chunk = (record.get("body") or {}).get("chunk")
-                if not isinstance(chunk, dict):
-                    continue
-                state.seen.add(record["seq"])
-                position = waiter.ids.index(key)
-                if count > 1:  # choices of prompt i are i*n .. i*n+n-1, as vLLM's completions number them
-                    chunk = {
-                        **chunk,
-                        "choices": [{**c, "index": position * n + c["index"]} for c in chunk["choices"]],
-                    }
-                for choice in chunk["choices"]:
-                    if choice.get("finish_reason") is not None:
-                        state.finished.add(choice["index"])
-                if not chunk["choices"] and chunk.get("usage"):
-                    state.usage_seen = True
-                    if count > 1:  # one usage chunk for the whole request, summed at the end
-                        usage_total = _add_usage(usage_total, chunk)
-                        continue
-                yield chunk
-            held = state.held_error
-            if held is not None and all(s in state.seen for s in range(held["seq"])):
-                yield {"error": held["error"]}
-                return
-            if all(len(s.finished) >= n and (s.usage_seen or not include_usage) for s in streams.values()):
-                if usage_total is not None:
-                    yield usage_total
-                return
+    async def _serve(self, http: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        try:
+            admitted = await self.admit(http, endpoint)
+            async with self.exchange(http, admitted) as exchange:
+                if admitted.stream:
+                    return await self._stream(http, exchange)
+                return await self._one_shot(http, exchange)
+        except Refused as refused:
+            return refused_response(refused)
+        except KafkaError as exc:  # the request could not be written: nothing runs, the client may retry
+            log.warning("a request could not be written to %s: %r", self.settings.requests_topic, exc)
+            return refused_response(
+                Refused(503, error_body(503, "the request could not be queued", "ServiceUnavailableError"), 1)
+            )
 
-    async def _stream(
-        self, http: web.Request, waiter: _Waiter, request_id: str, body: JsonDict, count: int
-    ) -> web.StreamResponse:
-        events = self._events(waiter, body, count)
-        first = await anext(events, None)
-        if first is not None and "error" in first:  # nothing sent yet: a plain HTTP error, as vLLM
-            return _error_response(first["error"])
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(http)
-        event = first
-        while event is not None:
-            await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
-            if "error" in event:
-                break
-            event = await anext(events, None)
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+    async def _one_shot(self, http: web.Request, exchange: Exchange) -> web.StreamResponse:
+        answer = await exchange.delivery.result()
+        if "error" in answer:
+            return error_response(answer["error"])
+        # Written here, within the write timeout and while the request holds its share of the budget:
+        # left to aiohttp, an answer of many MiB would wait for a client that never reads, unbounded.
+        response = json_response(answer)
+        try:
+            async with asyncio.timeout(self.settings.write_timeout_s):
+                await response.prepare(http)
+                await response.write_eof()
+        except TimeoutError:
+            log.info(
+                "request %s: the answer waited over %gs for its client; ended",
+                exchange.request_id,
+                self.settings.write_timeout_s,
+            )
+            if http.transport is not None:
+                http.transport.close()
+            return response
+        exchange.succeeded()
         return response
 
+    async def _stream(self, http: web.Request, exchange: Exchange) -> web.StreamResponse:
+        events = exchange.delivery.events()
+        first = await anext(events, None)
+        if first is not None and "error" in first:  # nothing sent yet: a plain HTTP error, as vLLM
+            return error_response(first["error"])
+        writer = await SseWriter.open(http, self.settings.write_timeout_s)
+        event = first
+        failed = False
+        try:
+            while event is not None:
+                await writer.event(event)
+                if "error" in event:
+                    failed = True
+                    break
+                event = await anext(events, None)
+            await writer.close()
+        except TimeoutError:  # the client stopped reading: leaving the exchange cancels the request
+            log.info("request %s: a write waited over %gs; ended", exchange.request_id, writer.timeout_s)
+            if http.transport is not None:
+                http.transport.close()
+            return writer.response
+        if not failed:
+            exchange.succeeded()
+        return writer.response
 
-def _add_usage(total: JsonDict | None, chunk: JsonDict) -> JsonDict:
-    usage = chunk["usage"]
-    if total is None:
-        return {**chunk, "usage": dict(usage)}
-    summed = dict(total["usage"])
-    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
-        summed[name] = (summed.get(name) or 0) + (usage.get(name) or 0)
-    return {**total, "usage": summed}
+    async def shut_down(self) -> None:
+        """SIGTERM: refuse new requests, end every open one with an error event and cancel it."""
+        self.closing = True
+        for mailbox in list(self.open.values()):
+            mailbox.end(shutdown_error())
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -353,19 +401,32 @@ def _gateway(args: argparse.Namespace) -> int:
     async def main() -> int:
         gateway = Gateway(settings, connection)
         await gateway.start()
-        # A client that disconnects cancels its handler, which writes the cancel record.
-        runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)
+        # A client that disconnects cancels its handler, which writes the cancel record. Idle and
+        # slow connections: aiohttp closes one that has not sent its headers within keepalive_timeout.
+        runner = web.AppRunner(
+            gateway.app(),
+            handler_cancellation=True,
+            access_log=None,
+            keepalive_timeout=settings.header_timeout_s,
+            shutdown_timeout=settings.shutdown_timeout_s / 2,
+        )
         await runner.setup()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         try:
             await web.TCPSite(runner, settings.host, settings.port).start()
             log.info("gateway serving on %s:%d", settings.host, settings.port)
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
             await stop.wait()
+            log.info("stopping: %d open request(s) end and are cancelled", len(gateway.open))
         finally:
-            await runner.cleanup()
+            await gateway.shut_down()
+            # Bounded below the pod's grace period: the handlers end (writing their cancels), then
+            # stop() flushes every cancel before the producer closes.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(settings.shutdown_timeout_s / 2):
+                    await runner.cleanup()
             await gateway.stop()
         return 0
 
