@@ -20,7 +20,7 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from schemas.pipeline import CancelRecord, RequestEnvelope
+from worker.pipeline.apis.routes import add_api_routes
 from worker.pipeline.connection import Connection, add_connection_arguments, require_topics, topic_partitions
 from worker.runtime.tracing import NO_HEADERS, Headers, propagated
 from worker.settings import GatewayOptions, LoggingSettings, add_arguments, load
@@ -162,6 +163,7 @@ class Gateway:
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/healthz", self._health)
+        add_api_routes(app, self)
         return app
 
     @web.middleware
@@ -171,6 +173,7 @@ class Gateway:
             key
             and request.path.startswith("/v1/")
             and request.headers.get("Authorization") != f"Bearer {key}"
+            and request.headers.get("x-api-key") != key  # the Anthropic SDKs' header
         ):
             return _json_response(error_body(401, "Unauthorized", "AuthenticationError"), 401)
         response: web.StreamResponse = await handler(request)
@@ -229,6 +232,41 @@ class Gateway:
                 self.waiters.pop(key, None)
             if not done:  # the client went away (or we failed): stop the generation upstream
                 self._cancel_later(request_id)
+
+    async def chat(
+        self, body: JsonDict, trace: Headers = NO_HEADERS, request_id: str | None = None
+    ) -> AsyncGenerator[JsonDict, None]:
+        """One chat request for the other APIs (``worker.pipeline.apis``): its chunks (``stream: true``)
+        or its one response body, or a last ``{"error": ...}``. Closing it early cancels the generation."""
+        request_id = request_id or uuid.uuid4().hex
+        waiter = _Waiter(request_id, [request_id])
+        self.waiters[request_id] = waiter
+        envelope = RequestEnvelope(request_id=request_id, endpoint="chat", request=body)
+        done = False
+        try:
+            await self._send(request_id, envelope.model_dump_json().encode(), trace)
+            if body.get("stream"):
+                async for event in self._events(waiter, body, 1):
+                    yield event
+            else:
+                while True:
+                    _, record = await self._next(waiter)
+                    if record.get("error") is not None:
+                        yield {"error": record["error"]}
+                        break
+                    answer = record.get("body")
+                    if isinstance(answer, dict) and "chunk" not in answer:
+                        yield answer
+                        break
+            done = True
+        finally:
+            self.waiters.pop(request_id, None)
+            if not done:
+                self._cancel_later(request_id)
+
+    async def cancel(self, request_id: str) -> None:
+        cancel = CancelRecord(request_id=request_id, cancel=True)
+        await self._send(request_id, cancel.model_dump_json().encode())
 
     async def _next(self, waiter: _Waiter) -> tuple[str, JsonDict]:
         try:
