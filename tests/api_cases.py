@@ -11,7 +11,7 @@ from worker.pipeline.fake_vllm import Recording
 QUESTION = "What's the weather in Paris?"
 # The golden case's tools: as chat tools, and as each API spells them.
 CHAT_TOOLS: list[dict[str, Any]] = recording(STREAM_CASE).request["tools"]
-ANTHROPIC_TOOLS = [
+ANTHROPIC_TOOLS: Any = [
     {
         "name": t["function"]["name"],
         "description": t["function"]["description"],
@@ -19,7 +19,7 @@ ANTHROPIC_TOOLS = [
     }
     for t in CHAT_TOOLS
 ]
-RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in CHAT_TOOLS]
+RESPONSES_TOOLS: Any = [{"type": "function", **t["function"]} for t in CHAT_TOOLS]
 
 
 def with_usage(base: Recording) -> Recording:

@@ -6,7 +6,7 @@ validate, with its required fields present, and no field the model does not decl
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, TypeAdapter
 
@@ -30,3 +30,21 @@ def parsed_exactly(schema: Any, data: Any) -> Any:
     extra = unknown_fields(parsed)
     assert not extra, f"fields the schema does not have: {extra} in {data}"
     return parsed
+
+
+def models_by_type(union: Any) -> dict[str, type[BaseModel]]:
+    """The members of an SDK's event union, by their ``type`` literal."""
+    while get_origin(union) is Annotated:
+        union = get_args(union)[0]
+    found: dict[str, type[BaseModel]] = {}
+    for member in get_args(union):
+        for literal in get_args(member.model_fields["type"].annotation):
+            found[literal] = member
+    return found
+
+
+def event_parsed_exactly(union: Any, event: dict[str, Any]) -> Any:
+    """``event`` as the member of ``union`` its ``type`` names, exactly."""
+    model = models_by_type(union).get(event["type"])
+    assert model is not None, f"no event type {event['type']!r} in the schema"
+    return parsed_exactly(model, event)

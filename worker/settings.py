@@ -911,6 +911,17 @@ class GatewayOptions(RequestsTopic, OutputTopic):
         gt=0,
         description="a request with no new output for this long ends with error 504 (and is cancelled)",
     )
+    responses_topic: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "compacted topic of stored /v1/responses (store, previous_response_id, background); "
+            "unset: responses are not stored"
+        ),
+    )
+    responses_store_max: int = Field(
+        10_000, ge=1, description="stored responses each gateway keeps in memory (the oldest go first)"
+    )
 
     @field_validator("served_model_names", mode="before")
     @classmethod

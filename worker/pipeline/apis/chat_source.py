@@ -5,12 +5,17 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
+from worker.pipeline.connection import Connection
 from worker.runtime.tracing import Headers
+from worker.settings import GatewayOptions
 
 JsonDict = dict[str, Any]
 
 
 class ChatSource(Protocol):
+    settings: GatewayOptions
+    connection: Connection
+
     def chat(
         self, body: JsonDict, trace: Headers, request_id: str | None = None
     ) -> AsyncGenerator[JsonDict, None]:
