@@ -919,8 +919,8 @@ class GatewayOptions(RequestsTopic, OutputTopic):
             "unset: responses are not stored"
         ),
     )
-    responses_store_max: int = Field(
-        10_000, ge=1, description="stored responses each gateway keeps in memory (the oldest go first)"
+    responses_store_max_mb: int = Field(
+        256, ge=1, description="MiB of stored responses each gateway keeps in memory (the oldest go first)"
     )
 
     @field_validator("served_model_names", mode="before")

@@ -4,7 +4,7 @@ A record is the latest state of one response: ``{"response": Response, "messages
 input], "events": [its stream events] | null}``. ``previous_response_id`` rebuilds the conversation from
 ``messages`` and ``response.output``; a background response's record is rewritten as its events arrive,
 so any replica can answer ``GET /v1/responses/{id}`` and follow its stream. Each replica keeps the newest
-``responses_store_max`` records in memory; the topic's own retention bounds what is kept on the broker.
+records in memory, up to ``--responses-store-max-mb``; the topic's retention bounds what the broker keeps.
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ CATCH_UP_S = 5.0  # how long a lookup waits for this replica to read what others
 
 
 class ResponsesStore:
-    def __init__(self, connection: Connection, topic: str, max_entries: int) -> None:
+    def __init__(self, connection: Connection, topic: str, max_bytes: int) -> None:
         self.connection = connection
         self.topic = topic
-        self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self.records: OrderedDict[str, JsonDict] = OrderedDict()
+        self._sizes: dict[str, int] = {}  # each record's size as it came (a measure of what it holds)
+        self.held_bytes = 0
         self._changed = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -71,21 +73,27 @@ class ResponsesStore:
                     with contextlib.suppress(orjson.JSONDecodeError):
                         value = orjson.loads(record.value) if record.value is not None else None
                     if isinstance(value, dict) and isinstance(value.get("response"), dict):
-                        self._keep(key, value)
+                        self._keep(key, value, len(record.value or b""))
                     else:
-                        self.records.pop(key, None)  # a tombstone (or a record not ours)
+                        self._drop(key)  # a tombstone (or a record not ours)
             if batches:
                 self._notify()
 
-    def _keep(self, key: str, value: JsonDict) -> None:
+    def _keep(self, key: str, value: JsonDict, size: int) -> None:
         old = self.records.get(key)
         if old is not None and old["response"].get("status") == "cancelled":
             # A cancel wins over the generation's own later writes (they race on the topic).
             value = {**value, "response": {**value["response"], "status": "cancelled"}}
+        self._drop(key)
         self.records[key] = value
-        self.records.move_to_end(key)
-        while len(self.records) > self.max_entries:
-            self.records.popitem(last=False)
+        self._sizes[key] = size
+        self.held_bytes += size
+        while self.held_bytes > self.max_bytes and len(self.records) > 1:
+            self._drop(next(iter(self.records)))
+
+    def _drop(self, key: str) -> None:
+        if self.records.pop(key, None) is not None:
+            self.held_bytes -= self._sizes.pop(key)
 
     def _notify(self) -> None:
         self._changed.set()
@@ -107,7 +115,7 @@ class ResponsesStore:
             log.warning("stored response %s is too big: its %s are not kept", response_id, dropped)
             record = {**record, dropped: None}
             value = orjson.dumps(record)
-        self._keep(response_id, record)
+        self._keep(response_id, record, len(value))
         self._notify()
         await self._producer.send_and_wait(self.topic, value=value, key=response_id.encode())
 

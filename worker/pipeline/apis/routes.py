@@ -304,7 +304,9 @@ def add_api_routes(app: web.Application, source: ChatSource) -> None:
     settings = source.settings
     store = None
     if settings.responses_topic:
-        store = ResponsesStore(source.connection, settings.responses_topic, settings.responses_store_max)
+        store = ResponsesStore(
+            source.connection, settings.responses_topic, settings.responses_store_max_mb * 1024 * 1024
+        )
 
         async def start(_: web.Application) -> None:
             await store.start()
