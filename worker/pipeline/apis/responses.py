@@ -103,8 +103,8 @@ def _message_of(item: JsonDict, last: JsonDict | None) -> JsonDict | None:
     if kind == "reasoning":
         if item.get("encrypted_content"):
             raise BadRequest("Encrypted content is not supported.")
-        content, summary = item.get("content") or [], item.get("summary") or []
-        reasoning = content[0].get("text", "") if content else summary[0].get("text", "") if summary else ""
+        parts = list_of(item.get("content") or [], "content") or list_of(item.get("summary") or [], "summary")
+        reasoning = text_of(dict_of(parts[0], "a reasoning part").get("text", ""), "text") if parts else ""
         if assistant is not None and assistant.get("reasoning") is None:
             assistant["reasoning"] = reasoning
             return None

@@ -243,12 +243,15 @@ class ResponsesApi:
         return await self._follow(http, response_id, None if after is None else int(after))
 
     async def _follow(self, http: web.Request, response_id: str, after: int | None) -> web.StreamResponse:
-        """The stored events after ``after``, then each new one as the record is rewritten, to the end."""
+        """The stored events after ``after``, then each new one as the record is rewritten, to the end
+        (or until nothing new came for ``--request-timeout-s``: the replica running it may be gone)."""
         assert self.store is not None
         out = web.StreamResponse(headers=SSE_HEADERS)
         await out.prepare(http)
         sent = -1 if after is None else after
-        while True:
+        loop = asyncio.get_running_loop()
+        last_new = loop.time()
+        while loop.time() - last_new < self.source.settings.request_timeout_s:
             record = self.store.records.get(response_id) or await self.store.get(response_id)
             if record is None:
                 break
@@ -256,6 +259,7 @@ class ResponsesApi:
                 if event["sequence_number"] > sent:
                     await out.write(sse_event(event["type"], event))
                     sent = event["sequence_number"]
+                    last_new = loop.time()
             if record["response"].get("status") in FINAL_STATUSES:
                 break
             await self.store.changed(1.0)
