@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import anthropic
 import openai
 import pytest
@@ -276,3 +277,27 @@ def test_cancel_stops_a_background_generation(pipeline: Pipeline) -> None:
     assert sdk.responses.retrieve(queued.id).status == "cancelled"
     with pytest.raises(openai.BadRequestError):
         sdk.responses.cancel(queued.id)
+
+
+def test_a_responses_client_leaving_mid_stream_aborts_the_generation_upstream(pipeline: Pipeline) -> None:
+    # (Messages has no field the fake vLLM's faults could be chosen by: vLLM passes no user on.)
+    before = set(pipeline.fake.aborted)
+    request = {
+        "model": "test-model",
+        "input": QUESTION,
+        "tools": RESPONSES_TOOLS,
+        "stream": True,
+        "user": "fault:stall",
+    }
+
+    async def read_a_little_and_leave() -> None:
+        url = f"{pipeline.gateway_url}/v1/responses"
+        async with aiohttp.ClientSession() as session, session.post(url, json=request) as response:
+            assert response.status == 200
+            await response.content.readline()  # the first event arrived; then the client goes away
+
+    asyncio.run(read_a_little_and_leave())
+    deadline = time.monotonic() + 20
+    while not set(pipeline.fake.aborted) - before:
+        assert time.monotonic() < deadline, f"no abort reached vLLM\n{pipeline.logs()}"
+        time.sleep(0.1)
