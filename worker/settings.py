@@ -919,6 +919,11 @@ class GatewayOptions(RequestsTopic, OutputTopic):
             "unset: responses are not stored"
         ),
     )
+    batch_topic: str | None = Field(
+        None,
+        min_length=1,
+        description="compacted topic of /v1/files and /v1/batches (unset: no Batch API)",
+    )
     responses_store_max_mb: int = Field(
         256, ge=1, description="MiB of stored responses each gateway keeps in memory (the oldest go first)"
     )

@@ -12,6 +12,7 @@ import orjson
 from aiohttp import web
 
 from worker.pipeline.apis import messages, responses
+from worker.pipeline.apis.batch import add_batch_routes
 from worker.pipeline.apis.chat_source import BadRequest, ChatSource, JsonDict
 from worker.pipeline.apis.responses_store import FINAL_STATUSES, ResponsesStore
 from worker.runtime.tracing import Headers, propagated
@@ -320,6 +321,8 @@ def add_api_routes(app: web.Application, source: ChatSource) -> None:
 
         app.on_startup.append(start)
         app.on_cleanup.append(stop)
+    if settings.batch_topic:
+        add_batch_routes(app, source, settings.batch_topic)
     api = ResponsesApi(source, store)
     app.router.add_post("/v1/responses", api.create)
     app.router.add_get("/v1/responses/{response_id}", api.retrieve)
