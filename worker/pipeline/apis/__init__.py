@@ -7,5 +7,6 @@ are unchanged), and turns the chat deltas into its own events:
 * ``messages``: Anthropic Messages (``POST /v1/messages``).
 * ``responses``: OpenAI Responses (``POST /v1/responses``), ``responses_store`` its stored and background
   responses.
+* ``batch``: OpenAI Batch (``/v1/files``, ``/v1/batches``), each input line a chat request.
 * ``routes``: the HTTP handlers, registered by the gateway.
 """
