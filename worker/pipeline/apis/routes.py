@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -58,7 +59,10 @@ class MessagesApi:
             chat = messages.to_chat_request(body)
         except BadRequest as exc:
             return json_response(messages.error_body(400, str(exc)), 400)
-        async with contextlib.aclosing(self.source.chat(chat, propagated(http.headers))) as answers:
+        # The id names the API on the topics (an audit report shows it): msg_, resp_, batch_.
+        request_id = f"msg_{uuid.uuid4().hex}"
+        answers = self.source.chat(chat, propagated(http.headers), request_id=request_id)
+        async with contextlib.aclosing(answers):
             first = await anext(answers, None)
             if first is None or "error" in first:
                 error = (first or {}).get("error") or {"message": "no answer", "code": 500}
