@@ -30,6 +30,7 @@ from worker.runtime.tracing import NO_HEADERS
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 512 * 1024
+CATCH_UP_S = 5.0
 CONCURRENCY = 32
 MAX_LINES = 50_000
 FINAL = ("completed", "failed", "expired", "cancelled")
@@ -76,6 +77,7 @@ class BatchStore:
         self._consumer: AIOKafkaConsumer | None = None
         self._partitions: list[TopicPartition] = []
         self._reader: asyncio.Task[None] | None = None
+        self._read_more = asyncio.Event()  # replaced after each fetch: set means "the reader moved on"
 
     async def start(self) -> None:
         self._partitions = await topic_partitions(self.connection, self.topic)
@@ -109,6 +111,8 @@ class BatchStore:
                         value = orjson.loads(record.value)
                         if isinstance(value, dict):
                             self._keep(key, value)
+            self._read_more.set()
+            self._read_more = asyncio.Event()
 
     def _keep(self, key: str, value: JsonDict) -> None:
         old = self.meta.get(key)
@@ -126,8 +130,16 @@ class BatchStore:
         await self.put(key, orjson.dumps(self.meta[key]))
 
     async def get_meta(self, key: str) -> JsonDict | None:
-        if key not in self.meta:  # another replica may have written it a moment ago
-            await asyncio.sleep(0.5)
+        """The latest metadata under ``key``, after reading up to what the topic held when asked (another
+        replica may have written it a moment ago)."""
+        if key not in self.meta:
+            assert self._consumer is not None
+            ends = await self._consumer.end_offsets(self._partitions)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CATCH_UP_S):
+                    for tp, end in ends.items():
+                        while await self._consumer.position(tp) < end:
+                            await self._read_more.wait()
         return self.meta.get(key)
 
     async def write_file(self, purpose: str, filename: str, content: bytes) -> JsonDict:
