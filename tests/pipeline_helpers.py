@@ -144,6 +144,7 @@ class Pipeline:
     partitions: int = 3
     max_inflight: int = 4
     worker_extra: tuple[str, ...] = ()
+    extra_recordings: tuple[Recording, ...] = ()  # served too (one with the same request replaces its own)
     topics: WorkerTopics = field(init=False)
     requests_topic: str = field(init=False)
     fake: FakeVllm = field(init=False)
@@ -155,7 +156,7 @@ class Pipeline:
     def start(self, workers: int = 1, gateway: bool = False, ingest_extra: Sequence[str] = ()) -> Pipeline:
         self.topics = make_worker_topics(self.factory, self.partitions)
         self.requests_topic = self.factory("openai-requests", self.partitions)
-        self.fake = FakeVllm(recordings(), faults=dict(FAULTS)).start()
+        self.fake = FakeVllm([*recordings(), *self.extra_recordings], faults=dict(FAULTS)).start()
         self.workers = WorkerGroup(self.bootstrap, self.topics, CONFIG, extra=self.worker_extra)
         for _ in range(workers):
             self.workers.start()

@@ -201,6 +201,10 @@ def test_pipeline_demo_answers_an_openai_client_through_kafka(kafka_bootstrap: s
     assert re.search(r"^pipeline demo: 2 requests, \d+ chunks through gateway", text, re.MULTILINE), text
     assert "No. 1001 = 7 × 11 × 13, so it is not prime.  [stop]" in text
     assert '[tool call] get_weather({"city": "Tokyo", "unit": "c"})  [tool_calls]' in text
+    # The same generations through the Responses and Messages APIs.
+    assert "  response.output_text.done: No. 1001 = 7 × 11 × 13, so it is not prime." in text
+    assert "  response.completed" in text
+    assert '  tool_use get_weather({"city":"Tokyo","unit":"c"})\n  stop_reason: tool_use' in text
     pids = [int(pid) for pid in re.findall(r"^  started \S+ \(pid (\d+)\)", text, re.MULTILINE)]
     assert len(pids) == 4  # two workers, ingest, gateway
     assert not [pid for pid in pids if _alive(pid)]

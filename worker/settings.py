@@ -976,6 +976,22 @@ class GatewayOptions(RequestsTopic, OutputTopic):
     output_partition_refresh_s: float = Field(
         30.0, gt=0, description="how often the gateway looks for new partitions of the output topic"
     )
+    responses_topic: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "compacted topic of stored /v1/responses (store, previous_response_id, background); "
+            "unset: responses are not stored"
+        ),
+    )
+    batch_topic: str | None = Field(
+        None,
+        min_length=1,
+        description="compacted topic of /v1/files and /v1/batches (unset: no Batch API)",
+    )
+    responses_store_max_mb: int = Field(
+        256, ge=1, description="MiB of stored responses each gateway keeps in memory (the oldest go first)"
+    )
 
     @field_validator("served_model_names", "api_keys", "baggage_keys", mode="before")
     @classmethod

@@ -152,6 +152,50 @@ def _chat(base_url: str, request: dict[str, Any]) -> int:
     return chunks
 
 
+def _responses(base_url: str, request: dict[str, Any]) -> None:
+    """The same question through the Responses API (openai SDK), its events summed up as they arrive."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="demo", max_retries=0, timeout=60)
+    question = request["messages"][-1]["content"]
+    print(f"\n{BOLD}responses API:{RESET} {question}")
+    for event in client.responses.create(model=request["model"], input=question, stream=True):
+        if event.type == "response.output_text.done":
+            print(f"  {event.type}: {event.text.strip()}")
+        elif event.type.endswith(".done") or event.type in ("response.created", "response.completed"):
+            print(f"  {event.type}")
+
+
+def _messages(base_url: str, request: dict[str, Any]) -> None:
+    """The tool-call question through the Anthropic Messages API (anthropic SDK), its final message."""
+    try:
+        import anthropic
+    except ImportError:
+        print("\nmessages API: the anthropic SDK is not installed; not shown")
+        return
+    client = anthropic.Anthropic(base_url=base_url, api_key="demo", max_retries=0, timeout=60)
+    tools: Any = [
+        {
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "input_schema": t["function"]["parameters"],
+        }
+        for t in request["tools"]
+    ]
+    question = request["messages"][-1]["content"]
+    print(f"\n{BOLD}messages API:{RESET} {question}")
+    with client.messages.stream(
+        model=request["model"], max_tokens=1024, tools=tools, messages=[{"role": "user", "content": question}]
+    ) as stream:
+        message = stream.get_final_message()
+    for block in message.content:
+        if block.type == "tool_use":
+            print(f"  tool_use {block.name}({orjson.dumps(block.input).decode()})")
+        else:
+            print(f"  {block.type}")
+    print(f"  stop_reason: {message.stop_reason}")
+
+
 def run_pipeline_demo(args: argparse.Namespace) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="derender-pipeline-demo-") as tmp:
@@ -248,6 +292,9 @@ def _demo(args: argparse.Namespace, tmp: Path) -> int:
         _wait_for_gateway(base_url, processes)
         print(f"  gateway: {base_url}/v1 (OpenAI-compatible); client: the openai SDK")
         chunks = sum(_chat(base_url, request) for request in requests)
+        by_name = {r.name: r.request for r in served}
+        _responses(base_url, by_name["demo-reasoning"])  # the same generations, through the other APIs
+        _messages(base_url, by_name["demo-tool"])
         processes.check()
     print(
         f"\npipeline demo: {len(requests)} requests, {chunks} chunks through gateway -> ingest -> "

@@ -408,6 +408,15 @@ class FakeVllm:
             )
             return web.Response(body=orjson.dumps(response), content_type="application/json")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        if include_usage and not usage_chunks:  # vLLM always ends such a stream with usage
+            prompt = len(recording.prompt_token_ids[index])
+            completion = sum(len(c.get("token_ids") or []) for chunk in chunks for c in chunk["choices"])
+            usage = {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            }
+            usage_chunks = [{"choices": [], "usage": usage}]
         return await self._stream(request, engine_id, chunks, usage_chunks if include_usage else [], fault)
 
     async def _stream(

@@ -25,7 +25,7 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,18 +35,17 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from schemas.pipeline import CancelRecord
+from worker.pipeline.apis.routes import add_api_routes
 from worker.pipeline.connection import Connection, add_connection_arguments, require_topics, topic_partitions
 from worker.pipeline.gateway_admission import Admitted, Budget, Endpoint, Refused, admit_body, error_body
 from worker.pipeline.gateway_delivery import Delivery, Mailbox, SseWriter, shutdown_error
-from worker.pipeline.gateway_edge import ApiKeys, edge_trace
+from worker.pipeline.gateway_edge import ANONYMOUS, API_KEY_NAME, ApiKeys, edge_trace
 from worker.runtime.tracing import NO_HEADERS, Headers
 from worker.settings import GatewayOptions, LoggingSettings, add_arguments, load
 
 log = logging.getLogger(__name__)
 
 JsonDict = dict[str, Any]
-# The name of the API key a request matched (its share of the budget), set by the auth middleware.
-API_KEY_NAME = web.RequestKey("api_key_name", str)
 _READ_CHUNK = 64 * 1024
 
 
@@ -194,14 +193,25 @@ class Gateway:
 
     # --- one request, for any API ------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def exchange(self, http: web.Request, admitted: Admitted) -> AsyncIterator[Exchange]:
+    def exchange(
+        self, http: web.Request, admitted: Admitted
+    ) -> contextlib.AbstractAsyncContextManager[Exchange]:
         """Admit ``admitted`` against the budget (``Refused``: 429/503), write it to the requests topic
         and yield its ``Exchange``; on leaving, free its share and, unless it succeeded, cancel it."""
+        return self._exchange(http.get(API_KEY_NAME, ANONYMOUS), self.trace(http), admitted)
+
+    def trace(self, http: web.Request) -> Headers:
+        """The trace context a client's request passes on (cut at the edge, ``gateway_edge``)."""
+        return edge_trace(http.headers, self.settings)
+
+    @contextlib.asynccontextmanager
+    async def _exchange(
+        self, client: str, trace: Headers, admitted: Admitted, request_id: str | None = None
+    ) -> AsyncIterator[Exchange]:
         if self.closing:
             raise Refused(503, error_body(503, "the gateway is shutting down", "ServiceUnavailableError"), 1)
-        ticket = self.budget.admit(http.get(API_KEY_NAME, "-"), admitted.size)
-        request_id = uuid.uuid4().hex
+        ticket = self.budget.admit(client, admitted.size)
+        request_id = request_id or uuid.uuid4().hex
         mailbox = Mailbox(self.settings.max_queued_bytes, ticket.add, lambda: self.cancel(request_id))
         delivery = Delivery(request_id, admitted, mailbox, self.settings.request_timeout_s)
         keys = {request_id, *delivery.stream_ids}
@@ -212,12 +222,12 @@ class Gateway:
         sent = False
         try:
             # The body is JSON already checked: spliced in, not serialized again.
-            envelope = b'{"request_id":"%s","endpoint":"%s","request":%s}' % (
-                request_id.encode(),
+            envelope = b'{"request_id":%s,"endpoint":"%s","request":%s}' % (
+                orjson.dumps(request_id),
                 admitted.endpoint.encode(),
                 admitted.raw,
             )
-            await self._send(request_id, envelope, edge_trace(http.headers, self.settings))
+            await self._send(request_id, envelope, trace)
             sent = True
             yield exchange
         finally:
@@ -229,6 +239,40 @@ class Gateway:
             if sent and not exchange.ok:
                 self.cancel(request_id)
 
+    async def chat(
+        self,
+        body: JsonDict,
+        trace: Headers = NO_HEADERS,
+        request_id: str | None = None,
+        client: str = ANONYMOUS,
+    ) -> AsyncGenerator[JsonDict, None]:
+        """One chat request for the other APIs (``worker.pipeline.apis``), admitted like any other: its
+        chunks (``stream: true``) or its one response body, or a last ``{"error": ...}`` (a refusal's
+        too). Closing it before its end cancels the generation upstream."""
+        try:
+            admitted = admit_body(orjson.dumps(body), "chat", self.settings)
+            async with self._exchange(client, trace, admitted, request_id) as exchange:
+                if admitted.stream:
+                    async for event in exchange.delivery.events():
+                        yield event
+                        if "error" in event:
+                            return
+                else:
+                    answer = await exchange.delivery.result()
+                    yield answer
+                    if "error" in answer:
+                        return
+                exchange.succeeded()
+        except Refused as refused:
+            yield {"error": refused.body["error"]}
+        except KafkaError as exc:
+            log.warning("a request could not be written to %s: %r", self.settings.requests_topic, exc)
+            yield {
+                "error": error_body(503, "the request could not be queued", "ServiceUnavailableError")[
+                    "error"
+                ]
+            }
+
     # --- HTTP --------------------------------------------------------------------------------------
 
     def add_routes(self, register: Callable[[web.Application], None]) -> None:
@@ -236,11 +280,14 @@ class Gateway:
         self._routes.append(register)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._auth], client_max_size=self.settings.max_body_bytes + 1)
+        app = web.Application(
+            middlewares=[self._auth, self._refusals], client_max_size=self.settings.max_body_bytes + 1
+        )
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/healthz", self._health)
+        add_api_routes(app, self)
         for register in self._routes:
             register(app)
         return app
@@ -251,10 +298,22 @@ class Gateway:
     ) -> web.StreamResponse:
         if request.path.startswith("/v1/"):
             name = self.keys.identify(request.headers.get("Authorization"))
+            if name is None and "x-api-key" in request.headers:  # the Anthropic SDKs' header
+                name = self.keys.identify(f"Bearer {request.headers['x-api-key']}")
             if name is None:
                 return json_response(error_body(401, "Unauthorized", "AuthenticationError"), 401)
             request[API_KEY_NAME] = name
         return await handler(request)
+
+    @web.middleware
+    async def _refusals(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """A request refused while a handler reads or admits it (body too large or too slow, full)."""
+        try:
+            return await handler(request)
+        except Refused as refused:
+            return refused_response(refused)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         ok = self.ready and not self.closing

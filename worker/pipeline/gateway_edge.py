@@ -14,10 +14,14 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping
 
+from aiohttp import web
+
 from worker.runtime.tracing import BAGGAGE, TRACEPARENT, Headers, propagated
 from worker.settings import GatewayOptions
 
 ANONYMOUS = "-"
+# The name of the API key a request matched (its share of the budget), set by the auth middleware.
+API_KEY_NAME = web.RequestKey("api_key_name", str)
 
 
 class ApiKeys:

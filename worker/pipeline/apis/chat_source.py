@@ -1,0 +1,72 @@
+"""What the API front ends need of the gateway: one chat request run through the pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from worker.pipeline.connection import Connection
+from worker.runtime.tracing import Headers
+from worker.settings import GatewayOptions
+
+JsonDict = dict[str, Any]
+
+
+class ChatSource(Protocol):
+    """The gateway, as the other APIs use it (``worker.pipeline.gateway.Gateway``)."""
+
+    settings: GatewayOptions
+    connection: Connection
+
+    def chat(
+        self, body: JsonDict, trace: Headers, request_id: str | None = None, client: str = "-"
+    ) -> AsyncGenerator[JsonDict, None]:
+        """The chat request's chunks (``stream: true``) or its one response body, or a last
+        ``{"error": ...}``, admitted against ``client``'s share of the gateway's limits. Closing the
+        iterator before its end cancels the generation upstream."""
+        ...
+
+    def cancel(self, request_id: str) -> None:
+        """Stop the generation of a chat request sent with ``request_id`` (idempotent)."""
+        ...
+
+    async def read_body(self, http: web.Request) -> bytes:
+        """The request body within the gateway's size and time limits (raises its ``Refused``)."""
+        ...
+
+    def trace(self, http: web.Request) -> Headers:
+        """The trace context a client's request passes on."""
+        ...
+
+
+class BadRequest(ValueError):
+    """A client's request the conversion cannot take: answered with a 400 naming the reason."""
+
+
+def text_of(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise BadRequest(f"{what} must be a string")
+    return value
+
+
+def list_of(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise BadRequest(f"{what} must be a list")
+    return value
+
+
+def dict_of(value: Any, what: str) -> JsonDict:
+    if not isinstance(value, dict):
+        raise BadRequest(f"{what} must be an object")
+    return value
+
+
+def chat_delta(chunk: JsonDict) -> tuple[JsonDict, str | None, Any]:
+    """The first choice's delta, finish reason and stop reason of a chat chunk (``{}`` when it has none)."""
+    choices = chunk.get("choices") or []
+    if not choices:
+        return {}, None, None
+    choice = choices[0]
+    return choice.get("delta") or {}, choice.get("finish_reason"), choice.get("stop_reason")
