@@ -670,7 +670,7 @@ class Worker:
                 if committed is None:
                     committed = await self._consumer.beginning_offset(tp)
                 positions[tp] = committed
-                restores[tp] = state_changelog.restore(restorer.keys, latest[tp.partition])
+                restores[tp] = state_changelog.restore(restorer.keys, latest[tp.partition], self.derenderer)
                 start = restores[tp].replay_from
                 if start is not None and start < committed:
                     replays[tp] = await restorer.read_range(tp.topic, tp.partition, start, committed)
