@@ -414,6 +414,7 @@ class ModelSettings(Section):
                 tool_parser=self.tool_parser,
                 enable_auto_tool_choice=self.enable_auto_tool_choice,
                 reread_window=self.parse_budget_window,
+                reasoning_streams_all=VllmBehaviour.of(self.vllm_version).reasoning_engine_streams_all,
             )
         return Derenderer(tokenizer, options, parsing)
 

@@ -53,7 +53,6 @@ def test_parser_golden_case(case: GoldenCase) -> None:
 
 
 _LLAMA3_JSON_ENGINE = "vLLM 0.34 runs llama3_json on its parser engine; not built yet"
-_GLM45_ENGINE = "vLLM 0.34 sends glm45 reasoning-only content through the engine; not built yet"
 
 #: The vLLM 0.34 cases that still differ, each with why (strict: one that passes fails the run).
 KNOWN_034_DIFFERENCES: dict[str, str] = {
@@ -63,7 +62,6 @@ KNOWN_034_DIFFERENCES: dict[str, str] = {
     "llama3_json-length-mid-call-stream": _LLAMA3_JSON_ENGINE,
     "llama3_json-prose-with-json-example-stream": _LLAMA3_JSON_ENGINE,
     "llama3_json-prose-with-json-example-oneshot": _LLAMA3_JSON_ENGINE,
-    "glm45-reasoning-qwen3tok-stream-1tok": _GLM45_ENGINE,
 }
 
 

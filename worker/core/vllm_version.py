@@ -61,9 +61,10 @@ class VllmBehaviour:
     """``tools: []`` is no tools (0.33: a 400 for ``auto``/``required``)."""
     llama3_json_on_engine: bool
     """``llama3_json`` runs on the parser engine (whole arguments when a call closes, ...)."""
-    glm45_content_on_engine: bool
-    """``glm45`` reasoning without a tool parser sends content through the engine (held ``\\n``,
-    ``null`` for partial UTF-8)."""
+    reasoning_engine_streams_all: bool
+    """Without a tool parser, an engine reasoning grammar that reopens reasoning in content
+    (``glm45``) streams the whole output, content included: the ``\\n`` after ``</think>`` is held,
+    partial UTF-8 content is ``null``."""
 
     @property
     def request_context(self) -> dict[str, Any]:
@@ -83,7 +84,7 @@ class VllmBehaviour:
             tokens_as_token_ids=newer,
             empty_tools_mean_none=newer,
             llama3_json_on_engine=newer,
-            glm45_content_on_engine=newer,
+            reasoning_engine_streams_all=newer,
         )
 
 
