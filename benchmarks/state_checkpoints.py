@@ -35,6 +35,7 @@ from benchmarks.kafka_throughput import make_workload
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
 from worker.core.sequence_state import SequenceState
+from worker.core.vllm_version import VllmVersion
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.state_changelog import (
     StateChangelog,
@@ -61,6 +62,7 @@ class _Record:
 
 def _processor() -> EnvelopeProcessor:
     settings = ModelSettings(
+        vllm_version=VllmVersion.V0_34,
         tokenizer=str(ROOT / "samples" / "models" / "qwen3"),
         served_model_names=("qwen3",),
         reasoning_parser="qwen3",
