@@ -1,10 +1,10 @@
 """A stream whose ``stream_state`` crosses vLLM versions loses no text.
 
 vLLM 0.33 and 0.34 each ignore the other's window key, so a stream handed between them silently
-drops its first characters. Here every plain golden stream is handed to the other version at
-every record boundary (each record goes to a fresh worker of the other version, with the state
-the previous one returned), starting from either version: each chunk equals the one the answering
-version writes when it runs the stream alone, so the text is the single-version text.
+drops its first characters. Here every one-choice plain golden stream is handed to the other
+version at every record boundary (each record goes to a fresh worker of the other version, with
+the state the previous one returned), starting from either version: each chunk equals the one the
+answering version writes when it runs the stream alone, so the text is the single-version text.
 """
 
 from __future__ import annotations
