@@ -49,6 +49,7 @@ from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.model_dir import load_tokenizer
 from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
 from worker.core.parsing.registry import tool_parsers
+from worker.core.vllm_version import VllmVersion
 from worker.errors import ParseBudgetExceededError
 from worker.settings import ModelSettings
 
@@ -303,7 +304,9 @@ def _timed(fn: Callable[[], object], rounds: int) -> list[float]:
 
 
 def _settings(model: str, **extra: Any) -> ModelSettings:
-    return ModelSettings(tokenizer=str(MODELS / model), served_model_names=("bench",), **extra)
+    return ModelSettings(
+        vllm_version=VllmVersion.V0_34, tokenizer=str(MODELS / model), served_model_names=("bench",), **extra
+    )
 
 
 def _stream_record(endpoint: str, ids: list[int], logprobs: JsonDict | None = None) -> bytes:

@@ -19,6 +19,7 @@ import orjson
 
 from worker.audit import Auditor
 from worker.core.derenderer import Derenderer
+from worker.core.vllm_version import VllmVersion
 from worker.replay import replay_lines
 from worker.settings import ModelSettings
 
@@ -80,9 +81,12 @@ def main(argv: list[str]) -> None:
     records = _records()
     configs = {
         "no parser": ModelSettings(
-            tokenizer=str(ROOT / "samples" / "models" / "qwen3"), served_model_names=("qwen3-demo",)
+            vllm_version=VllmVersion.V0_34,
+            tokenizer=str(ROOT / "samples" / "models" / "qwen3"),
+            served_model_names=("qwen3-demo",),
         ),
         "qwen3 + hermes": ModelSettings(
+            vllm_version=VllmVersion.V0_34,
             tokenizer=str(ROOT / "samples" / "models" / "qwen3"),
             served_model_names=("qwen3-demo",),
             reasoning_parser="qwen3",

@@ -28,6 +28,7 @@ import orjson
 from schemas.derender import DerenderChatStreamRequest
 from schemas.envelope import InputEnvelope
 from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.vllm_version import VllmVersion
 from worker.replay import replay_file
 from worker.settings import ModelSettings
 
@@ -76,7 +77,9 @@ def _us_per(seconds: float, count: int) -> float:
 
 
 def bench_model(model: str) -> dict[str, float]:
-    settings = ModelSettings(tokenizer=str(MODELS / model), served_model_names=("bench",))
+    settings = ModelSettings(
+        vllm_version=VllmVersion.V0_34, tokenizer=str(MODELS / model), served_model_names=("bench",)
+    )
     derenderer = settings.build_derenderer()
     backend = derenderer.tokenizer.backend
     ids: list[int] = []

@@ -30,6 +30,7 @@ from aiokafka import TopicPartition
 
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.live_parsers import LiveParserPool
+from worker.core.vllm_version import VllmVersion
 from worker.runtime.delivery import PRODUCER_BATCH_BYTES
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
@@ -111,6 +112,7 @@ def _records(rid: str, rng: random.Random, prompt: int, records: int) -> list[by
 class Flood:
     def __init__(self, config: dict[str, str]) -> None:
         settings = ModelSettings(
+            vllm_version=VllmVersion.V0_34,
             tokenizer=str(ROOT / "samples" / "models" / "qwen3"),
             served_model_names=(config.get("DERENDER_SERVED_MODEL_NAME", "qwen3"),),
             reasoning_parser=config.get("DERENDER_REASONING_PARSER"),

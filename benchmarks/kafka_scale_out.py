@@ -126,6 +126,7 @@ def _start(
         "--state-topic", topics.state, "--dlq-topic", topics.dlq,
         *MEMBERSHIPS[membership], "--commit-interval-ms", "100",
         "--metrics-port", "0", "--tokenizer", str(MODEL_DIR), "--served-model-name", "qwen3",
+        "--vllm-version", "0.34",
     ]  # fmt: skip
     with open(log, "ab") as f:
         return subprocess.Popen(

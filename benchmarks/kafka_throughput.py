@@ -411,6 +411,8 @@ def start_worker(
         str(MODEL_DIR),
         "--served-model-name",
         "qwen3",
+        "--vllm-version",
+        "0.34",
     ]
     with open(log, "ab") as f:
         return subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=f, stdin=subprocess.DEVNULL)
@@ -669,6 +671,7 @@ async def passthrough_run(
 def observability_overhead(args: argparse.Namespace) -> None:
     """In-process: records/s of one partition's record path with and without the observability hook."""
     from worker.core.envelope_processor import EnvelopeProcessor
+    from worker.core.vllm_version import VllmVersion
     from worker.runtime.kafka_client.base import TopicPartition as KafkaTopicPartition
     from worker.runtime.metrics import Metrics
     from worker.runtime.observer import RecordObserver
@@ -690,7 +693,9 @@ def observability_overhead(args: argparse.Namespace) -> None:
             self.topic, self.partition, self.offset = "in", 0, offset
             self.key, self.value, self.headers, self.timestamp = key, value, headers, 1_000_000 + offset
 
-    derenderer = ModelSettings(tokenizer=str(MODEL_DIR), served_model_names=("qwen3",)).build_derenderer()
+    derenderer = ModelSettings(
+        vllm_version=VllmVersion.V0_34, tokenizer=str(MODEL_DIR), served_model_names=("qwen3",)
+    ).build_derenderer()
     load = make_workload(min(args.sequences, 200), args.tokens, "o")
     variants: list[tuple[str, Any, Any]] = [
         ("off (no headers, no hook)", lambda m: RecordObserver(propagate=False), None),

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.vllm_version import VllmVersion
 from worker.settings import ModelSettings
 
 MODELS = Path(__file__).resolve().parent.parent / "samples" / "models"
@@ -109,12 +110,15 @@ def _deciles(costs: list[float]) -> list[float]:
 
 def main(argv: list[str]) -> None:
     hermes = ModelSettings(
+        vllm_version=VllmVersion.V0_34,
         tokenizer=str(MODELS / "qwen3"),
         served_model_names=("bench",),
         tool_parser="hermes",
         enable_auto_tool_choice=True,
     )
-    plain = ModelSettings(tokenizer=str(MODELS / "qwen3"), served_model_names=("bench",))
+    plain = ModelSettings(
+        vllm_version=VllmVersion.V0_34, tokenizer=str(MODELS / "qwen3"), served_model_names=("bench",)
+    )
     hermes_derenderer = hermes.build_derenderer()
     plain_derenderer = plain.build_derenderer()
     ids = _generation(hermes)

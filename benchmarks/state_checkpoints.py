@@ -32,8 +32,10 @@ from typing import Any
 import orjson
 
 from benchmarks.kafka_throughput import make_workload
+from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
 from worker.core.sequence_state import SequenceState
+from worker.core.vllm_version import VllmVersion
 from worker.runtime.records import OutgoingRecord
 from worker.runtime.state_changelog import (
     StateChangelog,
@@ -60,6 +62,7 @@ class _Record:
 
 def _processor() -> EnvelopeProcessor:
     settings = ModelSettings(
+        vllm_version=VllmVersion.V0_34,
         tokenizer=str(ROOT / "samples" / "models" / "qwen3"),
         served_model_names=("qwen3",),
         reasoning_parser="qwen3",
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         equal = True
         for _ in range(3):
             t0 = time.perf_counter()
-            restored = restore(KEYS, latest[interval])
+            restored = restore(KEYS, latest[interval], live.derenderer)
             processor = _processor_like(live)
             install(processor, restored.checkpoints, 0.0)
             first = restored.replay_from if restored.replay_from is not None else end
@@ -141,8 +144,8 @@ def main(argv: list[str] | None = None) -> None:
             times_a.append(time.perf_counter() - t0)
             equal = equal and {r: encode_context(c) for r, c in processor.requests.items()} == expected
             t0 = time.perf_counter()
-            restored = restore(KEYS, latest[interval])
-            out_bytes = _from_outputs(restored, outputs[first:end])
+            restored = restore(KEYS, latest[interval], live.derenderer)
+            out_bytes = _from_outputs(restored, outputs[first:end], live.derenderer)
             times_b.append(time.perf_counter() - t0)
         input_bytes = sum(len(r.value) for r in records[first:end])
         per_input = written[interval] / len(records)
@@ -158,7 +161,7 @@ def _processor_like(live: EnvelopeProcessor) -> EnvelopeProcessor:
     return EnvelopeProcessor(live.derenderer)
 
 
-def _from_outputs(restored: Any, outputs: list[tuple[int, bytes]]) -> int:
+def _from_outputs(restored: Any, outputs: list[tuple[int, bytes]], derenderer: Derenderer) -> int:
     """The other option: each checkpointed request's last output ``stream_state`` per choice after
     its checkpoint, parsed from the output records; returns the bytes read."""
     last: dict[tuple[str, int], dict[str, Any]] = {}
@@ -177,7 +180,9 @@ def _from_outputs(restored: Any, outputs: list[tuple[int, bytes]]) -> int:
         seqs[rid] = envelope["seq"]
     for (rid, index), wire in last.items():
         ctx: RequestContext = restored.checkpoints[rid].ctx
-        ctx.sequences[index] = SequenceState.from_wire(_validated(wire))
+        ctx.sequences[index] = SequenceState.from_wire(
+            _validated(wire), derenderer.decoder, derenderer.options.behaviour.state_form, keep_form=False
+        )
         ctx.last_seq = seqs[rid]
     return size
 

@@ -1,10 +1,10 @@
-"""vLLM 0.33.0's derender bodies and the per-sequence ``DerenderStreamState``."""
+"""vLLM's derender bodies (0.33 and 0.34) and the per-sequence ``DerenderStreamState``."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from schemas.bounds import Int64, NonNegativeInt64, PositiveInt64
 from schemas.generate import GenerateTokensResponse, GenerateTokensStreamResponse
@@ -22,14 +22,17 @@ LOGPROB_CONTEXT_WINDOW = 4
 class DerenderStreamState(BaseModel):
     """Everything needed to resume one sequence, as plain JSON.
 
-    Plain path: ``prev_tokens``/``prefix_offset``/``read_offset`` are the bounded
-    incremental-decode window. Parser path: ``output_token_ids`` and
+    Plain path: ``prev_tokens`` (vLLM 0.33: token strings) or ``prev_token_ids`` (vLLM 0.34:
+    token ids), with ``prefix_offset``/``read_offset``, are the bounded incremental-decode
+    window; either form is read, and both together only when they hold the same window.
+    Parser path: ``output_token_ids`` and
     ``output_chunk_lens`` let a fresh parser replay the sequence with the
     original chunking; ``tools_streamed`` and ``last_tool_call_ids`` keep the
     finish-reason rewrite and tool-call ids stable across a replay.
     """
 
-    prev_tokens: list[str] = Field(default_factory=list)
+    prev_tokens: list[str] | None = None
+    prev_token_ids: list[NonNegativeInt64] | None = None
     prefix_offset: NonNegativeInt64 = 0
     read_offset: NonNegativeInt64 = 0
     role_sent: bool = False
@@ -40,12 +43,18 @@ class DerenderStreamState(BaseModel):
     tools_streamed: bool = False
     last_tool_call_ids: list[str] = Field(default_factory=list)
 
-    @field_validator("prev_tokens")
+    @field_validator("prev_tokens", "prev_token_ids")
     @classmethod
-    def _bound_prev_tokens(cls, value: list[str]) -> list[str]:
-        if len(value) > PREV_TOKENS_LIMIT:
-            raise ValueError(f"prev_tokens length ({len(value)}) exceeds maximum ({PREV_TOKENS_LIMIT})")
+    def _bound_window(cls, value: list[str] | list[int] | None, info: ValidationInfo) -> object:
+        if value is not None and len(value) > PREV_TOKENS_LIMIT:
+            raise ValueError(f"{info.field_name} length ({len(value)}) exceeds maximum ({PREV_TOKENS_LIMIT})")
         return value
+
+    @property
+    def window_length(self) -> int:
+        """The carried window's length (0 without one)."""
+        window = self.prev_token_ids if self.prev_token_ids is not None else self.prev_tokens
+        return len(window) if window is not None else 0
 
     @model_validator(mode="after")
     def _chunk_lens_cover_output(self) -> DerenderStreamState:
@@ -60,11 +69,21 @@ class DerenderStreamState(BaseModel):
     @model_validator(mode="after")
     def _offsets_inside_window(self) -> DerenderStreamState:
         # Stricter than vLLM, which would silently drop text and emit a negative read_offset.
-        if not self.prefix_offset <= self.read_offset <= len(self.prev_tokens):
+        if (
+            self.prev_tokens is not None
+            and self.prev_token_ids is not None
+            and len(self.prev_tokens) != len(self.prev_token_ids)
+        ):
             raise ValueError(
-                "stream_state offsets must satisfy 0 <= prefix_offset <= read_offset <= len(prev_tokens) "
+                "stream_state.prev_tokens and stream_state.prev_token_ids disagree "
+                f"(lengths {len(self.prev_tokens)} and {len(self.prev_token_ids)}): send one window"
+            )
+        key = "prev_token_ids" if self.prev_token_ids is not None else "prev_tokens"
+        if not self.prefix_offset <= self.read_offset <= self.window_length:
+            raise ValueError(
+                f"stream_state offsets must satisfy 0 <= prefix_offset <= read_offset <= len({key}) "
                 f"(got prefix_offset={self.prefix_offset}, read_offset={self.read_offset}, "
-                f"len(prev_tokens)={len(self.prev_tokens)})"
+                f"len({key})={self.window_length})"
             )
         return self
 

@@ -9,6 +9,7 @@ and the tests check the two agree.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    ValidationInfo,
     model_serializer,
     model_validator,
 )
@@ -80,6 +82,7 @@ class _SamplingFields(BaseModel):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool = True
     return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
     logprob_token_ids: list[Int64] | None = None
     # Not read here, but bounded as vLLM's request models bound them, so that a body it refuses
     # is refused here too.
@@ -136,11 +139,23 @@ def check_generation_prompt(data: Body) -> Body:
     return data
 
 
-def check_tool_usage(data: Body) -> Body:
+#: Validation context key: vLLM 0.34's ``tools`` rules (``tools: []`` is no tools; the unmatched
+#: named tool is named in the error). Without it, vLLM 0.33's.
+TOOL_RULES_034 = "tool_rules_034"
+
+
+def check_tool_usage(data: Body, *, rules_034: bool = False) -> Body:
     """vLLM's rules for ``tools`` / ``tool_choice``. Where vLLM trips over a malformed ``tools``
     (a 500), the fields' own validation answers instead (a 400): this check only reads well-formed
-    tools."""
+    tools. ``rules_034``: vLLM 0.34 takes ``tools: []`` (without a named ``tool_choice``) as no
+    tools, ``auto``/``required`` as ``none``; 0.33 refuses it."""
     tools = data.get("tools")
+    if rules_034 and tools == [] and not isinstance(data.get("tool_choice"), dict):
+        choice = data.get("tool_choice")
+        data = {**data, "tools": None}
+        if choice in ("auto", "required"):
+            data["tool_choice"] = "none"
+        tools = None
     if tools == []:
         raise RequestRuleError(
             "`tools` must not be an empty array. Either provide at least one tool or omit the "
@@ -188,8 +203,9 @@ def check_tool_usage(data: Body) -> Body:
             return data  # malformed: the field validation reports it
         if tool_function["name"] == name:
             return data
+    named = f" `{name}`" if rules_034 else ""
     raise RequestRuleError(
-        "The tool specified in `tool_choice` does not match any of the specified `tools`",
+        f"The tool{named} specified in `tool_choice` does not match any of the specified `tools`",
         parameter="tool_choice",
     )
 
@@ -410,6 +426,12 @@ COMPLETION_RULES: tuple[Rule, ...] = (
 )
 """``CompletionRequest``'s rules in the order vLLM 0.33.0 runs them."""
 
+_CHAT_RULES_034 = tuple(
+    functools.partial(check_tool_usage, rules_034=True) if rule is check_tool_usage else rule
+    for rule in CHAT_RULES
+)
+"""vLLM 0.34's: the same order, its ``tools`` rules."""
+
 
 def _apply(rules: tuple[Rule, ...], data: Any) -> Any:
     if isinstance(data, dict):
@@ -433,7 +455,9 @@ class ChatCompletionRequest(_SamplingFields):
 
     @model_validator(mode="before")
     @classmethod
-    def _check_rules(cls, data: Any) -> Any:
+    def _check_rules(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(info.context, dict) and info.context.get(TOOL_RULES_034):
+            return _apply(_CHAT_RULES_034, data)
         return _apply(CHAT_RULES, data)
 
 

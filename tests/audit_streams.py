@@ -15,11 +15,15 @@ from tests.paths import REPO_ROOT
 from tests.stream_builders import written
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.vllm_version import VllmVersion
 from worker.settings import ModelSettings
 
 DEMO_STREAM = REPO_ROOT / "samples" / "streams" / "demo-qwen3.jsonl"
 CONTEXT_FIELDS = ("model", "prompt_tokens", "prompt_token_ids", "chat_request", "completion_request")
 
+# The vLLM version every audit here matches (the recorded streams are written with it too).
+DEMO_VERSION = VllmVersion.V0_34
+VERSION_FLAGS = ["--vllm-version", DEMO_VERSION.value]
 # The demo's configuration, and the two changes the tests audit with.
 DEMO_FLAGS = [
     "--tokenizer",
@@ -31,9 +35,16 @@ DEMO_FLAGS = [
     "--tool-parser",
     "hermes",
     "--enable-auto-tool-choice",
+    *VERSION_FLAGS,
 ]
-OTHER_TOOL_PARSER_FLAGS = [*DEMO_FLAGS[:6], "--tool-parser", "qwen3_xml", "--enable-auto-tool-choice"]
-NO_REASONING_FLAGS = [*DEMO_FLAGS[:4], "--tool-parser", "hermes", "--enable-auto-tool-choice"]
+OTHER_TOOL_PARSER_FLAGS = [
+    *DEMO_FLAGS[:6],
+    "--tool-parser",
+    "qwen3_xml",
+    "--enable-auto-tool-choice",
+    *VERSION_FLAGS,
+]
+NO_REASONING_FLAGS = [*DEMO_FLAGS[:4], "--tool-parser", "hermes", "--enable-auto-tool-choice", *VERSION_FLAGS]
 
 Envelope = dict[str, Any]
 
@@ -57,6 +68,7 @@ def settings_for(flags: list[str]) -> ModelSettings:
         reasoning_parser=values.get("reasoning_parser"),
         tool_parser=values.get("tool_parser"),
         enable_auto_tool_choice=bool(values.get("enable_auto_tool_choice")),
+        vllm_version=VllmVersion(values["vllm_version"]),
     )
 
 

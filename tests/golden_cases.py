@@ -1,4 +1,5 @@
-"""Loading and normalizing the golden cases (vLLM 0.33.0's own derender outputs)."""
+"""Loading and normalizing the golden cases (vLLM's own derender outputs: ``tests/golden/`` from
+0.33.0, ``tests/golden_034/`` from 0.34.0)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,18 @@ import functools
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tests.paths import REPO_ROOT
 from worker.core.derenderer import Derenderer
+from worker.core.vllm_version import VllmVersion
 from worker.settings import ModelSettings
 
 GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
+GOLDEN_034_DIR = REPO_ROOT / "tests" / "golden_034"
+#: The release ``tests/golden/`` was recorded with: what the helpers below build unless told.
+GOLDEN_VERSION = VllmVersion.V0_33
 MODELS_DIR = REPO_ROOT / "samples" / "models"
 
 _RANDOM_ID_FORMATS = (
@@ -34,9 +40,9 @@ class GoldenCase:
         return bool(self.config.get("reasoning_parser") or self.config.get("tool_parser"))
 
 
-def load_cases() -> list[GoldenCase]:
+def load_cases(directory: Path = GOLDEN_DIR) -> list[GoldenCase]:
     cases = []
-    for path in sorted(GOLDEN_DIR.glob("*.jsonl")):
+    for path in sorted(directory.glob("*.jsonl")):
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 raw = json.loads(line)
@@ -63,8 +69,9 @@ def sample_config(*, parsers: bool = False, **overrides: Any) -> dict[str, Any]:
     return config | overrides
 
 
-def settings_for(config: dict[str, Any]) -> ModelSettings:
+def settings_for(config: dict[str, Any], version: VllmVersion = GOLDEN_VERSION) -> ModelSettings:
     return ModelSettings(
+        vllm_version=version,
         tokenizer=str(MODELS_DIR / config["model_dir"]),
         served_model_names=(config["served_model_name"],),
         max_model_len=config.get("max_model_len"),
@@ -77,13 +84,13 @@ def settings_for(config: dict[str, Any]) -> ModelSettings:
 
 
 @functools.cache
-def _derenderer(key: str) -> Derenderer:
-    return settings_for(json.loads(key)).build_derenderer()
+def _derenderer(key: str, version: VllmVersion) -> Derenderer:
+    return settings_for(json.loads(key), version).build_derenderer()
 
 
-def derenderer_for(config: dict[str, Any]) -> Derenderer:
-    """One shared derenderer per configuration (tokenizer loading is the slow part)."""
-    return _derenderer(json.dumps(config, sort_keys=True))
+def derenderer_for(config: dict[str, Any], version: VllmVersion = GOLDEN_VERSION) -> Derenderer:
+    """One shared derenderer per configuration and version (tokenizer loading is the slow part)."""
+    return _derenderer(json.dumps(config, sort_keys=True), version)
 
 
 def normalize(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:

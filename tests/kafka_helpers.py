@@ -32,12 +32,13 @@ import confluent_kafka
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from tests.golden_cases import MODELS_DIR, normalize, sample_config
+from tests.golden_cases import GOLDEN_VERSION, MODELS_DIR, normalize, sample_config
 from tests.kafka_broker import TopicFactory
 from tests.paths import REPO_ROOT
 from tests.stream_builders import written
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.vllm_version import VllmVersion
 from worker.runtime.kafka_client import make_client
 from worker.runtime.kafka_client.base import ClientKind, ConsumerConfig, GroupConsumer, Partitions
 from worker.runtime.kafka_security import KafkaSecurity
@@ -125,13 +126,15 @@ def make_worker_topics(
 # --- worker processes ---------------------------------------------------------------------------
 
 
-def model_args(config: dict[str, Any]) -> list[str]:
-    """``run`` flags for a golden-case config."""
+def model_args(config: dict[str, Any], version: VllmVersion = GOLDEN_VERSION) -> list[str]:
+    """``run`` flags for a golden-case config, matching vLLM ``version``."""
     args = [
         "--tokenizer",
         str(MODELS_DIR / config["model_dir"]),
         "--served-model-name",
         config["served_model_name"],
+        "--vllm-version",
+        version.value,
     ]
     if config.get("max_model_len") is not None:
         args += ["--max-model-len", str(config["max_model_len"])]
@@ -219,6 +222,7 @@ class WorkerGroup:
         extra: Sequence[str] = (),
         group_id: str | None = None,
         client: str | None = None,
+        version: VllmVersion = GOLDEN_VERSION,
     ) -> None:
         """``client``: a key of ``CLIENT_FLAGS``; ``None``: the worker's defaults."""
         self.group_id = group_id or f"derender-test-{uuid.uuid4().hex[:10]}"
@@ -238,7 +242,7 @@ class WorkerGroup:
             "--session-timeout-ms",
             "6000",
             *topics.args(),
-            *model_args(config),
+            *model_args(config, version),
             *(CLIENT_FLAGS[client] if client is not None else ()),
             *extra,
         ]

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 import pytest
 
-from tests.golden_cases import MODELS_DIR, load_cases
+from tests.golden_cases import GOLDEN_034_DIR, GOLDEN_DIR, MODELS_DIR, load_cases
 
 QWEN3 = str(MODELS_DIR / "qwen3")
 
 
-def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+def _cli(
+    *args: str, stdin: bytes | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         [sys.executable, "-m", "worker.cli", *args],
         input=stdin,
+        env={**os.environ, **(env or {})},
         capture_output=True,
         timeout=180,
         check=False,
@@ -46,15 +51,49 @@ def test_missing_tokenizer_directory_is_a_configuration_error() -> None:
     assert b"does not exist" in done.stderr
 
 
-def test_replay_from_stdin_matches_the_golden_case() -> None:
-    case = next(c for c in load_cases() if c.id == "plain-chat-qwen3-multibyte")
+@pytest.mark.parametrize(
+    ("version", "directory"), [("0.33", GOLDEN_DIR), ("0.34", GOLDEN_034_DIR)], ids=["0.33", "0.34"]
+)
+def test_replay_from_stdin_matches_the_golden_case(version: str, directory: Path) -> None:
+    case = next(c for c in load_cases(directory) if c.id == "plain-chat-qwen3-multibyte")
     stdin = b"\n".join(orjson.dumps(r) for r in case.input)
-    done = _cli("replay", "-", "--tokenizer", QWEN3, "--served-model-name", "test-model", stdin=stdin)
+    args = (
+        "replay",
+        "-",
+        "--tokenizer",
+        QWEN3,
+        "--served-model-name",
+        "test-model",
+        "--vllm-version",
+        version,
+    )
+    done = _cli(*args, stdin=stdin)
     assert done.returncode == 0, done.stderr
     outputs = [orjson.loads(line) for line in done.stdout.splitlines()]
     for output in outputs:
         output["body"]["chunk"]["created"] = 0
     assert outputs == case.expected
+
+
+def test_the_vllm_version_comes_from_the_environment_too_and_is_checked() -> None:
+    case = next(c for c in load_cases() if c.id == "plain-chat-qwen3-multibyte")
+    stdin = b"\n".join(orjson.dumps(r) for r in case.input)
+    args = ("replay", "-", "--tokenizer", QWEN3, "--served-model-name", "test-model")
+    done = _cli(*args, stdin=stdin, env={"DERENDER_VLLM_VERSION": "0.33"})
+    unknown = _cli(*args, stdin=stdin, env={"DERENDER_VLLM_VERSION": "0.35"})
+    assert done.returncode == 0, done.stderr
+    assert b'"prev_tokens"' in done.stdout and b'"prev_token_ids"' not in done.stdout
+    assert unknown.returncode == 2 and b"0.35" in unknown.stderr, unknown.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "replay", "audit"])
+def test_help_documents_the_vllm_version_and_its_default(command: str) -> None:
+    done = _cli(command, "--help")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.decode().split())
+    assert "--vllm-version" in text and "DERENDER_VLLM_VERSION" in text
+    assert "one of: 0.33, 0.34" in text and "default: 0.34, the newest supported" in text
+    assert "--return-tokens-as-token-ids" in text
 
 
 def test_offline_demo_shows_reasoning_content_and_tool_calls_apart() -> None:

@@ -55,6 +55,7 @@ from worker.core.live_parsers import LiveParserPool
 from worker.core.model_dir import load_tokenizer
 from worker.core.parsing import ChatParsing, adapter_for
 from worker.core.parsing.registry import reasoning_parsers, tool_parsers
+from worker.core.vllm_version import DEFAULT_VLLM_VERSION, VllmBehaviour, VllmVersion
 from worker.errors import ConfigurationError
 from worker.runtime.dead_letter_policy import (
     DEFAULT_MAX_CONSECUTIVE,
@@ -318,6 +319,19 @@ class ModelSettings(Section):
     )
     max_logprobs: int = Field(DEFAULT_MAX_LOGPROBS, ge=-1, description="most logprobs per token (-1: no cap)")
     max_n_sequences: int = Field(DEFAULT_MAX_N_SEQUENCES, gt=0, description="vLLM's VLLM_MAX_N_SEQUENCES")
+    vllm_version: Annotated[
+        VllmVersion, Cli(default_text=f"{DEFAULT_VLLM_VERSION.value}, the newest supported")
+    ] = Field(
+        DEFAULT_VLLM_VERSION,
+        description="which vLLM's derender the outputs equal, field for field (0.33 or 0.34). A stream "
+        "that brings its own stream_state is answered in that state's form (prev_tokens or "
+        "prev_token_ids), so a mixed-version fleet loses no text",
+    )
+    return_tokens_as_token_ids: bool = Field(
+        False,
+        description="vLLM's --return-tokens-as-token-ids: logprob tokens as 'token_id:N' (vLLM 0.34; "
+        "0.33 ignores it); a request's own field wins",
+    )
     reasoning_parser: Annotated[str | None, Cli(choices=_reasoning_parser_names)] = Field(
         None, description="splits reasoning from content"
     )
@@ -389,6 +403,8 @@ class ModelSettings(Section):
             max_model_len=max_len,
             max_logprobs=self.max_logprobs,
             max_n_sequences=self.max_n_sequences,
+            behaviour=VllmBehaviour.of(self.vllm_version),
+            return_tokens_as_token_ids=self.return_tokens_as_token_ids,
         )
         parsing = None
         if self.reasoning_parser or self.tool_parser:
@@ -398,6 +414,7 @@ class ModelSettings(Section):
                 tool_parser=self.tool_parser,
                 enable_auto_tool_choice=self.enable_auto_tool_choice,
                 reread_window=self.parse_budget_window,
+                reasoning_streams_all=VllmBehaviour.of(self.vllm_version).reasoning_engine_streams_all,
             )
         return Derenderer(tokenizer, options, parsing)
 

@@ -1,4 +1,5 @@
-"""Every golden case: our output envelopes equal vLLM 0.33.0's, field for field."""
+"""Every golden case: our output envelopes equal vLLM's, field for field, under the version that
+recorded them (``tests/golden/``: 0.33.0, ``tests/golden_034/``: 0.34.0)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,17 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
+from tests.golden_cases import GOLDEN_034_DIR, GoldenCase, derenderer_for, load_cases, normalize
 from tests.stream_builders import written
 from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.vllm_version import VllmVersion
 
 CASES = load_cases()
+CASES_034 = load_cases(GOLDEN_034_DIR)
 
 
-def run_case(case: GoldenCase) -> list[dict[str, Any]]:
-    processor = EnvelopeProcessor(derenderer_for(case.config))
+def run_case(case: GoldenCase, version: VllmVersion) -> list[dict[str, Any]]:
+    processor = EnvelopeProcessor(derenderer_for(case.config, version))
     outputs = []
     for envelope in case.input:
         result = processor.process(orjson.dumps(envelope))
@@ -41,9 +44,38 @@ def _compare(case: GoldenCase, actual: list[dict[str, Any]]) -> None:
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c.uses_parser], ids=lambda c: f"{c.file}:{c.id}")
 def test_plain_golden_case(case: GoldenCase) -> None:
-    _compare(case, run_case(case))
+    _compare(case, run_case(case, VllmVersion.V0_33))
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.uses_parser], ids=lambda c: f"{c.file}:{c.id}")
 def test_parser_golden_case(case: GoldenCase) -> None:
-    _compare(case, run_case(case))
+    _compare(case, run_case(case, VllmVersion.V0_33))
+
+
+_LLAMA3_JSON_ENGINE = "vLLM 0.34 runs llama3_json on its parser engine; not built yet"
+
+#: The vLLM 0.34 cases that still differ, each with why (strict: one that passes fails the run).
+KNOWN_034_DIFFERENCES: dict[str, str] = {
+    "llama3_json-two-calls-stream-1tok": _LLAMA3_JSON_ENGINE,
+    "llama3_json-two-calls-stream-mixed": _LLAMA3_JSON_ENGINE,
+    "llama3_json-python_tag-eom-stream": _LLAMA3_JSON_ENGINE,
+    "llama3_json-length-mid-call-stream": _LLAMA3_JSON_ENGINE,
+    "llama3_json-prose-with-json-example-stream": _LLAMA3_JSON_ENGINE,
+    "llama3_json-prose-with-json-example-oneshot": _LLAMA3_JSON_ENGINE,
+}
+
+
+def _034_param(case: GoldenCase) -> Any:
+    reason = KNOWN_034_DIFFERENCES.get(case.id)
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason is not None else []
+    return pytest.param(case, id=f"{case.file}:{case.id}", marks=marks)
+
+
+def test_known_034_differences_are_cases() -> None:
+    assert KNOWN_034_DIFFERENCES.keys() <= {c.id for c in CASES_034}
+    assert len(CASES_034) == 185
+
+
+@pytest.mark.parametrize("case", [_034_param(c) for c in CASES_034])
+def test_golden_034_case(case: GoldenCase) -> None:
+    _compare(case, run_case(case, VllmVersion.V0_34))

@@ -145,6 +145,7 @@ def test_context_restored_from_state_is_validated_once(validated_prompt_ids: lis
         sequences={i: s.to_wire() for i, s in ctx.sequences.items()},
         finished=set(ctx.finished),
         last_choice_index=ctx.last_choice_index,
+        derenderer=second.derenderer,
     )
     validated_prompt_ids.clear()
     tail = _payloads(second, records[4:])

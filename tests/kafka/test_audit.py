@@ -20,6 +20,7 @@ import pytest
 from tests.async_helpers import run_bounded
 from tests.audit_streams import (
     DEMO_FLAGS,
+    DEMO_VERSION,
     NO_REASONING_FLAGS,
     OTHER_TOOL_PARSER_FLAGS,
     changed_records,
@@ -94,7 +95,7 @@ def recorded(kafka_bootstrap: str) -> Iterator[Recorded]:
             {**e, "request_id": e["request_id"] + "-p1", "body": {**e["body"]}}
             for e in round_robin(envelopes)
         ]
-        group = WorkerGroup(kafka_bootstrap, topics, DEMO_CONFIG)
+        group = WorkerGroup(kafka_bootstrap, topics, DEMO_CONFIG, version=DEMO_VERSION)
 
         async def body() -> list[Any]:
             await produce(kafka_bootstrap, topics.input, _records(partition0), partition=0)

@@ -128,7 +128,7 @@ def test_state_is_batched_per_commit_and_restorable() -> None:
         # A restore of that snapshot continues `a` exactly like the original processor.
         restored = EnvelopeProcessor(derenderer)
         assert state[0].value is not None
-        install(restored, {"unit-00000": decode(state[0].value)}, now=0.0)
+        install(restored, {"unit-00000": decode(derenderer, state[0].value)}, now=0.0)
         expected: list[dict[str, Any]] = []
         for e in a.envelopes[2:]:
             expected.append(written(restored.process(orjson.dumps(e), e["request_id"].encode())))
@@ -167,7 +167,7 @@ def _latest(commits: list[tuple[list[OutgoingRecord], dict[TopicPartition, int]]
 
 def _restore(commits: list[tuple[list[OutgoingRecord], dict[TopicPartition, int]]]) -> EnvelopeProcessor:
     """A processor restored from what a state partition holds after these commits (no replay)."""
-    restored = restore(KEYS, _latest(commits))
+    restored = restore(KEYS, _latest(commits), derenderer_for(QWEN3_CONFIG))
     assert restored.replay_from is None  # every change checkpointed: nothing to re-read
     processor = EnvelopeProcessor(derenderer_for(QWEN3_CONFIG))
     install(processor, restored.checkpoints, now=0.0)
@@ -255,7 +255,7 @@ def test_restore_of_both_kinds() -> None:
         KEYS.progress("orphan"): encode_progress(ctx, 1),
         StateKeys("other").context("other"): early,
     }
-    restored = restore(KEYS, latest)
+    restored = restore(KEYS, latest, derenderer)
     assert set(restored.checkpoints) == {"context", "pair"} and restored.replay_from is None
     for checkpoint in restored.checkpoints.values():
         assert encode_context(checkpoint.ctx) == encode_context(ctx) and checkpoint.offset == 1
@@ -272,10 +272,10 @@ def test_format_1_records_are_read() -> None:
     v1 = orjson.loads(encode_context(ctx))
     v1["v"] = v1["progress"]["v"] = 1
     del v1["progress"]["offset"]
-    checkpoint = decode(orjson.dumps(v1))
+    checkpoint = decode(derenderer, orjson.dumps(v1))
     assert checkpoint.offset is None and encode_context(checkpoint.ctx) == encode_context(ctx)
     with pytest.raises(ValueError, match="unknown state record format"):
-        decode(orjson.dumps({**v1, "v": 99}))
+        decode(derenderer, orjson.dumps({**v1, "v": 99}))
 
 
 @pytest.mark.parametrize("case", load_cases(), ids=lambda c: f"{c.file}:{c.id}")
@@ -292,7 +292,7 @@ def test_restoring_from_a_snapshot_before_every_record_changes_nothing(case: Gol
     got = []
     for envelope in case.input:
         processor = EnvelopeProcessor(derenderer)
-        install(processor, {rid: decode(value) for rid, value in snapshots.items()}, now=0.0)
+        install(processor, {rid: decode(derenderer, value) for rid, value in snapshots.items()}, now=0.0)
         result = processor.process(orjson.dumps(envelope))
         got.append(written(result) if result.output is not None else None)
         snapshots = {rid: encode_context(ctx) for rid, ctx in processor.requests.items()}
@@ -338,7 +338,7 @@ def test_deferred_checkpoints_restore_by_re_reading_the_input() -> None:
                 await task.handle(record)
             now[0] += 0.25
             await task.commit()
-            restored = restore(KEYS, _latest(sink.commits))
+            restored = restore(KEYS, _latest(sink.commits), derenderer)
             processor = EnvelopeProcessor(derenderer)
             install(processor, restored.checkpoints, now=0.0)
             if restored.replay_from is not None:
@@ -353,4 +353,4 @@ def test_deferred_checkpoints_restore_by_re_reading_the_input() -> None:
     ]
     updates = sum(1 for r in records[1:] if orjson.loads(r.value)["seq"] > 0)
     assert replays > 0 and 0 < len(progress) < updates / 2  # fewer than one per record, by the interval
-    assert _latest(sink.commits) == {KEYS.replay_from: b'{"v":2,"kind":"replay-from","offset":null}'}
+    assert _latest(sink.commits) == {KEYS.replay_from: b'{"v":3,"kind":"replay-from","offset":null}'}

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from schemas.derender import DerenderChatStreamRequest, DerenderCompletionStreamRequest
 from schemas.generate import GenerateTokensResponse, GenerateTokensStreamChoice
+from worker.core.vllm_version import DEFAULT_BEHAVIOUR, VllmBehaviour
 from worker.errors import ModelNotFoundError, RequestError
 
 DEFAULT_MAX_LOGPROBS = 20
@@ -40,6 +41,10 @@ class ServerOptions:
     max_model_len: int
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
+    behaviour: VllmBehaviour = DEFAULT_BEHAVIOUR
+    """Which vLLM release's derender the outputs equal (``--vllm-version``)."""
+    return_tokens_as_token_ids: bool = False
+    """vLLM's ``--return-tokens-as-token-ids`` (0.34 on; a request's own field wins)."""
 
     @property
     def model_name(self) -> str:

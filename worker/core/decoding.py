@@ -203,8 +203,18 @@ class TextDecoder:
         read_offset = len(tokens)
         return DecodeWindow(tokens, max(read_offset - _SEED_OFFSET, 0), read_offset)
 
-    def extend(self, window: DecodeWindow, token_ids: Sequence[int], skip_special_tokens: bool) -> str:
+    def extend(
+        self,
+        window: DecodeWindow,
+        token_ids: Sequence[int],
+        skip_special_tokens: bool,
+        *,
+        skip_unknown_ids: bool = False,
+    ) -> str:
         """Feed ``token_ids`` through the window (mutated in place); return the new text.
+
+        An id outside the vocabulary decodes to nothing: vLLM 0.33 keeps ``""`` for it in the
+        window, 0.34 (``skip_unknown_ids``, an id window cannot hold it) leaves it out.
 
         A window keeps ``prefix_offset <= read_offset <= len(tokens)`` (the schema holds a carried
         one to it), so it is rebased once to prefix offset 0. A token then costs two joins, where
@@ -220,6 +230,8 @@ class TextDecoder:
         read_offset = window.read_offset - window.prefix_offset
         for token_id in token_ids:
             if not 0 <= token_id < vocab_size:
+                if skip_unknown_ids:
+                    continue
                 tokens.append("")
             elif token_id not in skipped:
                 tokens.append(piece(token_id) or "")
@@ -238,6 +250,38 @@ class TextDecoder:
         window.prefix_offset = 0
         window.read_offset = read_offset
         return "".join(parts)
+
+    # --- the window as ids (vLLM 0.34's ``prev_token_ids``) -----------------------------------
+
+    def window_from_ids(self, token_ids: Sequence[int], prefix_offset: int, read_offset: int) -> DecodeWindow:
+        """A carried id window as the token strings the decoder reads (an id without a piece: "")."""
+        return DecodeWindow([self.piece(t) or "" for t in token_ids], prefix_offset, read_offset)
+
+    def window_ids(self, window: DecodeWindow) -> tuple[list[int], int, int]:
+        """``window`` as ids and its offsets into them.
+
+        Every vocabulary piece is its id. A string that is no piece is a window this decoder built
+        past vLLM (``_force_forward``: pending bytes as one string, an empty separator) or a token
+        window a 0.33 caller sent: spelled as its characters' ids when each is a piece (the same
+        bytes), else left out (an unknown id decodes to nothing), the offsets moved with it.
+        """
+        ids: list[int] = []
+        prefix, read = window.prefix_offset, window.read_offset
+        to_id = self._token_to_id
+        for position, token in enumerate(window.tokens):
+            token_id = to_id(token) if token else None
+            if token_id is not None:
+                ids.append(token_id)
+                continue
+            parts = [to_id(char) for char in token]
+            spelled = [p for p in parts if p is not None] if parts and None not in parts else []
+            ids.extend(spelled)
+            moved = len(spelled) - 1
+            if position < window.prefix_offset:
+                prefix += moved
+            if position < window.read_offset:
+                read += moved
+        return ids, prefix, read
 
     def _join_one(self, token: str) -> str:
         """``self._join([token])``, remembered for vocabulary pieces only (a carried window's tokens

@@ -40,6 +40,7 @@ from worker.core.logprobs import (
     chat_top_limit,
     completion_top_limit,
     context_tail,
+    decode_prompt_logprobs,
     resolve_chat_logprobs,
     to_completion_logprobs,
 )
@@ -51,6 +52,7 @@ from worker.core.responses import (
     completion_chunk,
     ids_if,
     message,
+    one_shot_prompt_tokens,
     parsed_delta,
     plain_delta,
     prompt_logprobs,
@@ -143,6 +145,27 @@ class Derenderer:
 
     # --- shared steps ------------------------------------------------------------------------
 
+    def _tokens_as_token_ids(self, request: ChatCompletionRequest | CompletionRequest | None) -> bool:
+        """Whether logprob tokens are ``token_id:N``: the request's ``return_tokens_as_token_ids``,
+        else the server flag; never on a version that ignores both (0.33)."""
+        if not self.options.behaviour.tokens_as_token_ids:
+            return False
+        if request is not None and request.return_tokens_as_token_ids is not None:
+            return request.return_tokens_as_token_ids
+        return self.options.return_tokens_as_token_ids
+
+    def _prompt_logprobs(
+        self, value: list[dict[str, Any] | None] | None
+    ) -> list[dict[str, Any] | None] | None:
+        """A response's ``prompt_logprobs``; vLLM 0.34 decodes a null ``decoded_token``."""
+        if self.options.behaviour.decodes_prompt_logprobs:
+            value = decode_prompt_logprobs(self.decoder, value)
+        return prompt_logprobs(value)
+
+    def _chat_chunk(self, body: DerenderChatStreamRequest, model: str, choices: list[JsonDict]) -> JsonDict:
+        omit_null = self.options.behaviour.omits_null_details
+        return chat_chunk(body, model, int(self._clock()), choices, omit_null_details=omit_null)
+
     def _stop_policy(self, request: ChatCompletionRequest | CompletionRequest | None) -> StopPolicy | None:
         """The request's stop policy, built once per request object (every record asks for it)."""
         if request is None:
@@ -198,7 +221,15 @@ class Derenderer:
         if state is not None:
             return state
         seed_ids = prompt_token_ids if prompt_token_ids is not None else chunk_prompt_token_ids
-        return SequenceState(window=self.decoder.seed_window(seed_ids, skip_special))
+        return self.new_state(self.decoder.seed_window(seed_ids, skip_special))
+
+    def new_state(self, window: DecodeWindow | None = None) -> SequenceState:
+        """A sequence's first state, written in the configured version's window form."""
+        return SequenceState(
+            window=window if window is not None else DecodeWindow(),
+            form=self.options.behaviour.state_form,
+            decoder=self.decoder,
+        )
 
     def _decode_output(
         self,
@@ -246,6 +277,13 @@ class Derenderer:
         seed_ids = body.prompt_token_ids if body.prompt_token_ids is not None else gen.prompt_token_ids
         seed = self.decoder.seed_window(seed_ids, skip_special)
         policy = self._stop_policy(request)
+        behaviour = self.options.behaviour
+        omit_null = behaviour.omits_null_details
+        as_token_ids = self._tokens_as_token_ids(request)
+        parser_prompt_ids = gen.prompt_token_ids
+        if behaviour.one_shot_prompt_ids_fallback:
+            # vLLM 0.34: the engine's ids are the whole prompt; the caller's may be a suffix.
+            parser_prompt_ids = gen.prompt_token_ids or body.prompt_token_ids
         show_metadata = _shows_metadata(request, parsed=parsing is not None)
         return_token_ids = bool(request is not None and request.return_token_ids and show_metadata)
         top_limit = chat_top_limit(request)
@@ -256,7 +294,9 @@ class Derenderer:
             if not choice.token_ids:
                 raise RequestError(f"choice {choice.index} has empty or null token_ids")
             logprobs = (
-                resolve_chat_logprobs(self.decoder, choice.logprobs, top_limit=top_limit)
+                resolve_chat_logprobs(
+                    self.decoder, choice.logprobs, top_limit=top_limit, as_token_ids=as_token_ids
+                )
                 if choice.logprobs is not None and show_metadata
                 else None
             )
@@ -266,7 +306,7 @@ class Derenderer:
             if parsing is not None and parse_request is not None:
                 try:
                     parsed = parsing.parse_full(
-                        text, list(choice.token_ids), parse_request, gen.prompt_token_ids
+                        text, list(choice.token_ids), parse_request, parser_prompt_ids
                     )
                 except ParserSetupError as exc:
                     # vLLM builds the parser inside the handler, so this escapes as a 500.
@@ -279,10 +319,10 @@ class Derenderer:
                     }
                     for call in parsed.tool_calls
                 ]
-                reply = message(parsed.content, parsed.reasoning, tool_calls)
+                reply = message(parsed.content, parsed.reasoning, tool_calls, omit_null_details=omit_null)
             else:
                 tool_calls = []
-                reply = message(text)
+                reply = message(text, omit_null_details=omit_null)
             choices.append(
                 {
                     "index": choice.index,
@@ -296,7 +336,9 @@ class Derenderer:
                 }
             )
 
-        prompt_tokens = body.prompt_tokens if body.prompt_tokens is not None else 0
+        prompt_tokens = one_shot_prompt_tokens(
+            body.prompt_tokens, gen.usage, from_usage=behaviour.prompt_tokens_from_usage
+        )
         completion_tokens = sum(len(c.token_ids) for c in gen.choices if c.token_ids)
         return {
             "id": gen.request_id,
@@ -306,8 +348,8 @@ class Derenderer:
             "choices": choices,
             "service_tier": None,
             "system_fingerprint": None,
-            "usage": usage(prompt_tokens, completion_tokens),
-            "prompt_logprobs": prompt_logprobs(gen.prompt_logprobs),
+            "usage": usage(prompt_tokens, completion_tokens, omit_null_details=omit_null),
+            "prompt_logprobs": self._prompt_logprobs(gen.prompt_logprobs),
             "prompt_token_ids": ids_if(
                 request is not None and bool(request.return_token_ids), gen.prompt_token_ids
             ),
@@ -333,7 +375,16 @@ class Derenderer:
         policy = self._stop_policy(request)
         top_limit = completion_top_limit(request)
         return_token_ids = bool(request is not None and request.return_token_ids)
-        prompt_counts = body.prompt_tokens if body.prompt_tokens is not None else [0] * len(responses)
+        behaviour = self.options.behaviour
+        as_token_ids = self._tokens_as_token_ids(request)
+        prompt_counts = (
+            body.prompt_tokens
+            if body.prompt_tokens is not None
+            else [
+                one_shot_prompt_tokens(None, gen.usage, from_usage=behaviour.prompt_tokens_from_usage)
+                for gen in responses
+            ]
+        )
         seed_overrides = (
             body.prompt_token_ids if body.prompt_token_ids is not None else [None] * len(responses)
         )
@@ -345,6 +396,10 @@ class Derenderer:
             seed = self.decoder.seed_window(
                 override if override is not None else gen.prompt_token_ids, skip_special
             )
+            # vLLM 0.33 sends none on completion choices; 0.34 the response's, decoded.
+            choice_prompt_logprobs = (
+                self._prompt_logprobs(gen.prompt_logprobs) if behaviour.decodes_prompt_logprobs else None
+            )
             for choice in gen.choices:
                 if not choice.token_ids:
                     raise RequestError(
@@ -355,7 +410,9 @@ class Derenderer:
                 )
                 logprobs = None
                 if choice.logprobs is not None:
-                    resolved = resolve_chat_logprobs(self.decoder, choice.logprobs, top_limit=top_limit)
+                    resolved = resolve_chat_logprobs(
+                        self.decoder, choice.logprobs, top_limit=top_limit, as_token_ids=as_token_ids
+                    )
                     logprobs = to_completion_logprobs(resolved, choice.logprobs)
                 choices.append(
                     {
@@ -365,7 +422,7 @@ class Derenderer:
                         "finish_reason": choice.finish_reason,
                         "stop_reason": stop_reason,
                         "token_ids": ids_if(return_token_ids, choice.token_ids),
-                        "prompt_logprobs": None,
+                        "prompt_logprobs": choice_prompt_logprobs,
                         "prompt_token_ids": ids_if(return_token_ids, gen.prompt_token_ids),
                         "routed_experts": None,
                         "weight_versions": None,
@@ -386,7 +443,7 @@ class Derenderer:
             "choices": choices,
             "service_tier": None,
             "system_fingerprint": None,
-            "usage": usage(total_prompt, total_completion),
+            "usage": usage(total_prompt, total_completion, omit_null_details=behaviour.omits_null_details),
             "kv_transfer_params": kv_params,
             "ec_transfer_params": None,
             "metrics": first.metrics if len(responses) == 1 else None,
@@ -409,7 +466,7 @@ class Derenderer:
         model = self.check_chat_stream(body, prior)
         request = body.chat_request
         if self.parsing is not None and request is not None:
-            parsed_state = state if state is not None else SequenceState()
+            parsed_state = state if state is not None else self.new_state()
             try:
                 return self._chat_stream_parsed(body, parsed_state, model)
             except Exception as exc:
@@ -429,11 +486,13 @@ class Derenderer:
         state = self._seeded(state, body.prompt_token_ids, body.generate_chunk.prompt_token_ids, skip_special)
         window = state.window
         extend = self.decoder.extend
+        skip_unknown = state.form.skips_unknown_ids
 
         def to_delta(
             text_ids: list[int] | Sequence[int], delta_ids: Sequence[int], choice: GenerateTokensStreamChoice
         ) -> tuple[JsonDict, str | None]:
-            return plain_delta(extend(window, text_ids, skip_special)), choice.finish_reason
+            text = extend(window, text_ids, skip_special, skip_unknown_ids=skip_unknown)
+            return plain_delta(text), choice.finish_reason
 
         return_token_ids = bool(request is not None and request.return_token_ids)
         choices = [
@@ -442,7 +501,7 @@ class Derenderer:
             )
             for choice in body.generate_chunk.choices
         ]
-        return chat_chunk(body, model, int(self._clock()), choices), state
+        return self._chat_chunk(body, model, choices), state
 
     def _chat_choice(
         self,
@@ -470,6 +529,7 @@ class Derenderer:
                 choice.logprobs,
                 context=state.logprob_context_token_ids,
                 top_limit=chat_top_limit(request),
+                as_token_ids=self._tokens_as_token_ids(request),
             )
         state.logprob_context_token_ids = context_tail(state.logprob_context_token_ids, delta_ids)
         if not state.role_sent:
@@ -538,7 +598,7 @@ class Derenderer:
             # The session took the finish (flushed, and its window skipped a dropped stop token);
             # vLLM replays a later record's history without it, so one is rebuilt the same way.
             state.live = None
-        return chat_chunk(body, model, int(self._clock()), choices), state
+        return self._chat_chunk(body, model, choices), state
 
     # --- completion, streaming ---------------------------------------------------------------
 
@@ -562,7 +622,9 @@ class Derenderer:
             text_ids, stop_reason = self._drop_stop(
                 delta_ids, choice.finish_reason, choice.stop_reason, policy
             )
-            text = self.decoder.extend(state.window, text_ids, skip_special)
+            text = self.decoder.extend(
+                state.window, text_ids, skip_special, skip_unknown_ids=state.form.skips_unknown_ids
+            )
             logprobs = None
             next_offset = state.logprob_text_offset + len(text)
             if choice.logprobs is not None:
@@ -571,6 +633,7 @@ class Derenderer:
                     choice.logprobs,
                     context=state.logprob_context_token_ids,
                     top_limit=top_limit,
+                    as_token_ids=self._tokens_as_token_ids(request),
                 )
                 logprobs = to_completion_logprobs(resolved, choice.logprobs, state.logprob_text_offset)
                 if logprobs["tokens"]:
@@ -589,7 +652,8 @@ class Derenderer:
                     "weight_versions": None,
                 }
             )
-        return completion_chunk(body, model, int(self._clock()), choices), state
+        omit_null = self.options.behaviour.omits_null_details
+        return completion_chunk(body, model, int(self._clock()), choices, omit_null_details=omit_null), state
 
 
 def _parse_request(request: ChatCompletionRequest) -> ParseRequest:

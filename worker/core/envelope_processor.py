@@ -41,7 +41,7 @@ from schemas.openai import ChatCompletionRequest, CompletionRequest, RequestRule
 from worker.core.cycle_collection import pause_cycle_collection, resume_cycle_collection
 from worker.core.derenderer import Derenderer
 from worker.core.live_parsers import LiveParserPool
-from worker.core.sequence_state import SequenceState
+from worker.core.sequence_state import SequenceState, StateWindowConflict
 from worker.errors import (
     InvalidRecordError,
     RequestError,
@@ -78,8 +78,8 @@ _CLOSED_MEMORY = 65536
 # is counted as it is (``_closed_entry_bytes``).
 CLOSED_ENTRY_BYTES = 130
 _MISSING = object()
-# A progress record's fixed part: {"v":2,"kind":"progress","offset":N,"last_seq":N,...}.
-_PROGRESS_OVERHEAD = 200
+# A progress record's fixed part: {"v":3,"kind":"progress","offset":N,"last_seq":N,...}.
+_PROGRESS_OVERHEAD = 220
 # A context record's fixed part besides its inherited fields and request.
 _CONTEXT_OVERHEAD = 96
 # live_bytes: a context object with its dicts; an int in a list (8-byte slot + 28-byte int); the
@@ -130,7 +130,7 @@ class RequestContext:
 
     def state_bytes(self) -> int:
         """An upper bound of what its state records take: context plus progress record."""
-        per_choice = 24  # the index as a key, separators
+        per_choice = 56  # the index as a key twice, separators, its window form
         return (
             self.context_bytes
             + _PROGRESS_OVERHEAD
@@ -179,6 +179,7 @@ class RequestContext:
         sequences: dict[int, JsonDict],
         finished: set[int],
         last_choice_index: int,
+        derenderer: Derenderer,
     ) -> RequestContext:
         """A request's context rebuilt from its parts (as a state record stored them): the request
         and each choice's ``stream_state`` are validated and measured as when they came in.
@@ -190,10 +191,20 @@ class RequestContext:
             endpoint=endpoint,
             last_seq=last_seq,
             inherited=dict(inherited),
-            request=model_cls.model_validate(request_raw) if request_raw is not None else None,
+            request=(
+                model_cls.model_validate(request_raw, context=derenderer.options.behaviour.request_context)
+                if request_raw is not None
+                else None
+            ),
             request_raw=request_raw,
+            # Restored by this worker: written back in its own window form, whichever it was stored in.
             sequences={
-                i: SequenceState.from_wire(DerenderStreamState.model_validate(w))
+                i: SequenceState.from_wire(
+                    DerenderStreamState.model_validate(w),
+                    derenderer.decoder,
+                    derenderer.options.behaviour.state_form,
+                    keep_form=False,
+                )
                 for i, w in sequences.items()
             },
             finished=set(finished),
@@ -426,6 +437,8 @@ class EnvelopeProcessor:
         admission: Admission | None = None,
     ) -> None:
         self.derenderer = derenderer
+        # The request rules of the version matched (``tools: []`` and the like).
+        self._request_context = derenderer.options.behaviour.request_context
         self.max_record_bytes = max_record_bytes
         self.max_output_bytes = max_output_bytes
         self.max_request_state_bytes = max_request_state_bytes
@@ -569,10 +582,10 @@ class EnvelopeProcessor:
         if too_deep:
             raise _too_deep_error()
         if endpoint == "chat":
-            chat = _validate(DerenderChatRequest, body)
+            chat = _validate(DerenderChatRequest, body, self._request_context)
             response = self.derenderer.chat(chat)
         else:
-            completion = _validate(DerenderCompletionRequest, body)
+            completion = _validate(DerenderCompletionRequest, body, self._request_context)
             response = self.derenderer.completion(completion)
         output = {"request_id": rid, "seq": seq, "endpoint": endpoint, "body": response}
         return self.output_result(rid, output, closed=True, source=source)
@@ -765,7 +778,7 @@ class EnvelopeProcessor:
                 )
             if raw != ctx.request_raw:
                 try:
-                    request = model_cls.model_validate(raw)
+                    request = model_cls.model_validate(raw, context=self._request_context)
                 except ValidationError as exc:
                     message, param = _validation_message(exc, (_REQUEST_FIELD[ctx.endpoint],))
                     raise RequestError(message, error_type="Bad Request", param=param) from exc
@@ -809,7 +822,14 @@ class EnvelopeProcessor:
     ) -> SequenceState | None:
         if carried is not None:
             self._check_carried(carried)
-            return SequenceState.from_wire(carried)
+            derenderer = self.derenderer
+            try:
+                # A caller's state is answered in the form it came in: safe in a mixed-version fleet.
+                return SequenceState.from_wire(
+                    carried, derenderer.decoder, derenderer.options.behaviour.state_form
+                )
+            except StateWindowConflict as exc:
+                raise RequestError(str(exc), param="stream_state") from exc
         return ctx.sequences.get(index)
 
     def _check_carried(self, carried: DerenderStreamState) -> None:
@@ -960,15 +980,15 @@ def _set_fields(model: BaseModel, values: JsonDict) -> None:
     model.__pydantic_fields_set__.update(values)
 
 
-def _model_from(model_cls: type[ModelT], data: Any) -> ModelT:
+def _model_from(model_cls: type[ModelT], data: Any, context: JsonDict | None = None) -> ModelT:
     """``model_cls.model_validate(data)`` without its Python wrapper, which costs ~0.6 µs a call
     (two calls a record: the envelope and the body)."""
-    return cast(ModelT, model_cls.__pydantic_validator__.validate_python(data))
+    return cast(ModelT, model_cls.__pydantic_validator__.validate_python(data, context=context))
 
 
-def _validate(model_cls: type[ModelT], body: JsonDict) -> ModelT:
+def _validate(model_cls: type[ModelT], body: JsonDict, context: JsonDict | None = None) -> ModelT:
     try:
-        return _model_from(model_cls, body)
+        return _model_from(model_cls, body, context)
     except ValidationError as exc:
         message, param = _validation_message(exc)
         raise RequestError(message, error_type="Bad Request", param=param) from exc

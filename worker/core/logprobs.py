@@ -77,15 +77,20 @@ def resolve_chat_logprobs(
     *,
     context: Sequence[int] = (),
     top_limit: int | None,
+    as_token_ids: bool = False,
 ) -> JsonDict:
-    """The ``ChatCompletionLogProbs`` dict for one choice's logprobs."""
+    """The ``ChatCompletionLogProbs`` dict for one choice's logprobs; ``as_token_ids``
+    (``return_tokens_as_token_ids``, vLLM 0.34) names each token ``token_id:N``, without bytes."""
     if logprobs.content is None:
         return {"content": None}
     history = list(context)
     content: list[JsonDict] = []
     for entry in logprobs.content:
         tops = entry.top_logprobs if top_limit is None else entry.top_logprobs[:top_limit]
-        decoded = decoder.token_strings([entry.token_id, *(t.token_id for t in tops)])
+        ids = [entry.token_id, *(t.token_id for t in tops)]
+        decoded = (
+            [(token_id_placeholder(i), None) for i in ids] if as_token_ids else decoder.token_strings(ids)
+        )
         token, token_bytes = decoded[0]
         if token.endswith(REPLACEMENT_CHAR):
             token = _repair(decoder, entry.token_id, history)
@@ -101,6 +106,50 @@ def resolve_chat_logprobs(
         )
         history.append(entry.token_id)
     return {"content": content}
+
+
+def token_id_placeholder(token_id: int) -> str:
+    """A logprob token's text under ``return_tokens_as_token_ids``."""
+    return f"token_id:{token_id}"
+
+
+def decode_prompt_logprobs(
+    decoder: TextDecoder, value: list[dict[str, Any] | None] | None
+) -> list[dict[str, Any] | None] | None:
+    """Prompt logprobs with every null ``decoded_token`` filled in (vLLM 0.34: a tokens-only
+    generate server sends none): each id decoded alone, and one that decodes to U+FFFD repaired
+    from the prompt ids before it (each earlier position's first id), as output logprobs are."""
+    if value is None:
+        return None
+    out: list[dict[str, Any] | None] = []
+    history: list[int] = []
+    for position in value:
+        if not position:
+            out.append(position)
+            continue
+        filled: dict[str, Any] = {}
+        for key, entry in position.items():
+            token_id = _token_id(key)
+            if token_id is not None and (not isinstance(entry, dict) or entry.get("decoded_token") is None):
+                text = decoder.token_strings([token_id])[0][0]
+                if text.endswith(REPLACEMENT_CHAR):
+                    text = _repair(decoder, token_id, history)
+                base = entry if isinstance(entry, dict) else {"logprob": entry}
+                entry = {**base, "decoded_token": text}
+            filled[key] = entry
+        out.append(filled)
+        first = _token_id(next(iter(position)))
+        if first is not None:
+            history.append(first)
+    return out
+
+
+def _token_id(key: str) -> int | None:
+    """A prompt logprob key as an id (vLLM's model holds int keys), None for one that is not."""
+    try:
+        return int(key)
+    except ValueError:
+        return None
 
 
 def to_completion_logprobs(chat: JsonDict, source: GenerateLogProbs, text_offset: int = 0) -> JsonDict:

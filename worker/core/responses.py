@@ -24,25 +24,40 @@ def ids_if(wanted: bool, ids: Sequence[int] | None) -> list[int] | None:
     return list(ids) if wanted and ids is not None else None
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> JsonDict:
+def usage(prompt_tokens: int, completion_tokens: int, *, omit_null_details: bool) -> JsonDict:
+    """``omit_null_details``: vLLM 0.34 leaves ``prompt_tokens_details`` out while it is null."""
     total = prompt_tokens + completion_tokens
     if not INT64_MIN <= total <= INT64_MAX:  # each count fits; their sum must be writable too
         raise RequestError(f"token counts add up to {total}, past the 64-bit range", param="usage")
-    return {
+    built: JsonDict = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": total,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
-        "completion_tokens_details": None,
     }
+    if not omit_null_details:
+        built["prompt_tokens_details"] = None
+    built["completion_tokens_details"] = None
+    return built
 
 
-def chunk_usage(reported: UsageInfo | None, prompt_tokens: int | None) -> JsonDict | None:
+def chunk_usage(
+    reported: UsageInfo | None, prompt_tokens: int | None, *, omit_null_details: bool
+) -> JsonDict | None:
     """A chunk's usage: the generate chunk's, with a request-level prompt count overriding its own."""
     if reported is None:
         return None
     prompt = prompt_tokens if prompt_tokens is not None else (reported.prompt_tokens or 0)
-    return usage(prompt, reported.completion_tokens or 0)
+    return usage(prompt, reported.completion_tokens or 0, omit_null_details=omit_null_details)
+
+
+def one_shot_prompt_tokens(given: int | None, reported: UsageInfo | None, *, from_usage: bool) -> int:
+    """A one-shot response's prompt count: the request's (0 included), else (vLLM 0.34,
+    ``from_usage``) the generate response's ``usage.prompt_tokens``, else 0."""
+    if given is not None:
+        return given
+    if from_usage and reported is not None:
+        return reported.prompt_tokens or 0
+    return 0
 
 
 def resolve_finish_reason(
@@ -56,17 +71,19 @@ def resolve_finish_reason(
 
 
 def message(
-    content: str | None, reasoning: str | None = None, tool_calls: list[JsonDict] | None = None
+    content: str | None,
+    reasoning: str | None = None,
+    tool_calls: list[JsonDict] | None = None,
+    *,
+    omit_null_details: bool,
 ) -> JsonDict:
-    """A one-shot chat choice's ``message``."""
-    built: JsonDict = {
-        "role": "assistant",
-        "content": content,
-        "refusal": None,
-        "annotations": None,
-        "audio": None,
-        "function_call": None,
-    }
+    """A one-shot chat choice's ``message``; ``omit_null_details``: vLLM 0.34 leaves the null
+    ``annotations`` out."""
+    built: JsonDict = {"role": "assistant", "content": content, "refusal": None}
+    if not omit_null_details:
+        built["annotations"] = None
+    built["audio"] = None
+    built["function_call"] = None
     if tool_calls:
         built["tool_calls"] = tool_calls
     built["reasoning"] = reasoning
@@ -142,7 +159,12 @@ def chat_stream_choice(
 
 
 def chat_chunk(
-    body: DerenderChatStreamRequest, model: str, created: int, choices: list[JsonDict]
+    body: DerenderChatStreamRequest,
+    model: str,
+    created: int,
+    choices: list[JsonDict],
+    *,
+    omit_null_details: bool,
 ) -> JsonDict:
     gen = body.generate_chunk
     request = body.chat_request
@@ -152,7 +174,7 @@ def chat_chunk(
         "created": created,
         "model": model,
         "choices": choices,
-        "usage": chunk_usage(gen.usage, body.prompt_tokens),
+        "usage": chunk_usage(gen.usage, body.prompt_tokens, omit_null_details=omit_null_details),
         "system_fingerprint": None,
         "prompt_token_ids": ids_if(
             request is not None and bool(request.return_token_ids), gen.prompt_token_ids
@@ -164,7 +186,12 @@ def chat_chunk(
 
 
 def completion_chunk(
-    body: DerenderCompletionStreamRequest, model: str, created: int, choices: list[JsonDict]
+    body: DerenderCompletionStreamRequest,
+    model: str,
+    created: int,
+    choices: list[JsonDict],
+    *,
+    omit_null_details: bool,
 ) -> JsonDict:
     gen = body.generate_chunk
     return {
@@ -173,7 +200,7 @@ def completion_chunk(
         "created": created,
         "model": model,
         "choices": choices,
-        "usage": chunk_usage(gen.usage, body.prompt_tokens),
+        "usage": chunk_usage(gen.usage, body.prompt_tokens, omit_null_details=omit_null_details),
         "system_fingerprint": None,
         "metrics": gen.metrics,
         "kv_transfer_params": None,

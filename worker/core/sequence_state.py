@@ -4,6 +4,9 @@ The wire model (``schemas.derender.DerenderStreamState``) is validated input;
 this is what the core mutates per record and serializes back. It also holds
 what cannot be serialized: the live parser session and its decode window,
 which are rebuilt from ``output_token_ids`` when missing.
+
+The decode window is held as token strings whatever form it came in; ``form`` says which one it
+is written back in (``prev_tokens`` or ``prev_token_ids``, ``worker.core.vllm_version.StateForm``).
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from typing import Any
 import orjson
 
 from schemas.derender import DerenderStreamState
-from worker.core.decoding import DecodeWindow
+from worker.core.decoding import DecodeWindow, TextDecoder
 from worker.core.parsing import ChatStreamSession
+from worker.core.vllm_version import StateForm
 
 _STATE_BASE_BYTES = 700  # the object, its window and empty lists (tracemalloc)
 
@@ -52,9 +56,37 @@ class _AppendOnlyJson:
         return orjson.Fragment(b"[" + self.body + b"]")
 
 
+class StateWindowConflict(ValueError):
+    """A ``stream_state`` carries ``prev_tokens`` and ``prev_token_ids`` that are not one window."""
+
+
+def read_window(state: DerenderStreamState, decoder: TextDecoder) -> tuple[DecodeWindow, StateForm | None]:
+    """A carried state's window, from either form, and the form it came in (None: both or neither).
+
+    An id window is read through the tokenizer; a state with both keys must hold the same window
+    in each (``StateWindowConflict`` otherwise): neither is ever dropped.
+    """
+    tokens, ids = state.prev_tokens, state.prev_token_ids
+    if ids is not None:
+        window = decoder.window_from_ids(ids, state.prefix_offset, state.read_offset)
+        if tokens is None:
+            return window, StateForm.IDS
+        if list(tokens) != window.tokens:
+            raise StateWindowConflict(
+                "stream_state.prev_tokens and stream_state.prev_token_ids disagree: they are not the "
+                "same window (send one of them)"
+            )
+        return window, None
+    window = DecodeWindow(list(tokens or ()), state.prefix_offset, state.read_offset)
+    return window, (StateForm.TOKENS if tokens is not None else None)
+
+
 @dataclass(slots=True)
 class SequenceState:
     window: DecodeWindow = field(default_factory=DecodeWindow)
+    form: StateForm = StateForm.TOKENS
+    """The window's form on the wire; ``IDS`` needs ``decoder``."""
+    decoder: TextDecoder | None = None
     role_sent: bool = False
     logprob_context_token_ids: list[int] = field(default_factory=list)
     logprob_text_offset: int = 0
@@ -67,9 +99,23 @@ class SequenceState:
     _lens_json: _AppendOnlyJson = field(default_factory=_AppendOnlyJson)
 
     @classmethod
-    def from_wire(cls, state: DerenderStreamState) -> SequenceState:
+    def from_wire(
+        cls,
+        state: DerenderStreamState,
+        decoder: TextDecoder,
+        default_form: StateForm,
+        *,
+        keep_form: bool = True,
+    ) -> SequenceState:
+        """The live state of a validated wire state. ``keep_form``: it answers in the form it came in
+        (a caller's state), else in ``default_form`` (a state record restored by this worker);
+        ``default_form`` also when it holds both forms or none. ``StateWindowConflict`` for a state
+        whose two windows disagree."""
+        window, carried_form = read_window(state, decoder)
         return cls(
-            window=DecodeWindow(list(state.prev_tokens), state.prefix_offset, state.read_offset),
+            window=window,
+            form=carried_form if keep_form and carried_form is not None else default_form,
+            decoder=decoder,
             role_sent=state.role_sent,
             logprob_context_token_ids=list(state.logprob_context_token_ids),
             logprob_text_offset=state.logprob_text_offset,
@@ -92,10 +138,18 @@ class SequenceState:
 
     def _wire(self, output_token_ids: Any, output_chunk_lens: Any, *, copy: bool) -> dict[str, Any]:
         """The ``stream_state`` fields in vLLM's order, the other lists copied or as they are."""
+        window = self.window
+        if self.form is StateForm.IDS:
+            assert self.decoder is not None, "an id window is written through its tokenizer"
+            items, prefix_offset, read_offset = self.decoder.window_ids(window)
+            held: Any = items
+        else:
+            held = list(window.tokens) if copy else window.tokens
+            prefix_offset, read_offset = window.prefix_offset, window.read_offset
         return {
-            "prev_tokens": list(self.window.tokens) if copy else self.window.tokens,
-            "prefix_offset": self.window.prefix_offset,
-            "read_offset": self.window.read_offset,
+            self.form.value: held,
+            "prefix_offset": prefix_offset,
+            "read_offset": read_offset,
             "role_sent": self.role_sent,
             "logprob_context_token_ids": (
                 list(self.logprob_context_token_ids) if copy else self.logprob_context_token_ids

@@ -102,7 +102,8 @@ class PartitionOpener:
                 if committed is None:
                     committed = await consumer.beginning_offset(tp)
                 positions[tp] = committed
-                restores[tp] = state_changelog.restore(self.restorer.keys, latest[tp.partition])
+                restored = state_changelog.restore(self.restorer.keys, latest[tp.partition], self.derenderer)
+                restores[tp] = restored
                 start = restores[tp].replay_from
                 if start is not None and start < committed:
                     replays[tp] = await self.restorer.read_range(tp.topic, tp.partition, start, committed)

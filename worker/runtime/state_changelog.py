@@ -38,13 +38,17 @@ from typing import Any
 
 import orjson
 
+from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor, JsonDict, RequestContext
 from worker.runtime.records import OutgoingRecord
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS = frozenset({1, 2})
+# 3: a choice's ``stream_state`` may hold its window as ids (vLLM 0.34's ``prev_token_ids``), and
+# the progress record names the form (``window``). A build that reads only 1 and 2 would drop that
+# window without a word; it refuses the record instead, and the request fails loudly.
+FORMAT_VERSION = 3
+READABLE_VERSIONS = frozenset({1, 2, 3})
 PROGRESS_SUFFIX = b"\xffprogress"
 NAMESPACE_END = b"\xfe"
 REPLAY_FROM = b"\xffreplay-from"  # the partition's own key, after the namespace
@@ -92,6 +96,8 @@ def _progress(ctx: RequestContext, offset: int | None) -> JsonDict:
         "offset": offset,
         "last_seq": ctx.last_seq,
         "sequences": {str(i): orjson.Fragment(s.wire_json()) for i, s in ctx.sequences.items()},
+        # Each state's window key says it too; this is for a reader of the record alone.
+        "window": {str(i): s.form.value for i, s in ctx.sequences.items()},
         "finished": sorted(ctx.finished),
         "last_choice_index": ctx.last_choice_index,
     }
@@ -128,8 +134,11 @@ def _version(record: JsonDict) -> None:
         raise ValueError(f"unknown state record format {record.get('v')!r}")
 
 
-def decode(context: bytes, progress: bytes | None = None) -> Checkpoint:
-    """A request's checkpoint from its context record and, when newer, its progress record."""
+def decode(derenderer: Derenderer, context: bytes, progress: bytes | None = None) -> Checkpoint:
+    """A request's checkpoint from its context record and, when newer, its progress record.
+
+    Each choice's state is read in the form it was stored in (a record of a worker that matched
+    another vLLM version included) and written on in ``derenderer``'s."""
     data = orjson.loads(context)
     _version(data)
     if data.get("kind") != "context":
@@ -146,6 +155,7 @@ def decode(context: bytes, progress: bytes | None = None) -> Checkpoint:
         sequences={int(i): s for i, s in (latest.get("sequences") or {}).items()},
         finished={int(i) for i in latest.get("finished") or ()},
         last_choice_index=int(latest.get("last_choice_index", 0)),
+        derenderer=derenderer,
     )
     offset = latest.get("offset")
     return Checkpoint(ctx, int(offset) if offset is not None else None)
@@ -158,7 +168,7 @@ class Restored:
     """Input records before this offset are all in checkpoints; ``None``: every record is."""
 
 
-def restore(keys: StateKeys, latest: Mapping[bytes, bytes]) -> Restored:
+def restore(keys: StateKeys, latest: Mapping[bytes, bytes], derenderer: Derenderer) -> Restored:
     """The checkpoints of one state partition's latest records (``state_store``'s compaction),
     and where the input must be re-read from to bring them up to the committed offset.
 
@@ -177,7 +187,7 @@ def restore(keys: StateKeys, latest: Mapping[bytes, bytes]) -> Restored:
     out: dict[str, Checkpoint] = {}
     for rid, context in contexts.items():
         try:
-            out[rid] = decode(context, progress.get(rid))
+            out[rid] = decode(derenderer, context, progress.get(rid))
         except Exception as exc:  # noqa: BLE001 - one bad checkpoint must not keep the partition shut
             log.error("dropping unreadable state of request %r: %r", rid, exc)
     replay_from = None

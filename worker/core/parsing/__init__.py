@@ -90,12 +90,14 @@ class ChatParsing:
         tool_cls: type[ToolParser] | None,
         enable_auto_tool_choice: bool,
         reread_window: int | None = None,
+        reasoning_streams_all: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.reasoning_cls = reasoning_cls
         self.tool_cls = tool_cls
         self.enable_auto_tool_choice = enable_auto_tool_choice
         self.reread_window = reread_window
+        self.reasoning_streams_all = reasoning_streams_all
 
     @classmethod
     def create(
@@ -106,11 +108,13 @@ class ChatParsing:
         tool_parser: str | None,
         enable_auto_tool_choice: bool,
         reread_window: int | None = None,
+        reasoning_streams_all: bool = False,
     ) -> ChatParsing | None:
         """None when no parser applies; ``ConfigurationError`` for unknown names or unusable tokenizers.
 
         ``reread_window``: the parse budget's characters per record (None: the tool family's own;
-        0: none; see ``CompositeParser``).
+        0: none; see ``CompositeParser``). ``reasoning_streams_all``: vLLM 0.34's streaming rule
+        for an engine reasoning parser without a tool parser (see ``CompositeParser``).
 
         As in vLLM, a tool parser only counts with ``enable_auto_tool_choice``
         (its name is not even checked otherwise).
@@ -149,7 +153,9 @@ class ChatParsing:
                 flags.append(f"reasoning parser {reasoning_parser}")
             joined = " and ".join(flags)
             raise ConfigurationError(f"{joined} cannot be used with this tokenizer: {exc}") from exc
-        return cls(tokenizer, reasoning_cls, tool_cls, enable_auto_tool_choice, reread_window)
+        return cls(
+            tokenizer, reasoning_cls, tool_cls, enable_auto_tool_choice, reread_window, reasoning_streams_all
+        )
 
     @property
     def auto_tools(self) -> bool:
@@ -159,7 +165,13 @@ class ChatParsing:
         """Per-request parser; raises :class:`ParserSetupError` (vLLM: 500 one-shot, 400 streaming)."""
         kwargs: dict[str, Any] = dict(request.chat_template_kwargs)
         return CompositeParser(
-            self.tokenizer, self.reasoning_cls, self.tool_cls, request, kwargs, self.reread_window
+            self.tokenizer,
+            self.reasoning_cls,
+            self.tool_cls,
+            request,
+            kwargs,
+            self.reread_window,
+            reasoning_streams_all=self.reasoning_streams_all,
         )
 
     def parse_full(

@@ -24,6 +24,8 @@ class CompositeParser:
         request: ParseRequest,
         chat_template_kwargs: dict[str, Any],
         reread_window: int | None = None,
+        *,
+        reasoning_streams_all: bool = False,
     ) -> None:
         self.request = request
         self.reasoning = reasoning_cls(tokenizer, chat_template_kwargs) if reasoning_cls else None
@@ -37,6 +39,14 @@ class CompositeParser:
         )
         if self.reasoning is None and self.tools is not None:
             self.tools.skip_reasoning_parsing = True
+        # vLLM 0.34 (``reasoning_streams_all``): with no tool parser to take reasoning markers, an
+        # engine grammar that reopens reasoning in content streams the whole output, content
+        # included (its whitespace and partial-character holds apply), as one-shot parsing does.
+        self._reasoning_streams_all = (
+            reasoning_streams_all
+            and self.tools is None
+            and bool(getattr(self.reasoning, "opens_reasoning_in_content", False))
+        )
         # streaming state
         self._reasoning_ended = False
         self._prompt_checked = False
@@ -125,9 +135,9 @@ class CompositeParser:
         transitioned = False
         text = delta_text
 
-        if reasoning is not None and not self._reasoning_ended:
+        if reasoning is not None and (not self._reasoning_ended or self._reasoning_streams_all):
             delta = reasoning.stream(delta_text, delta_ids)
-            if reasoning.ended_in_stream(delta_ids):
+            if reasoning.ended_in_stream(delta_ids) and not self._reasoning_streams_all:
                 self._reasoning_ended = True
                 transitioned = True
                 current_ids = reasoning.content_ids(delta_ids)
@@ -153,7 +163,7 @@ class CompositeParser:
                 elif not delta.reasoning:
                     delta.reasoning = carried_reasoning
 
-        in_reasoning = reasoning is not None and not self._reasoning_ended
+        in_reasoning = reasoning is not None and (not self._reasoning_ended or self._reasoning_streams_all)
         in_tools = self.tools is not None and self._reasoning_ended
         if delta is None and not transitioned and not in_reasoning and not in_tools:
             delta = DeltaOut(content=text)
@@ -214,7 +224,7 @@ class CompositeParser:
         for parser in (self.reasoning, self.tools):
             if parser is None or not parser.engine_based:
                 continue
-            if parser is self.reasoning and self._reasoning_ended:
+            if parser is self.reasoning and self._reasoning_ended and not self._reasoning_streams_all:
                 continue  # its leftovers belong to markup the tool phase consumed
             flushed = parser.finish_stream()
             if flushed is None:

@@ -49,6 +49,12 @@ class EngineReasoningParser(ReasoningParser):
         """False when a request switch turns reasoning extraction off one-shot."""
         return True
 
+    @property
+    def opens_reasoning_in_content(self) -> bool:
+        """Whether the grammar reopens reasoning at a start marker in content (glm45, not qwen3)."""
+        transition = self.config.transitions.get((State.CONTENT, "THINK_START"))
+        return transition is not None and transition[0] is State.REASONING
+
     def _marker_id(self, vocab: dict[str, int], name: str) -> int | None:
         config = self.config
         return vocab.get(config.terminals[name]) if name in config.id_terminals else None
