@@ -23,7 +23,7 @@ from schemas.derender import (
 )
 from schemas.envelope import DeadLetterRecord, InputEnvelope, OutputEnvelope
 from schemas.openai import ChatCompletionResponse, CompletionResponse, ErrorResponse
-from schemas.pipeline import CancelRecord, IngestMarker, RequestEnvelope
+from schemas.pipeline import CancelRecord, IngestErrorRecord, IngestMarker, RequestEnvelope
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "json"
 
@@ -44,6 +44,7 @@ EXPORTED: dict[str, type[BaseModel]] = {
     "request_envelope": RequestEnvelope,
     "cancel_record": CancelRecord,
     "ingest_marker": IngestMarker,
+    "ingest_error_record": IngestErrorRecord,
 }
 
 

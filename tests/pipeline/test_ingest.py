@@ -255,3 +255,25 @@ def test_kafka_only_with_the_produce_and_consume_commands(pipeline: Pipeline, tm
     assembled = consumed.stderr.decode()
     assert f"== {rid} (chat, {len(golden.expected)} records)" in assembled
     assert "tool call: get_weather(" in assembled
+
+
+def _huge(recorded: Recording, max_tokens: int, **changes: Any) -> dict[str, Any]:
+    """A request whose answer is larger than a record: many tokens, 20 logprob candidates each."""
+    return request_of(
+        recorded, user="fault:bulk", max_tokens=max_tokens, logprobs=True, top_logprobs=20, **changes
+    )
+
+
+@pytest.mark.parametrize(("case_id", "max_tokens"), [(ONE_SHOT_CASE, 20_000), (STREAM_CASE, 12_000)])
+def test_an_answer_too_large_for_a_record_is_a_413_and_ingest_stays_up(
+    pipeline: Pipeline, case_id: str, max_tokens: int
+) -> None:
+    """A one-shot of 20000 tokens with top_logprobs 20 (~19 MB), or a streamed first event of ~12 MB:
+    the request ends with a 413 error record, and ingest serves the next request."""
+    rid, after = new_id("huge"), new_id("after")
+    got = run_sync(_read(pipeline, [envelope(rid, "chat", _huge(recording(case_id), max_tokens))], 90))[rid]
+    errors = [o["error"] for o in got if o.get("error") is not None]
+    assert [e["code"] for e in errors] == [413], got
+    assert all(p.alive for p in pipeline.ingests[-1:]), pipeline.logs()
+    again = run_sync(_read(pipeline, [envelope(after, "chat", recording(STREAM_CASE).request)]))[after]
+    assert comparable(again) == comparable(case(STREAM_CASE).expected)
