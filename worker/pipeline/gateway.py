@@ -269,8 +269,13 @@ class Gateway:
             if error is not None and (state is None or "source" in record):
                 yield {"error": error}  # a timeout, an error of the whole request, or the worker's own
                 return
-            if state is None or not isinstance(record.get("seq"), int) or record["seq"] in state.seen:
-                continue  # another request's, or a duplicate
+            if state is None or not isinstance(record.get("seq"), int):
+                continue  # another request's
+            if error is not None and record.get("terminal") is True and record["seq"] in state.seen:
+                yield {"error": error}  # ingest ended the stream at a seq already shown (it restarted)
+                return
+            if record["seq"] in state.seen:
+                continue  # a duplicate
             if error is not None:
                 state.held_error = record
             else:
