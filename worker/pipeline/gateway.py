@@ -29,7 +29,7 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from schemas.pipeline import CancelRecord, RequestEnvelope
-from worker.pipeline.connection import Connection, add_connection_arguments, require_topics, topic_partitions
+from worker.pipeline.connection import Connection, add_connection_arguments, topic_partitions, wait_for_topics
 from worker.runtime.tracing import NO_HEADERS, Headers, propagated
 from worker.settings import GatewayOptions, LoggingSettings, add_arguments, load
 
@@ -96,7 +96,7 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.settings
-        await require_topics(self.connection, s.requests_topic, s.output_topic)
+        await wait_for_topics(self.connection, s.requests_topic, s.output_topic)
         self.producer = self.connection.producer(linger_ms=0)
         await self.producer.start()
         self.consumer = self.connection.consumer()

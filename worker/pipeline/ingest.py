@@ -47,7 +47,7 @@ from pydantic import ValidationError
 
 from schemas.pipeline import CancelRecord, IngestMarker, RequestEnvelope
 from worker.errors import UpstreamError
-from worker.pipeline.connection import Connection, add_connection_arguments, require_topics
+from worker.pipeline.connection import Connection, add_connection_arguments, wait_for_topics
 from worker.pipeline.vllm_client import VllmClient
 from worker.runtime.genai_metrics import request_start_header
 from worker.runtime.kafka_client.aiokafka_backend import fetch_committed
@@ -237,7 +237,7 @@ class Ingest:
 
     async def run(self) -> int:
         s = self.settings
-        counts = await require_topics(self.connection, s.input_topic, s.output_topic)
+        counts = await wait_for_topics(self.connection, s.input_topic, s.output_topic)
         if await self.connection.ensure_topic(s.requests_topic, counts[s.input_topic]):
             log.info("created the requests topic %s (%d partitions)", s.requests_topic, counts[s.input_topic])
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
