@@ -21,7 +21,7 @@ from schemas.derender import (
     DerenderCompletionStreamResponse,
     DerenderStreamState,
 )
-from schemas.envelope import DeadLetterRecord, InputEnvelope, OutputEnvelope
+from schemas.envelope import CloseRecord, DeadLetterRecord, InputEnvelope, OutputEnvelope
 from schemas.openai import ChatCompletionResponse, CompletionResponse, ErrorResponse
 from schemas.pipeline import CancelRecord, IngestErrorRecord, IngestMarker, RequestEnvelope
 
@@ -29,6 +29,7 @@ SCHEMA_DIR = Path(__file__).resolve().parent / "json"
 
 EXPORTED: dict[str, type[BaseModel]] = {
     "input_envelope": InputEnvelope,
+    "close_record": CloseRecord,
     "output_envelope": OutputEnvelope,
     "dead_letter_record": DeadLetterRecord,
     "derender_stream_state": DerenderStreamState,

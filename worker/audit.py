@@ -276,9 +276,11 @@ class Auditor:
             processor = self._processors[partition] = self._new_processor()
         at = None if source is None else {"topic": source[0], "partition": source[1], "offset": source[2]}
         result = processor.process(value, key, source=at)
-        if result.request_id is None or (result.output is None and not result.duplicate):
+        if result.request_id is None or result.dead_letter is not None:
             self.counts.dead_letters += 1
             return None
+        if result.output is None and not result.duplicate:
+            return None  # a close record: nothing is written, nothing to compare
         rid = result.request_id
         request = self.requests.get(rid)
         output = result.output

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import openai
+import orjson
 import pytest
 from openai import OpenAI
 
@@ -95,15 +96,25 @@ def test_one_failing_prompt_of_three_ends_the_others_and_reuses_no_seq(pipeline:
     ids = [f"{rid}-{i}" for i in range(3)]
     request = request_of(three, user="fault:second-prompt-fails")
 
-    async def go() -> dict[str, list[dict[str, Any]]]:
+    async def go() -> tuple[dict[str, list[dict[str, Any]]], list[Any]]:
         reader = await TopicReader(pipeline.bootstrap, pipeline.topics.output).start()
+        inputs = await TopicReader(pipeline.bootstrap, pipeline.topics.input).start()
         try:
             await pipeline.send([envelope(rid, "completion", request)])
-            return await pipeline.outputs(reader, ids, timeout=60)
+            got = await pipeline.outputs(reader, ids, timeout=60)
+            deadline = time.monotonic() + 30
+            while sum(1 for r in inputs.records if r.key.decode() in ids and b'"close"' in r.value) < 3:
+                assert time.monotonic() < deadline, "no close record for every stream on the input topic"
+                await asyncio.sleep(0.1)
+            return got, list(inputs.records)
         finally:
             await reader.stop()
+            await inputs.stop()
 
-    got = run_sync(go())
+    got, inputs = run_sync(go())
+    for sid in ids:  # the worker frees each stream's state at once: the close comes after its envelopes
+        mine = [orjson.loads(r.value) for r in inputs if r.key.decode() == sid]
+        assert mine[-1] == {"request_id": sid, "close": True}, mine[-1]
     failed = [o for o in got[f"{rid}-1"] if o.get("error") is not None]
     assert [e["error"]["code"] for e in failed] == [500]
     for sid in (f"{rid}-0", f"{rid}-2"):  # the siblings were cancelled and aborted upstream

@@ -85,6 +85,11 @@ def error_record(request_id: str, seq: int, endpoint: str, error: JsonDict) -> b
     )
 
 
+def close_record(stream_id: str) -> bytes:
+    """A ``CloseRecord`` for the worker's input topic."""
+    return orjson.dumps({"request_id": stream_id, "close": True})
+
+
 def record_bytes(key: str, value: bytes, headers: Headers) -> int:
     """What a record counts against ``--max-record-bytes``."""
     return len(key) + len(value) + sum(len(n) + len(v) for n, v in headers) + RECORD_OVERHEAD_BYTES
@@ -462,8 +467,11 @@ class Ingest:
         # The error goes to each stream that has records, at its next seq (no seq is used twice).
         targets = [sid for sid, seq in request.seqs.items() if seq > 0] or [rid]
         for sid in targets:
-            value = error_record(sid, request.seqs.get(sid, 0), request.envelope.endpoint, error)
+            seq = request.seqs.get(sid, 0)
+            value = error_record(sid, seq, request.envelope.endpoint, error)
             request.owner.emit(self.settings.output_topic, sid, value, headers=request.trace)
+            if seq > 0:  # the worker holds state for it: free it now, not at its TTL
+                request.owner.emit(self.settings.input_topic, sid, close_record(sid), headers=request.trace)
         request.owner.mark(rid, "done")
 
     def record_refused(
@@ -497,15 +505,18 @@ class Ingest:
                 unsent[stream] = min(unsent.get(stream, later.seq), later.seq)
         partition.pending = [p for p in partition.pending if p.request is not request]
         streams = {**{sid: seq for sid, seq in request.seqs.items() if seq > 0}, **unsent} or {rid: 0}
-        replacements = [
-            _Outgoing(
-                self.settings.output_topic,
-                sid.encode(),
-                error_record(sid, seq, envelope.endpoint, error),
-                headers=request.trace,
+        replacements = []
+        for sid, seq in streams.items():
+            value = error_record(sid, seq, envelope.endpoint, error)
+            replacements.append(
+                _Outgoing(self.settings.output_topic, sid.encode(), value, headers=request.trace)
             )
-            for sid, seq in streams.items()
-        ]
+            if seq > 0:  # the worker holds state for it
+                replacements.append(
+                    _Outgoing(
+                        self.settings.input_topic, sid.encode(), close_record(sid), headers=request.trace
+                    )
+                )
         marker = IngestMarker(request_id=rid, ingest="done").model_dump_json().encode()
         replacements.append(_Outgoing(partition.tp.topic, rid.encode(), marker, partition.tp.partition))
         return replacements
