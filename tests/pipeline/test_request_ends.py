@@ -171,3 +171,23 @@ def test_sigkill_of_ingest_mid_stream_ends_the_client_stream_within_a_minute(pip
     assert error is not None and "cut off" in str(error), (error, pipeline.logs())
     assert 3 <= len(seen) < len(want)
     assert time.monotonic() - killed_at[0] < 60
+
+
+def test_a_request_past_its_deadline_ends_with_a_504_without_reaching_vllm(pipeline: Pipeline) -> None:
+    rid = new_id("late")
+    late = {
+        **envelope(rid, "chat", recording(STREAM_CASE).request),
+        "deadline_ms": int(time.time() * 1000) - 1,
+    }
+
+    async def go() -> list[dict[str, Any]]:
+        reader = await TopicReader(pipeline.bootstrap, pipeline.topics.output).start()
+        try:
+            await pipeline.send([late])
+            return (await pipeline.outputs(reader, [rid], timeout=30))[rid]
+        finally:
+            await reader.stop()
+
+    got = run_sync(go())
+    assert [(o["seq"], o["error"]["code"], o["terminal"]) for o in got] == [(0, 504, True)]
+    assert pipeline.fake.generations_of.get(f"chatcmpl-{rid}") is None  # never generated
