@@ -277,3 +277,16 @@ def test_an_answer_too_large_for_a_record_is_a_413_and_ingest_stays_up(
     assert all(p.alive for p in pipeline.ingests[-1:]), pipeline.logs()
     again = run_sync(_read(pipeline, [envelope(after, "chat", recording(STREAM_CASE).request)]))[after]
     assert comparable(again) == comparable(case(STREAM_CASE).expected)
+
+
+def test_a_full_backlog_pauses_and_loses_no_request(pipeline: Pipeline) -> None:
+    """--max-backlog-bytes 1: each request fills the backlog alone; the records read past it in the
+    same fetch are read again once it drains, none is skipped."""
+    for process in pipeline.ingests:
+        if process.alive:
+            process.kill()
+    pipeline.start_ingest("--max-backlog-bytes", "1")
+    records = [envelope(new_id("one-by-one"), "chat", recording(STREAM_CASE).request) for _ in range(5)]
+    got = run_sync(_read(pipeline, records, timeout=120))
+    for outputs in got.values():
+        assert comparable(outputs) == comparable(case(STREAM_CASE).expected)

@@ -191,3 +191,31 @@ def test_a_request_past_its_deadline_ends_with_a_504_without_reaching_vllm(pipel
     got = run_sync(go())
     assert [(o["seq"], o["error"]["code"], o["terminal"]) for o in got] == [(0, 504, True)]
     assert pipeline.fake.generations_of.get(f"chatcmpl-{rid}") is None  # never generated
+
+
+def test_max_inflight_counts_streams_not_requests(pipeline: Pipeline) -> None:
+    """One stalled stream and a completion with three prompts: at most --max-inflight (3) streams open
+    (counting requests, 2 of 3, let four streams open); the completion still ends whole."""
+    stall = envelope(new_id("stall"), "chat", request_of(recording(STREAM_CASE), user="fault:stall"))
+    rid = new_id("three")
+    three = envelope(rid, "completion", request_of(three_prompt_recording()))
+    ids = [f"{rid}-{i}" for i in range(3)]
+
+    async def go() -> dict[str, list[dict[str, Any]]]:
+        reader = await TopicReader(pipeline.bootstrap, pipeline.topics.output).start()
+        try:
+            await pipeline.send([stall])
+            await pipeline.wait_for_count(reader, [stall["request_id"]], 2)
+            pipeline.fake.max_streams_open = pipeline.fake.streams_open
+            await pipeline.send([three])
+            got = await pipeline.outputs(reader, ids, timeout=60)
+            await pipeline.send([{"request_id": stall["request_id"], "cancel": True}])
+            await pipeline.outputs(reader, [stall["request_id"]], timeout=30)
+            return got
+        finally:
+            await reader.stop()
+
+    got = run_sync(go())
+    assert pipeline.fake.max_streams_open <= MAX_INFLIGHT
+    for sid in ids:
+        assert not [o for o in got[sid] if o.get("error")], got[sid]

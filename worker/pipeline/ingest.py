@@ -299,12 +299,13 @@ class Ingest:
                         self._consumer.seek(tp, records[0].offset)
                     continue
                 for record in records:
+                    if self._held_bytes >= s.max_backlog_bytes:  # the rest is read again once resumed
+                        self._consumer.seek(tp, record.offset)
+                        break
                     partition.next_offset = record.offset + 1
                     # W3C trace context of the request record, and its time for the worker's TTFT.
                     trace = (*propagated(record.headers), request_start_header(record.timestamp))
                     self._handle(partition, record.offset, record.key, record.value, trace)
-                    if self._held_bytes >= s.max_backlog_bytes:
-                        break
 
     def _set_paused(self, paused: bool) -> None:
         assert self._consumer is not None
