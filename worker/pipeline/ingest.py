@@ -470,9 +470,13 @@ class Ingest:
         for sid in targets:
             seq = request.seqs.get(sid, 0)
             value = error_record(sid, seq, request.envelope.endpoint, error)
-            request.owner.emit(self.settings.output_topic, sid, value, headers=request.trace)
+            # Tagged with the request: should a commit refuse one of its records, its own error wins.
+            request.owner.emit(self.settings.output_topic, sid, value, headers=request.trace, request=request)
             if seq > 0:  # the worker holds state for it: free it now, not at its TTL
-                request.owner.emit(self.settings.input_topic, sid, close_record(sid), headers=request.trace)
+                close = close_record(sid)
+                request.owner.emit(
+                    self.settings.input_topic, sid, close, headers=request.trace, request=request
+                )
         request.owner.mark(rid, "done")
 
     def record_refused(
