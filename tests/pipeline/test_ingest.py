@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -171,20 +172,29 @@ def test_sigkill_of_ingest_mid_stream_never_mixes_generations(pipeline: Pipeline
     first = comparable(case(STREAM_CASE).expected)
     second = comparable(reference_outputs(retry, request_of(stream, user="fault:slower")))
 
-    async def go() -> dict[str, list[dict[str, Any]]]:
+    async def go() -> tuple[dict[str, list[dict[str, Any]]], set[str]]:
         reader = await TopicReader(pipeline.bootstrap, pipeline.topics.output).start()
+        inputs = await TopicReader(pipeline.bootstrap, pipeline.topics.input).start()
         try:
             await pipeline.send(records)
             await pipeline.wait_for_count(reader, ids, 12)
             victim = next(p for p in pipeline.ingests if p.alive)
             victim.kill()
             pipeline.start_ingest()
-            return await pipeline.outputs(reader, ids, timeout=90)
+            got = await pipeline.outputs(reader, ids, timeout=90)
+            await asyncio.sleep(2)  # the closes commit with the errors; the reader may lag a little
+            closed = {
+                r.key.decode()
+                for r in inputs.records
+                if r.value == b'{"request_id":"' + r.key + b'","close":true}'
+            }
+            return got, closed
         finally:
             await reader.stop()
+            await inputs.stop()
 
     try:
-        got = run_sync(go())
+        got, closed = run_sync(go())
     finally:
         pipeline.fake.retry_chunks = None
     outcomes = {"complete": 0, "cut off": 0, "regenerated": 0}
@@ -195,6 +205,7 @@ def test_sigkill_of_ingest_mid_stream_never_mixes_generations(pipeline: Pipeline
         if errors:  # cut off: a prefix of the one generation shown, then the error saying so
             assert [e["code"] for e in errors] == [503] and "cut off" in errors[0]["message"]
             assert comparable(chunks) == first[: len(chunks)], f"{rid}: not a prefix of one generation"
+            assert rid in closed, f"{rid}: cut off, but its worker state was not closed"
             outcomes["cut off"] += 1
         elif comparable(chunks) == first:
             outcomes["complete"] += 1

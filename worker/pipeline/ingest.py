@@ -391,6 +391,10 @@ class Ingest:
                 ),
                 trace,
             )
+            # The worker holds the streams' state: free it now (a close for a stream it never saw
+            # does nothing). The dead process's stream ids follow render's naming.
+            for sid in _stream_ids(envelope):
+                partition.emit(self.settings.input_topic, sid, close_record(sid), headers=trace)
             return
         if rid in restored.cancelled or rid in partition.early_cancels:
             partition.early_cancels.discard(rid)
@@ -806,6 +810,17 @@ def _first_of(group: BaseExceptionGroup[BaseException]) -> BaseException:
             if isinstance(leaf, kind) and not isinstance(leaf, TimeoutError):
                 return leaf
     return leaves[0]
+
+
+def _stream_ids(envelope: RequestEnvelope) -> list[str]:
+    """The ids a request's streams may have had: its own, and one per prompt of a completion."""
+    prompt = envelope.request.get("prompt")
+    ids = [envelope.request_id]
+    if envelope.endpoint != "completion" or not isinstance(prompt, list) or len(prompt) < 2:
+        return ids
+    if not all(isinstance(p, int) for p in prompt):  # a list of prompts, not one prompt of token ids
+        ids += [f"{envelope.request_id}-{i}" for i in range(len(prompt))]
+    return ids
 
 
 def _choices_of(generate_request: JsonDict) -> int:
