@@ -52,6 +52,7 @@ FAULTS = {
     "slower": Fault(pace_s=0.15),
     "bulk": Fault(bulk=True),
     "no-finish": Fault(no_finish=True),
+    "crawl": Fault(pace_s=2.0),  # under the tests' 5 s idle timeout, 44 s for a whole stream
     "second-prompt-fails": Fault(error_event_after=2, only_prompt=1, pace_s=0.1),
 }
 

@@ -157,19 +157,20 @@ def test_a_cancel_behind_a_full_max_inflight_is_read_at_once(pipeline: Pipeline)
 
 
 def test_sigkill_of_ingest_mid_stream_ends_the_client_stream_within_a_minute(pipeline: Pipeline) -> None:
-    body = request_of(recording(STREAM_CASE), user="fault:slower")
+    # A chunk every 2 s: the kill lands mid-generation, however late the client reads.
+    body = request_of(recording(STREAM_CASE), user="fault:crawl")
     want = comparable(case(STREAM_CASE).expected)
     killed_at: list[float] = []
 
-    def kill_ingest_after_three(count: int) -> None:
-        if count == 3:
+    def kill_ingest_after_two(count: int) -> None:
+        if count == 2:
             next(p for p in pipeline.ingests if p.alive).kill()
             killed_at.append(time.monotonic())
             pipeline.start_ingest()
 
-    seen, error = read_stream(iter(client(pipeline).chat.completions.create(**body)), kill_ingest_after_three)
+    seen, error = read_stream(iter(client(pipeline).chat.completions.create(**body)), kill_ingest_after_two)
     assert error is not None and "cut off" in str(error), (error, pipeline.logs())
-    assert 3 <= len(seen) < len(want)
+    assert 2 <= len(seen) < len(want)  # a chunk committed before the kill may still follow
     assert time.monotonic() - killed_at[0] < 60
 
 
