@@ -41,6 +41,19 @@ class InputEnvelope(BaseModel):
     )
 
 
+class CloseRecord(BaseModel):
+    """The request's producer ended it (``ingest`` after an error, a cut stream, a refused record):
+    the worker drops its state now, writes nothing, and treats later records of it as duplicates.
+    Without it the state waits for ``--request-ttl-s``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str = Field(
+        min_length=1, max_length=MAX_REQUEST_ID_LENGTH, description="Equals the Kafka record key."
+    )
+    close: Literal[True]
+
+
 class SourcePosition(BaseModel):
     topic: str
     partition: int

@@ -21,14 +21,15 @@ from schemas.derender import (
     DerenderCompletionStreamResponse,
     DerenderStreamState,
 )
-from schemas.envelope import DeadLetterRecord, InputEnvelope, OutputEnvelope
+from schemas.envelope import CloseRecord, DeadLetterRecord, InputEnvelope, OutputEnvelope
 from schemas.openai import ChatCompletionResponse, CompletionResponse, ErrorResponse
-from schemas.pipeline import CancelRecord, IngestMarker, RequestEnvelope
+from schemas.pipeline import CancelRecord, IngestErrorRecord, IngestMarker, RequestEnvelope
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "json"
 
 EXPORTED: dict[str, type[BaseModel]] = {
     "input_envelope": InputEnvelope,
+    "close_record": CloseRecord,
     "output_envelope": OutputEnvelope,
     "dead_letter_record": DeadLetterRecord,
     "derender_stream_state": DerenderStreamState,
@@ -44,6 +45,7 @@ EXPORTED: dict[str, type[BaseModel]] = {
     "request_envelope": RequestEnvelope,
     "cancel_record": CancelRecord,
     "ingest_marker": IngestMarker,
+    "ingest_error_record": IngestErrorRecord,
 }
 
 

@@ -8,6 +8,8 @@ markers for it land in one partition, in order:
 * ``IngestMarker``: written by ``ingest`` itself, in the transaction that makes a request's first
   generated tokens visible (``started``) or its last ones (``done``), so a restarted ``ingest``
   knows which requests must not be generated again.
+
+``ingest`` ends a request it cannot answer with an ``IngestErrorRecord`` on the output topic.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.envelope import MAX_REQUEST_ID_LENGTH, Endpoint
+from schemas.bounds import NonNegativeInt64
+from schemas.envelope import MAX_REQUEST_ID_LENGTH, Endpoint, ErrorBody
 
 _REQUEST_ID = Field(
     min_length=1, max_length=MAX_REQUEST_ID_LENGTH, description="Equals the Kafka record key; unique."
@@ -38,6 +41,13 @@ class RequestEnvelope(BaseModel):
             "request_id + '-' + prompt index (as vLLM's render names them)."
         )
     )
+    deadline_ms: NonNegativeInt64 | None = Field(
+        None,
+        description=(
+            "Unix time in milliseconds after which nobody waits for the answer: ingest ends a request "
+            "still waiting for a stream slot then with a 504 error record, and aborts one still generating."
+        ),
+    )
 
 
 class CancelRecord(BaseModel):
@@ -56,3 +66,22 @@ class IngestMarker(BaseModel):
 
     request_id: str = _REQUEST_ID
     ingest: Literal["started", "done"]
+
+
+class IngestErrorRecord(BaseModel):
+    """How ``ingest`` ends a request (or one stream of it) on the output topic.
+
+    ``seq`` is the stream's next position, after every input envelope ingest sent for it, so a reader
+    shows the outputs before it first. ``terminal`` says nothing of this stream comes after it: a
+    reader ends the stream on it whatever its ``seq`` (an ingest that took over after a crash does not
+    know how far the last one got, and writes ``seq`` 0).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str = _REQUEST_ID
+    seq: NonNegativeInt64
+    endpoint: Endpoint
+    body: None = None
+    error: ErrorBody
+    terminal: Literal[True] = True

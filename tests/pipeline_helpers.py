@@ -50,6 +50,10 @@ FAULTS = {
     "stall": Fault(stall_after=2),
     "slow": Fault(pace_s=0.05),
     "slower": Fault(pace_s=0.15),
+    "bulk": Fault(bulk=True),
+    "no-finish": Fault(no_finish=True),
+    "crawl": Fault(pace_s=2.0),  # under the tests' 5 s idle timeout, 44 s for a whole stream
+    "second-prompt-fails": Fault(error_event_after=2, only_prompt=1, pace_s=0.1),
 }
 
 
@@ -74,10 +78,18 @@ def two_prompt_recording(stream: bool = True) -> Recording:
     return Recording("two-prompts", "completion", request, one.prompt_token_ids * 2, one.chunks * 2)
 
 
+def three_prompt_recording() -> Recording:
+    """A streamed completion with three prompts."""
+    one = recording(COMPLETION_CASE)
+    request = {**one.request, "prompt": ["one", "two", "three"], "stream": True}
+    return Recording("three-prompts", "completion", request, one.prompt_token_ids * 3, one.chunks * 3)
+
+
 def recordings() -> list[Recording]:
     return [recording(c) for c in (STREAM_CASE, ONE_SHOT_CASE, COMPLETION_CASE, N2_CASE)] + [
         two_prompt_recording(),
         two_prompt_recording(stream=False),
+        three_prompt_recording(),
     ]
 
 

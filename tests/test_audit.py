@@ -8,6 +8,7 @@ golden cases' normalization, record by record).
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -380,3 +381,29 @@ def test_progress_bar_draws_on_a_terminal() -> None:
     short.start("derendering inputs", 10)  # a short range gets no bar
     short.stop()
     assert quiet.getvalue() == ""
+
+
+def test_a_request_that_cannot_be_compared_is_an_error_not_a_difference(
+    demo: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A recorded output nested 300 deep crashed the audit with exit 1, the code for differences."""
+    inputs, _, recorded = demo
+    deep: Any = "x"
+    for _ in range(300):
+        deep = {"d": deep}
+    target = next(i for i, o in enumerate(recorded) if o["request_id"] == "demo-plain" and o["seq"] == 1)
+    nested = [
+        {**o, "body": {**o["body"], "chunk": {**o["body"]["chunk"], "deep": deep}}} if i == target else o
+        for i, o in enumerate(recorded)
+    ]
+    outputs = tmp_path / "deep.jsonl"
+    outputs.write_text("".join(json.dumps(o) + "\n" for o in nested))  # orjson stops at 255 levels
+    report = tmp_path / "report.jsonl"
+    argv = ["--input-file", str(inputs), "--output-file", str(outputs), "--report", str(report)]
+    status, err = audit([*argv, *DEMO_FLAGS], capsys)
+    assert status == 3, err
+    line = report_lines(report)["demo-plain"]
+    assert line["status"] == "error" and "differences" not in line, line
+    assert line["reason"]
+    assert "1 could not be compared (error)" in err
+    assert "DIFFERENCES FOUND" not in err

@@ -10,6 +10,12 @@ renamed by order of first appearance on each side. Ids a model wrote (``kimi_k2`
 
 A request that started before the range is resumed when its first record in the range carries
 a ``stream_state``; otherwise it is ``partial``: reported, never compared (its context is unknown).
+A request whose comparison itself fails (e.g. a recorded output nested deeper than JSON tools go) is
+``error``: reported with why, never counted as a difference.
+
+Exit status: ``EXIT_IDENTICAL`` 0, ``EXIT_DIFFERENCES`` 1 (wins over errors: a difference is a finding),
+``EXIT_USAGE`` 2 (usage, connection, an empty or inverted range), ``EXIT_ERRORS`` 3 (no difference,
+but some requests could not be compared).
 
 This module is the engine, the report and the file mode; reading and writing Kafka is
 ``worker.runtime.audit_source``.
@@ -42,7 +48,9 @@ EXTRA = "extra_output"
 ERROR_CODE = "error_code_change"
 PARTIAL = "partial"
 IDENTICAL = "identical"
+ERROR = "error"  # the comparison of this request failed: not a difference, not identical
 KINDS = (DIFFERING, MISSING, EXTRA, ERROR_CODE)
+EXIT_IDENTICAL, EXIT_DIFFERENCES, EXIT_USAGE, EXIT_ERRORS = 0, 1, 2, 3
 SHOWN_DIFFERENCES = 10
 
 # The random tool-call id formats; nothing else is renamed.
@@ -268,9 +276,11 @@ class Auditor:
             processor = self._processors[partition] = self._new_processor()
         at = None if source is None else {"topic": source[0], "partition": source[1], "offset": source[2]}
         result = processor.process(value, key, source=at)
-        if result.request_id is None or (result.output is None and not result.duplicate):
+        if result.request_id is None or result.dead_letter is not None:
             self.counts.dead_letters += 1
             return None
+        if result.output is None and not result.duplicate:
+            return None  # a close record: nothing is written, nothing to compare
         rid = result.request_id
         request = self.requests.get(rid)
         output = result.output
@@ -382,7 +392,16 @@ class Auditor:
     def finish(self) -> AuditReport:
         report = AuditReport(counts=self.counts)
         for request in self.requests.values():
-            line = _judge(request)
+            try:
+                line = _judge(request)
+            except Exception as exc:  # noqa: BLE001 - one request's failure is its own outcome
+                line = {
+                    "request_id": request.request_id,
+                    "endpoint": request.endpoint,
+                    "records": request.records,
+                    "status": ERROR,
+                    "reason": f"could not be compared: {exc!r}"[:1000],
+                }
             report.add(line)
         return report
 
@@ -468,7 +487,9 @@ def _compare(old: Any, new: JsonDict, old_ids: IdRenamer, new_ids: IdRenamer) ->
 @dataclass(slots=True)
 class AuditReport:
     counts: AuditCounts
-    statuses: dict[str, int] = field(default_factory=lambda: {s: 0 for s in (IDENTICAL, *KINDS, PARTIAL)})
+    statuses: dict[str, int] = field(
+        default_factory=lambda: {s: 0 for s in (IDENTICAL, *KINDS, PARTIAL, ERROR)}
+    )
     lines: list[JsonDict] = field(default_factory=list)  # one per non-identical request
     resumed: int = 0
 
@@ -485,7 +506,9 @@ class AuditReport:
 
     @property
     def exit_status(self) -> int:
-        return 1 if self.differs else 0
+        if self.differs:
+            return EXIT_DIFFERENCES
+        return EXIT_ERRORS if self.statuses[ERROR] else EXIT_IDENTICAL
 
     def write_jsonl(self, out: BinaryIO) -> None:
         for line in self.lines:
@@ -497,7 +520,8 @@ class AuditReport:
         text = [
             f"audit: {total} requests: {s[IDENTICAL]} identical, {s[DIFFERING]} differing, "
             f"{s[MISSING]} missing output, {s[EXTRA]} extra output, {s[ERROR_CODE]} error-code change, "
-            f"{s[PARTIAL]} partial (not compared); {self.resumed} resumed from a carried stream_state",
+            f"{s[PARTIAL]} partial (not compared), {s[ERROR]} could not be compared (error); "
+            f"{self.resumed} resumed from a carried stream_state",
             f"audit: {c.inputs} input records ({c.derendered} derendered, {c.duplicates} duplicates, "
             f"{c.dead_letters} not envelopes), {c.recorded} recorded outputs compared"
             + (f", {c.recorded_ignored} outside the range" if c.recorded_ignored else "")
@@ -512,7 +536,12 @@ class AuditReport:
             text.append(f"  {line['request_id']} {_describe(line['differences'][0])}{more}")
         if len(differing) > SHOWN_DIFFERENCES:
             text.append(f"  ... {len(differing) - SHOWN_DIFFERENCES} more requests differ (see --report)")
-        verdict = "everything compared is identical" if not self.differs else "DIFFERENCES FOUND"
+        if self.differs:
+            verdict = "DIFFERENCES FOUND"
+        elif s[ERROR]:
+            verdict = f"no difference found, but {s[ERROR]} request(s) could not be compared (see --report)"
+        else:
+            verdict = "everything compared is identical"
         text.append(f"audit: {verdict}")
         return "\n".join(text)
 
@@ -673,7 +702,8 @@ def audit_files(
 DESCRIPTION = """\
 Re-derender recorded inputs with this worker's core and configuration and compare the result,
 record for record, with the recorded outputs. Exit status: 0 everything compared is identical,
-1 a difference was found, 2 usage or connection error.
+1 a difference was found, 2 usage or connection error, or an empty or inverted range, 3 no difference
+but some requests could not be compared (status "error" in the report).
 """
 
 
@@ -729,4 +759,4 @@ def _audit(args: argparse.Namespace) -> int:
         return audit_with_kafka(args, factory, err)
     except (AuditUsageError, ConfigurationError, OSError) as exc:
         print(f"derender-worker audit: {exc}", file=err)
-        return 2
+        return EXIT_USAGE

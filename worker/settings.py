@@ -64,6 +64,7 @@ from worker.runtime.dead_letter_policy import (
     DEFAULT_WINDOW,
     DeadLetterLimits,
 )
+from worker.runtime.delivery import MAX_RECORD_BYTES
 from worker.runtime.health_server import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from worker.runtime.kafka_client.base import (
     AssignmentStrategy,
@@ -875,13 +876,46 @@ class IngestOptions(RequestsTopic, InputTopic, OutputTopic):
     api_key: str | None = Field(None, description="vLLM's --api-key (prefer the environment)")
     group_id: str = Field("derender-ingest", min_length=1, description="ingest's consumer group")
     max_inflight: int = Field(
-        256, gt=0, description="requests generating at once; the requests topic pauses when full"
+        256, gt=0, le=100_000, description="generate streams (and one-shot generate calls) open at once"
+    )
+    max_backlog: int = Field(
+        1024,
+        ge=0,
+        le=1_000_000,
+        description="requests read and waiting for a stream slot; past it the requests topic pauses",
+    )
+    max_backlog_bytes: int = Field(
+        256 * 1024 * 1024,
+        gt=0,
+        le=1 << 40,
+        description="bytes of request records held (running or waiting); past it the requests topic pauses",
+    )
+    max_record_bytes: int = Field(
+        DEFAULT_MAX_RECORD_BYTES,
+        ge=64 * 1024,
+        le=MAX_RECORD_BYTES,
+        description=(
+            "largest input envelope ingest sends (the worker's --max-record-bytes); "
+            "a request whose answer does not fit ends with a 413 error record"
+        ),
+    )
+    render_timeout_s: float = Field(
+        60.0, gt=0, le=86_400, description="render (and abort) calls fail with a 504 after this long"
+    )
+    generate_timeout_s: float = Field(
+        600.0, gt=0, le=86_400, description="a one-shot generate call fails with a 504 after this long"
+    )
+    headers_timeout_s: float = Field(
+        60.0, gt=0, le=86_400, description="a streamed generate call that sends no headers this long: 504"
     )
     commit_interval_ms: int = Field(
         20, gt=0, description="how long produced records may wait for their commit"
     )
     stream_idle_timeout_s: float = Field(
-        60.0, gt=0, description="a generation silent this long is aborted and fails with a 504 error record"
+        60.0,
+        gt=0,
+        le=86_400,
+        description="a generation silent this long is aborted and fails with a 504 error record",
     )
     abort_grace_s: float = Field(
         10.0, gt=0, description="after a cancel, how long generate may take to end the stream"

@@ -557,3 +557,23 @@ def test_live_bytes_is_close_to_what_tracemalloc_measures(
     sessions = sum(state.live is not None for ctx in contexts for state in ctx.sequences.values())
     estimate = sum(ctx.live_bytes() for ctx in contexts) + LIVE_PARSER_BYTES * sessions  # the pool's
     assert 0.7 * measured <= estimate <= 1.4 * measured, (estimate, measured)
+
+
+def test_a_close_record_frees_the_request_at_once_and_writes_nothing() -> None:
+    """ingest ended the request (an upstream error, a stream that never finished): the state went
+    only at the TTL; a close record drops it now, and later records of it are duplicates."""
+    processor = _processor()
+    first, *_ = _good()
+    assert processor.process(first, b"good").output is not None
+    assert processor.is_open("good")
+    closed = processor.process(orjson.dumps({"request_id": "good", "close": True}), b"good")
+    assert (closed.closed, closed.output, closed.payload, closed.dead_letter) == (True, None, None, None)
+    assert not processor.is_open("good")
+    assert processor.process(first, b"good").duplicate  # seq 0 again: the request is over
+    # A close for a request not open here: nothing happens; a malformed one is a dead letter.
+    unknown = processor.process(orjson.dumps({"request_id": "other", "close": True}), b"other")
+    assert (unknown.closed, unknown.output, unknown.dead_letter) == (False, None, None)
+    bad = processor.process(orjson.dumps({"request_id": "good", "close": "yes"}), b"good")
+    assert bad.dead_letter is not None and "close" in bad.dead_letter.reason
+    wrong_key = processor.process(orjson.dumps({"request_id": "good", "close": True}), b"other")
+    assert wrong_key.dead_letter is not None

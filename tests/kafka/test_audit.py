@@ -281,6 +281,18 @@ def test_range_flags_are_checked(recorded: Recorded, capsys: pytest.CaptureFixtu
     assert status == 2 and "partitions 0..1" in err
     status, err = audit([*recorded.flags("no-such-topic"), *DEMO_FLAGS], capsys)
     assert status == 2 and "no-such-topic" in err
-    # A time range after every record: nothing to audit, nothing differs.
+    # A time range after every record: nothing compared is no verdict (it was exit 0, "identical").
     status, err = audit([*recorded.flags(), "--from", "2999-01-01T00:00:00Z", *DEMO_FLAGS], capsys)
-    assert status == 0 and "0 requests" in err
+    assert status == 2 and "holds no record" in err and "identical" not in err
+    size = len(recorded.partition0)
+    assert f"partition 0 [{size}, {size}) of [0, {size})" in err  # the range as resolved
+    # Beyond the end of every partition, and inverted: the same.
+    status, err = audit([*recorded.flags(), "--from-offset", "100000", *DEMO_FLAGS], capsys)
+    assert status == 2 and "holds no record" in err
+    status, err = audit([*recorded.flags(), "--from-offset", "9", "--to-offset", "3", *DEMO_FLAGS], capsys)
+    assert status == 2 and "inverted" in err
+    status, err = audit(
+        [*recorded.flags(), "--from", "2026-01-02T00:00:00Z", "--to", "2026-01-01T00:00:00Z", *DEMO_FLAGS],
+        capsys,
+    )
+    assert status == 2 and "inverted" in err

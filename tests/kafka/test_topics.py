@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from tests.kafka_broker import TopicFactory, delete_topics, run_sync
-from tests.kafka_helpers import QWEN3_CONFIG, model_args
+from tests.kafka_broker import TopicFactory, create_topics, delete_topics, run_sync, unique_topic_name
+from tests.kafka_helpers import QWEN3_CONFIG, WorkerProcess, free_port, model_args, wait_for_http
 from tests.paths import REPO_ROOT
 
 pytestmark = pytest.mark.kafka
@@ -44,16 +46,24 @@ async def _describe(bootstrap: str, topics: list[str]) -> tuple[dict[str, int], 
 
 def test_topics_create_is_idempotent(kafka_bootstrap: str) -> None:
     suffix = uuid.uuid4().hex[:10]
-    names = [f"tc-in-{suffix}", f"tc-out-{suffix}", f"tc-state-{suffix}", f"tc-dlq-{suffix}"]
+    names = [
+        f"tc-in-{suffix}",
+        f"tc-out-{suffix}",
+        f"tc-state-{suffix}",
+        f"tc-dlq-{suffix}",
+        f"tc-req-{suffix}",
+    ]
     flags = ["--input-topic", names[0], "--output-topic", names[1], "--state-topic", names[2]]
-    argv = ["topics", "create", "--bootstrap-servers", kafka_bootstrap, *flags, "--dlq-topic", names[3]]
+    flags += ["--dlq-topic", names[3], "--requests-topic", names[4]]  # the pipeline's too
+    argv = ["topics", "create", "--bootstrap-servers", kafka_bootstrap, *flags]
     try:
         first = _cli(*argv, "--partitions", "4")
         assert first.returncode == 0, first.stderr
-        assert first.stdout.count("created") == 4, first.stdout
+        assert first.stdout.count("created") == 5, first.stdout
+        assert f"created {names[4]}" in first.stdout
         again = _cli(*argv, "--partitions", "4")
         assert again.returncode == 0, again.stderr
-        assert again.stdout.count("exists") == 4, again.stdout
+        assert again.stdout.count("exists") == 5, again.stdout
         counts, state_config = run_sync(_describe(kafka_bootstrap, names))
         assert counts == dict.fromkeys(names, 4)
         assert state_config["cleanup.policy"] == "compact"
@@ -104,3 +114,26 @@ def test_sigterm_while_idle_exits_zero_quickly(
     asyncio.run(wait_opened())
     assert worker.terminate(timeout=15) == 0, worker.log_tail()
     assert "stopped; metrics" in worker.log_path.read_text()
+
+
+def test_a_gateway_started_before_its_topics_waits_for_them(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """It exited 2 (in Kubernetes: a crash loop until ingest had run once); now it waits, saying so."""
+    requests, output = unique_topic_name("gw-req"), unique_topic_name("gw-out")
+    port = free_port()
+    command = [sys.executable, "-m", "worker.cli", "gateway", "--bootstrap-servers", kafka_bootstrap]
+    command += ["--requests-topic", requests, "--output-topic", output, "--host", "127.0.0.1"]
+    command += ["--port", str(port)]
+    gateway = WorkerProcess("gateway", command, tmp_path / "gateway.log").start()
+    try:
+        deadline = time.monotonic() + 60
+        while "waiting for topic(s)" not in gateway.log_tail():
+            assert gateway.alive, gateway.log_tail()
+            assert time.monotonic() < deadline, gateway.log_tail()
+            time.sleep(0.2)
+        assert gateway.log_tail().count("waiting for topic(s)") == 1  # one line, not one per check
+        run_sync(create_topics(kafka_bootstrap, [requests, output], 1))
+        asyncio.run(wait_for_http(f"http://127.0.0.1:{port}/healthz", 200, 60, what="(gateway)"))
+        assert gateway.alive
+    finally:
+        gateway.terminate()
+        run_sync(delete_topics(kafka_bootstrap, [requests, output]))

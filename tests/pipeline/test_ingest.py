@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -171,20 +172,29 @@ def test_sigkill_of_ingest_mid_stream_never_mixes_generations(pipeline: Pipeline
     first = comparable(case(STREAM_CASE).expected)
     second = comparable(reference_outputs(retry, request_of(stream, user="fault:slower")))
 
-    async def go() -> dict[str, list[dict[str, Any]]]:
+    async def go() -> tuple[dict[str, list[dict[str, Any]]], set[str]]:
         reader = await TopicReader(pipeline.bootstrap, pipeline.topics.output).start()
+        inputs = await TopicReader(pipeline.bootstrap, pipeline.topics.input).start()
         try:
             await pipeline.send(records)
             await pipeline.wait_for_count(reader, ids, 12)
             victim = next(p for p in pipeline.ingests if p.alive)
             victim.kill()
             pipeline.start_ingest()
-            return await pipeline.outputs(reader, ids, timeout=90)
+            got = await pipeline.outputs(reader, ids, timeout=90)
+            await asyncio.sleep(2)  # the closes commit with the errors; the reader may lag a little
+            closed = {
+                r.key.decode()
+                for r in inputs.records
+                if r.value == b'{"request_id":"' + r.key + b'","close":true}'
+            }
+            return got, closed
         finally:
             await reader.stop()
+            await inputs.stop()
 
     try:
-        got = run_sync(go())
+        got, closed = run_sync(go())
     finally:
         pipeline.fake.retry_chunks = None
     outcomes = {"complete": 0, "cut off": 0, "regenerated": 0}
@@ -195,6 +205,7 @@ def test_sigkill_of_ingest_mid_stream_never_mixes_generations(pipeline: Pipeline
         if errors:  # cut off: a prefix of the one generation shown, then the error saying so
             assert [e["code"] for e in errors] == [503] and "cut off" in errors[0]["message"]
             assert comparable(chunks) == first[: len(chunks)], f"{rid}: not a prefix of one generation"
+            assert rid in closed, f"{rid}: cut off, but its worker state was not closed"
             outcomes["cut off"] += 1
         elif comparable(chunks) == first:
             outcomes["complete"] += 1
@@ -255,3 +266,38 @@ def test_kafka_only_with_the_produce_and_consume_commands(pipeline: Pipeline, tm
     assembled = consumed.stderr.decode()
     assert f"== {rid} (chat, {len(golden.expected)} records)" in assembled
     assert "tool call: get_weather(" in assembled
+
+
+def _huge(recorded: Recording, max_tokens: int, **changes: Any) -> dict[str, Any]:
+    """A request whose answer is larger than a record: many tokens, 20 logprob candidates each."""
+    return request_of(
+        recorded, user="fault:bulk", max_tokens=max_tokens, logprobs=True, top_logprobs=20, **changes
+    )
+
+
+@pytest.mark.parametrize(("case_id", "max_tokens"), [(ONE_SHOT_CASE, 20_000), (STREAM_CASE, 12_000)])
+def test_an_answer_too_large_for_a_record_is_a_413_and_ingest_stays_up(
+    pipeline: Pipeline, case_id: str, max_tokens: int
+) -> None:
+    """A one-shot of 20000 tokens with top_logprobs 20 (~19 MB), or a streamed first event of ~12 MB:
+    the request ends with a 413 error record, and ingest serves the next request."""
+    rid, after = new_id("huge"), new_id("after")
+    got = run_sync(_read(pipeline, [envelope(rid, "chat", _huge(recording(case_id), max_tokens))], 90))[rid]
+    errors = [o["error"] for o in got if o.get("error") is not None]
+    assert [e["code"] for e in errors] == [413], got
+    assert all(p.alive for p in pipeline.ingests[-1:]), pipeline.logs()
+    again = run_sync(_read(pipeline, [envelope(after, "chat", recording(STREAM_CASE).request)]))[after]
+    assert comparable(again) == comparable(case(STREAM_CASE).expected)
+
+
+def test_a_full_backlog_pauses_and_loses_no_request(pipeline: Pipeline) -> None:
+    """--max-backlog-bytes 1: each request fills the backlog alone; the records read past it in the
+    same fetch are read again once it drains, none is skipped."""
+    for process in pipeline.ingests:
+        if process.alive:
+            process.kill()
+    pipeline.start_ingest("--max-backlog-bytes", "1")
+    records = [envelope(new_id("one-by-one"), "chat", recording(STREAM_CASE).request) for _ in range(5)]
+    got = run_sync(_read(pipeline, records, timeout=120))
+    for outputs in got.values():
+        assert comparable(outputs) == comparable(case(STREAM_CASE).expected)

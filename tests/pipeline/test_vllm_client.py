@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
-from tests.pipeline_helpers import FAULTS, STREAM_CASE, recording, recordings, request_of
+from tests.pipeline_helpers import FAULTS, ONE_SHOT_CASE, STREAM_CASE, recording, recordings, request_of
 from worker.errors import UpstreamError
 from worker.pipeline.fake_vllm import FakeVllm
 from worker.pipeline.vllm_client import VllmClient
@@ -184,3 +186,109 @@ def test_a_cancelled_reader_reads_no_further() -> None:
         return events
 
     assert asyncio.run(body()) == []
+
+
+class _Pieces:
+    """A response body that arrives in the given pieces (``readany`` returns one at a time)."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = iter(pieces)
+
+    async def readany(self) -> bytes:
+        return next(self.pieces, b"")
+
+
+async def _events_of(pieces: list[bytes]) -> list[bytes]:
+    class Response:
+        content = _Pieces(pieces)
+
+    async with aiohttp.ClientSession() as session:
+        client = VllmClient(session, "http://render", "http://generate")
+        return [e async for e in client._events(Response())]  # type: ignore[arg-type]
+
+
+def test_an_event_boundary_split_inside_a_crlf_pair_is_still_two_events() -> None:
+    # "\r\n\r\n" cut after its first "\r": the reader once saw "\r" + "\n\r\n" and merged the events.
+    pieces = [b'data: {"a": 1}\r', b'\n\r\ndata: {"b": 2}\r\n\r', b"\n"]
+    assert asyncio.run(_events_of(pieces)) == [b'{"a": 1}', b'{"b": 2}']
+    assert asyncio.run(_events_of([b"data: x\r\rdata: y\n\n"])) == [b"x", b"y"]  # bare CR ends lines too
+
+
+def test_a_large_event_in_small_reads_costs_linear_time() -> None:
+    """15 MiB in 1 KiB reads: copying the buffer at every read took over 5 minutes; now about a second."""
+    payload = b"x" * (15 * 1024 * 1024)
+    body = b"data: " + payload + b"\n\n"
+    pieces = [body[i : i + 1024] for i in range(0, len(body), 1024)]
+    started = time.monotonic()
+    events = asyncio.run(_events_of(pieces))
+    assert time.monotonic() - started < 20
+    assert events == [payload]
+
+
+def test_an_event_over_the_cap_is_a_502() -> None:
+    pieces = [b"data: " + b"x" * (1 << 20)] * 17
+    with pytest.raises(UpstreamError) as raised:
+        asyncio.run(_events_of(pieces))
+    assert raised.value.error["code"] == 502
+
+
+def test_traceparent_reaches_vllm_on_render_and_generate(fake: FakeVllm) -> None:
+    chat = recording(STREAM_CASE)
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    trace = (("traceparent", parent.encode()), ("baggage", b"k=v"))
+
+    async def go(client: VllmClient, _: aiohttp.ClientSession) -> None:
+        (rendered,) = await client.render("chat", request_of(chat), "traced", trace)
+        async for _chunk in client.generate_stream(rendered, trace):
+            pass
+
+    fake.traceparents.clear()
+    run(fake, go)
+    assert fake.traceparents == [
+        ("/v1/chat/completions/render", parent),
+        ("/inference/v1/generate", parent),
+    ]
+
+
+def test_a_one_shot_answer_over_the_read_cap_is_a_413(fake: FakeVllm) -> None:
+    one_shot = recording(ONE_SHOT_CASE)
+    request = request_of(one_shot, user="fault:bulk", max_tokens=5000, logprobs=True, top_logprobs=5)
+
+    async def go(_: VllmClient, session: aiohttp.ClientSession) -> dict[str, Any]:
+        client = VllmClient(session, fake.url, fake.url, "k", max_response_bytes=1 << 20)
+        (rendered,) = await client.render("chat", request, "big")
+        with pytest.raises(UpstreamError) as raised:
+            await client.generate(rendered)
+        return raised.value.error
+
+    assert run(fake, go)["code"] == 413
+
+
+def test_render_that_never_answers_is_a_504() -> None:
+    async def silent(request: web.Request) -> web.Response:
+        await asyncio.sleep(3)
+        return web.Response()
+
+    async def go() -> dict[str, Any]:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions/render", silent)
+        app.router.add_post("/inference/v1/generate", silent)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with aiohttp.ClientSession() as session:
+                url = f"http://127.0.0.1:{port}"
+                client = VllmClient(session, url, url, render_timeout_s=0.5, headers_timeout_s=0.5)
+                with pytest.raises(UpstreamError) as render:
+                    await client.render("chat", {}, "slow")
+                with pytest.raises(UpstreamError) as headers:
+                    async for _chunk in client.generate_stream({"request_id": "slow"}):
+                        pass
+                return {"render": render.value.error["code"], "headers": headers.value.error["code"]}
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(go()) == {"render": 504, "headers": 504}

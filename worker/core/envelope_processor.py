@@ -36,7 +36,7 @@ from schemas.derender import (
     DerenderCompletionStreamRequest,
     DerenderStreamState,
 )
-from schemas.envelope import InputEnvelope
+from schemas.envelope import CloseRecord, InputEnvelope
 from schemas.openai import ChatCompletionRequest, CompletionRequest, RequestRuleError
 from worker.core.cycle_collection import pause_cycle_collection, resume_cycle_collection
 from worker.core.derenderer import Derenderer
@@ -259,7 +259,8 @@ class Admission(Protocol):
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs 1.4 µs more, once a record
 class ProcessResult:
     """What one input record produced: exactly one of an output (a body or an error record), a
-    dead letter, or a skipped duplicate, already serialized (``payload``). Read-only by contract."""
+    dead letter, or a skipped duplicate, already serialized (``payload``); a ``CloseRecord``
+    produces none of them. Read-only by contract."""
 
     request_id: str | None = None
     output: JsonDict | None = None
@@ -476,6 +477,8 @@ class EnvelopeProcessor:
             envelope, too_deep = self._parse(value, key)
         except InvalidRecordError as exc:
             return ProcessResult(dead_letter=DeadLetter(exc.reason, value, key))
+        if isinstance(envelope, CloseRecord):
+            return self._close_record(envelope.request_id)
         rid, seq, endpoint, body = envelope.request_id, envelope.seq, envelope.endpoint, envelope.body
         stream = body.get("stream") is True
         was_open = rid in self.requests
@@ -502,7 +505,15 @@ class EnvelopeProcessor:
             )
             return dataclasses.replace(failed, internal_error=exc)
 
-    def _parse(self, value: bytes, key: bytes | None) -> tuple[InputEnvelope, bool]:
+    def _close_record(self, rid: str) -> ProcessResult:
+        """A ``CloseRecord``: the request's state goes now; nothing is written."""
+        ctx = self.requests.get(rid)
+        if ctx is None:
+            return ProcessResult(request_id=rid)
+        self._close(rid, ctx.last_seq)
+        return ProcessResult(request_id=rid, closed=True)
+
+    def _parse(self, value: bytes, key: bytes | None) -> tuple[InputEnvelope | CloseRecord, bool]:
         if len(value) > self.max_record_bytes:
             raise InvalidRecordError(
                 f"record of {len(value)} bytes exceeds the limit of {self.max_record_bytes}"
@@ -515,8 +526,11 @@ class EnvelopeProcessor:
             raise InvalidRecordError(f"malformed JSON: {exc}") from exc
         if not isinstance(data, dict):
             raise InvalidRecordError(f"an envelope must be a JSON object, got {type(data).__name__}")
+        model: type[InputEnvelope | CloseRecord] = (
+            CloseRecord if "close" in data and "seq" not in data else InputEnvelope
+        )
         try:
-            envelope = _model_from(InputEnvelope, data)
+            envelope = _model_from(model, data)
         except ValidationError as exc:
             errors = exc.errors(include_url=False, include_input=False, include_context=False)
             details = "; ".join(

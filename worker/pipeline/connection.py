@@ -7,6 +7,8 @@ then ``KAFKA_BOOTSTRAP_SERVERS``); TLS and SASL come from ``worker.runtime.kafka
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -29,6 +31,8 @@ from worker.settings import (
     load,
     load_kafka,
 )
+
+log = logging.getLogger(__name__)
 
 _TOPIC_ALREADY_EXISTS = 36
 # As the worker's producers: records carry whole prompts.
@@ -102,19 +106,48 @@ class Connection:
             await admin.close()
 
 
-async def require_topics(connection: Connection, *topics: str) -> dict[str, int]:
-    """The partition count of each topic; a ConfigurationError naming the first one that is missing."""
+async def _partition_counts(connection: Connection, topics: tuple[str, ...]) -> dict[str, int]:
     admin = AIOKafkaAdminClient(**connection.kwargs())
     await admin.start()
     try:
         described = await admin.describe_topics(list(topics))
     finally:
         await admin.close()
-    counts = {item["topic"]: len(item["partitions"]) for item in described if item["error_code"] == 0}
+    return {item["topic"]: len(item["partitions"]) for item in described if item["error_code"] == 0}
+
+
+async def require_topics(connection: Connection, *topics: str) -> dict[str, int]:
+    """The partition count of each topic; a ConfigurationError naming the first one that is missing."""
+    counts = await _partition_counts(connection, topics)
     for topic in topics:
         if not counts.get(topic):
             raise ConfigurationError(f"topic {topic!r} does not exist")
     return counts
+
+
+async def wait_for_topics(connection: Connection, *topics: str, every_s: float = 2.0) -> dict[str, int]:
+    """The partition count of each topic, once they all exist; one log line while some do not.
+
+    A server started before ``topics create`` ran (or before ingest created the requests topic)
+    waits instead of exiting, so an orchestrator does not crash-loop it.
+    """
+    said = False
+    while True:
+        counts = await _partition_counts(connection, topics)
+        missing = [topic for topic in topics if not counts.get(topic)]
+        if not missing:
+            if said:
+                log.info("topic(s) %s exist now", ", ".join(topics))
+            return counts
+        if not said:
+            log.warning(
+                "waiting for topic(s) %s to exist (`derender-worker topics create` creates them), "
+                "checking every %gs",
+                ", ".join(missing),
+                every_s,
+            )
+            said = True
+        await asyncio.sleep(every_s)
 
 
 async def topic_partitions(connection: Connection, topic: str) -> list[TopicPartition]:

@@ -17,7 +17,8 @@ For the tests, the demo and the pipeline benchmark (no GPU needed). It serves re
 
 Faults are chosen per request by the OpenAI request's ``user`` field, ``"fault:<name>"``, from the
 ``faults`` given to the server: HTTP errors from render or generate, an error event, a connection cut
-in the middle of an SSE event, a stall, pacing.
+in the middle of an SSE event, a stall, pacing, an answer as large as the request asks for, a stream
+that never finishes. The W3C ``traceparent`` each call carried is kept in ``traceparents``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ class Fault:
     cut_after: int | None = None  # N chunks, then half an event and the connection closes
     stall_after: int | None = None  # N chunks, then nothing until the request is aborted
     pace_s: float | None = None  # overrides the server's pace for this request
+    # generate answers ``max_tokens`` tokens (cycling the recording's), each with ``top_logprobs``
+    # candidates: the size of the answer a client can ask for, without a recording that large
+    bulk: bool = False
+    no_finish: bool = False  # the stream ends with [DONE] but no choice ever finishes
+    only_prompt: int | None = None  # the fault applies to this prompt of a completion only
 
 
 @dataclass
@@ -202,6 +208,30 @@ class _Generation:
     prompt_index: int
     model: str | None
     fault: Fault
+    request: JsonDict = field(default_factory=dict)  # the OpenAI request it was rendered from
+
+
+def bulk_choice(request: JsonDict, token_ids: list[int]) -> JsonDict:
+    """One choice of ``max_tokens`` tokens with ``top_logprobs`` candidates each, as generate answers."""
+    count = int(request.get("max_tokens") or request.get("max_completion_tokens") or 16)
+    top = int(request.get("top_logprobs") or 0) if request.get("logprobs") else 0
+    ids = [token_ids[i % len(token_ids)] for i in range(count)]
+    choice: JsonDict = {"index": 0, "token_ids": ids, "finish_reason": "length", "stop_reason": None}
+    if request.get("logprobs"):
+        choice["logprobs"] = {
+            "content": [
+                {
+                    "token_id": t,
+                    "logprob": -0.5,
+                    "rank": 1,
+                    "top_logprobs": [
+                        {"token_id": t + r, "logprob": -0.5 - r, "rank": r + 1} for r in range(top)
+                    ],
+                }
+                for t in ids
+            ]
+        }
+    return choice
 
 
 @dataclass
@@ -222,6 +252,7 @@ class FakeVllm:
     streams_open: int = 0
     max_streams_open: int = 0
     sent_at: dict[str, list[float]] = field(default_factory=dict)  # engine id -> monotonic time per chunk
+    traceparents: list[tuple[str, str]] = field(default_factory=list)  # (path, traceparent) per call
 
     def __post_init__(self) -> None:
         self._by_key = {r.key(): r for r in self.recordings}
@@ -284,6 +315,8 @@ class FakeVllm:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if "traceparent" in request.headers:
+            self.traceparents.append((request.path, request.headers["traceparent"]))
         if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
             return web.json_response({"error": "Unauthorized"}, status=401)
         response: web.StreamResponse = await handler(request)
@@ -319,7 +352,9 @@ class FakeVllm:
         self, request_id: str, recording: Recording, index: int, body: JsonDict
     ) -> JsonDict:
         stream = bool(body.get("stream"))
-        self._generations[request_id] = _Generation(recording, index, body.get("model"), self._fault(body))
+        self._generations[request_id] = _Generation(
+            recording, index, body.get("model"), self._fault(body), body
+        )
         sampling = {
             "n": body.get("n") or 1,
             "max_tokens": body.get("max_tokens") or body.get("max_completion_tokens"),
@@ -390,6 +425,8 @@ class FakeVllm:
         if generation is None:
             return _error_response(400, "unknown request: render it first")
         fault = generation.fault
+        if fault.only_prompt is not None and fault.only_prompt != generation.prompt_index:
+            fault = Fault(pace_s=fault.pace_s)
         if fault.generate_status is not None:
             return _error_response(fault.generate_status, f"generate failed with {fault.generate_status}")
         if body.get("model") not in (None, *self.served_model_names):
@@ -402,10 +439,14 @@ class FakeVllm:
             recorded = self.retry_chunks
         chunks = [c for c in recorded if c.get("choices")]
         usage_chunks = [c for c in recorded if not c.get("choices")]
+        if fault.bulk:
+            token_ids = [t for c in chunks for x in c["choices"] for t in x.get("token_ids") or ()] or [1]
+            recorded = chunks = [{"choices": [bulk_choice(generation.request, token_ids)]}]
+            usage_chunks = []
+        if fault.no_finish:
+            chunks = [{**c, "choices": [{**x, "finish_reason": None} for x in c["choices"]]} for c in chunks]
         if not body.get("stream"):
-            response = full_response(
-                engine_id, generation.model, recording.prompt_token_ids[index], recording.chunks[index]
-            )
+            response = full_response(engine_id, generation.model, recording.prompt_token_ids[index], recorded)
             return web.Response(body=orjson.dumps(response), content_type="application/json")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         if include_usage and not usage_chunks:  # vLLM always ends such a stream with usage

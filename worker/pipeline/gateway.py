@@ -36,7 +36,7 @@ from aiokafka.errors import KafkaError
 
 from schemas.pipeline import CancelRecord
 from worker.pipeline.apis.routes import add_api_routes
-from worker.pipeline.connection import Connection, add_connection_arguments, require_topics, topic_partitions
+from worker.pipeline.connection import Connection, add_connection_arguments, topic_partitions, wait_for_topics
 from worker.pipeline.gateway_admission import Admitted, Budget, Endpoint, Refused, admit_body, error_body
 from worker.pipeline.gateway_delivery import Delivery, Mailbox, SseWriter, shutdown_error
 from worker.pipeline.gateway_edge import ANONYMOUS, API_KEY_NAME, ApiKeys, edge_trace
@@ -101,7 +101,7 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.settings
-        await require_topics(self.connection, s.requests_topic, s.output_topic)
+        await wait_for_topics(self.connection, s.requests_topic, s.output_topic)
         self.producer = self.connection.producer(linger_ms=0)
         await self.producer.start()
         self.consumer = self.connection.consumer()

@@ -17,6 +17,14 @@ the partition from the committed offset to its end before it starts: a request m
 skipped; one marked ``started`` but not ``done`` ends with an error record (503, "cut off") and is
 not generated again, because a second generation would differ from the tokens already shown; one
 without a marker was never visible and is generated (again) from scratch.
+
+Every request ends (see the request-lifecycle docs): with its answer, or with one terminal error
+record per stream that has records (``IngestErrorRecord``, at the stream's next ``seq``). A record
+that would not fit ``--max-record-bytes`` is never sent: the request ends with a 413 instead, and a
+record the producer refuses at commit time ends only its own request. ``--max-inflight`` counts
+generate streams; requests read beyond it wait in a backlog (``--max-backlog``, ``--max-backlog-bytes``)
+so cancels behind them are still read. A request's streams run as one task group: the first failure
+cancels and aborts the others.
 """
 
 from __future__ import annotations
@@ -27,18 +35,19 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import aiohttp
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import MessageSizeTooLargeError
 from pydantic import ValidationError
 
 from schemas.pipeline import CancelRecord, IngestMarker, RequestEnvelope
 from worker.errors import UpstreamError
-from worker.pipeline.connection import Connection, add_connection_arguments, require_topics
+from worker.pipeline.connection import Connection, add_connection_arguments, wait_for_topics
 from worker.pipeline.vllm_client import VllmClient
 from worker.runtime.genai_metrics import request_start_header
 from worker.runtime.kafka_client.aiokafka_backend import fetch_committed
@@ -53,10 +62,37 @@ CANCELLED_CODE = 499  # nginx's "client closed request": nobody waits for this a
 MAX_EARLY_CANCELS = 10_000
 
 
+# A record's key, headers and batch framing on top of its value, with room to spare.
+RECORD_OVERHEAD_BYTES = 1024
+# An upstream error message is copied into the error record up to this many characters.
+MAX_ERROR_MESSAGE_CHARS = 4096
+
+
 def error_record(request_id: str, seq: int, endpoint: str, error: JsonDict) -> bytes:
+    """An ``IngestErrorRecord``: it ends its stream, whatever its seq."""
+    message = error.get("message")
+    if isinstance(message, str) and len(message) > MAX_ERROR_MESSAGE_CHARS:
+        error = {**error, "message": message[:MAX_ERROR_MESSAGE_CHARS] + "..."}
     return orjson.dumps(
-        {"request_id": request_id, "seq": seq, "endpoint": endpoint, "body": None, "error": error}
+        {
+            "request_id": request_id,
+            "seq": seq,
+            "endpoint": endpoint,
+            "body": None,
+            "error": error,
+            "terminal": True,
+        }
     )
+
+
+def close_record(stream_id: str) -> bytes:
+    """A ``CloseRecord`` for the worker's input topic."""
+    return orjson.dumps({"request_id": stream_id, "close": True})
+
+
+def record_bytes(key: str, value: bytes, headers: Headers) -> int:
+    """What a record counts against ``--max-record-bytes``."""
+    return len(key) + len(value) + sum(len(n) + len(v) for n, v in headers) + RECORD_OVERHEAD_BYTES
 
 
 def _error(code: int, message: str, type_: str) -> JsonDict:
@@ -70,6 +106,8 @@ class _Outgoing:
     value: bytes
     partition: int | None = None
     headers: Headers = ()
+    request: _Request | None = None  # the request an input envelope belongs to
+    seq: int | None = None  # an input envelope's seq (its stream is its key)
 
 
 @dataclass
@@ -84,14 +122,19 @@ class _Restored:
 class _Request:
     """One running request: its generations and what it has produced."""
 
-    def __init__(self, owner: _Partition, offset: int, envelope: RequestEnvelope, trace: Headers) -> None:
+    def __init__(
+        self, owner: _Partition, offset: int, envelope: RequestEnvelope, trace: Headers, size: int
+    ) -> None:
         self.owner = owner
         self.offset = offset
         self.envelope = envelope
         self.trace = trace  # carried to every record the request causes
+        self.size = size  # of its request record, counted against --max-backlog-bytes
         self.cancelled = asyncio.Event()
         self.engine_ids: set[str] = set()
+        self.seqs: dict[str, int] = {}  # each stream's next seq
         self.started = False
+        self.failed = False  # a commit refused one of its records and ended it: send nothing more
         self.task: asyncio.Task[None] | None = None
 
 
@@ -114,9 +157,18 @@ class _Partition:
         self.lock = asyncio.Lock()
 
     def emit(
-        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Headers = ()
+        self,
+        topic: str,
+        key: str,
+        value: bytes,
+        partition: int | None = None,
+        headers: Headers = (),
+        request: _Request | None = None,
+        seq: int | None = None,
     ) -> None:
-        self.pending.append(_Outgoing(topic, key.encode(), value, partition, headers))
+        if request is not None and request.failed:
+            return
+        self.pending.append(_Outgoing(topic, key.encode(), value, partition, headers, request, seq))
 
     def mark(self, request_id: str, state: Literal["started", "done"]) -> None:
         marker = IngestMarker(request_id=request_id, ingest=state)
@@ -137,14 +189,17 @@ class _Partition:
                 return
             await self.producer.begin_transaction()
             try:
-                for record in records:
-                    await self.producer.send(
-                        record.topic,
-                        value=record.value,
-                        key=record.key,
-                        partition=record.partition,
-                        headers=list(record.headers) or None,
-                    )
+                for index, record in enumerate(records):
+                    if record.request is not None and record.request.failed:
+                        continue  # its request ended at an earlier record of this batch
+                    try:
+                        await self._send(record)
+                    except (MessageSizeTooLargeError, TypeError, ValueError) as exc:
+                        # Refused before it joined the transaction: only its request ends.
+                        for replacement in self.ingest.record_refused(
+                            self, record, records[index + 1 :], exc
+                        ):
+                            await self._send(replacement)
                 if offset is not None and offset != self.committed:
                     await self.producer.send_offsets_to_transaction(
                         {self.tp: offset}, self.ingest.settings.group_id
@@ -156,6 +211,15 @@ class _Partition:
                 raise
             self.committed = offset
 
+    async def _send(self, record: _Outgoing) -> None:
+        await self.producer.send(
+            record.topic,
+            value=record.value,
+            key=record.key,
+            partition=record.partition,
+            headers=list(record.headers) or None,
+        )
+
 
 class Ingest:
     def __init__(self, settings: IngestOptions, connection: Connection) -> None:
@@ -165,7 +229,9 @@ class Ingest:
         self._stop = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
         self._client: VllmClient | None = None
-        self._inflight = 0
+        self._slots = asyncio.Semaphore(settings.max_inflight)  # one per open generate stream or call
+        self._held = 0  # requests read and not ended (generating or waiting for a slot)
+        self._held_bytes = 0
         self._paused = False
         self.failed: BaseException | None = None
 
@@ -176,14 +242,21 @@ class Ingest:
 
     async def run(self) -> int:
         s = self.settings
-        counts = await require_topics(self.connection, s.input_topic, s.output_topic)
+        counts = await wait_for_topics(self.connection, s.input_topic, s.output_topic)
         if await self.connection.ensure_topic(s.requests_topic, counts[s.input_topic]):
             log.info("created the requests topic %s (%d partitions)", s.requests_topic, counts[s.input_topic])
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         connector = aiohttp.TCPConnector(limit=0)  # --max-inflight bounds the streams
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             self._client = VllmClient(
-                session, s.render_url, s.generate_endpoint, s.api_key or None, s.stream_idle_timeout_s
+                session,
+                s.render_url,
+                s.generate_endpoint,
+                s.api_key or None,
+                s.stream_idle_timeout_s,
+                render_timeout_s=s.render_timeout_s,
+                generate_timeout_s=s.generate_timeout_s,
+                headers_timeout_s=s.headers_timeout_s,
             )
             self._consumer = self.connection.consumer(
                 group_id=s.group_id,
@@ -209,10 +282,13 @@ class Ingest:
 
     async def _poll_loop(self) -> None:
         assert self._consumer is not None
+        s = self.settings
         while not self._stop.is_set() and self.failed is None:
-            room = self.settings.max_inflight - self._inflight
-            self._set_paused(room <= 0)
-            if room <= 0:
+            # Reading goes on past --max-inflight (requests wait for a slot, cancels are seen) up to
+            # the backlog's bounds.
+            room = s.max_inflight + s.max_backlog - self._held
+            self._set_paused(room <= 0 or self._held_bytes >= s.max_backlog_bytes)
+            if self._paused:
                 await asyncio.sleep(0.01)
                 continue
             batches = await self._consumer.getmany(timeout_ms=100, max_records=room)
@@ -223,6 +299,9 @@ class Ingest:
                         self._consumer.seek(tp, records[0].offset)
                     continue
                 for record in records:
+                    if self._held_bytes >= s.max_backlog_bytes:  # the rest is read again once resumed
+                        self._consumer.seek(tp, record.offset)
+                        break
                     partition.next_offset = record.offset + 1
                     # W3C trace context of the request record, and its time for the worker's TTFT.
                     trace = (*propagated(record.headers), request_start_header(record.timestamp))
@@ -236,7 +315,7 @@ class Ingest:
         assigned = list(self._consumer.assignment())
         if paused:
             self._consumer.pause(*assigned)
-            log.info("pausing the requests topic: %d requests in flight", self._inflight)
+            log.info("pausing the requests topic: %d requests (%d bytes) held", self._held, self._held_bytes)
         else:
             self._consumer.resume(*assigned)
 
@@ -312,16 +391,24 @@ class Ingest:
                 ),
                 trace,
             )
+            # The worker holds the streams' state: free it now (a close for a stream it never saw
+            # does nothing). The dead process's stream ids follow render's naming.
+            for sid in _stream_ids(envelope):
+                partition.emit(self.settings.input_topic, sid, close_record(sid), headers=trace)
             return
         if rid in restored.cancelled or rid in partition.early_cancels:
             partition.early_cancels.discard(rid)
             cancelled = _error(CANCELLED_CODE, "the request was cancelled", "CancelledError")
             self._finish_with_error(partition, envelope, 0, cancelled, trace)
             return
-        request = _Request(partition, offset, envelope, trace)
+        if _expired(envelope):
+            self._finish_with_error(partition, envelope, 0, _expired_error(), trace)
+            return
+        request = _Request(partition, offset, envelope, trace, len(value or b""))
         partition.running[offset] = request
         partition.by_id[rid] = request
-        self._inflight += 1
+        self._held += 1
+        self._held_bytes += request.size
         request.task = asyncio.create_task(self._run_request(request))
 
     def _cancel(self, partition: _Partition, request_id: str) -> None:
@@ -357,39 +444,98 @@ class Ingest:
 
     async def _run_request(self, request: _Request) -> None:
         partition, envelope = request.owner, request.envelope
-        seqs: dict[str, int] = {}
         try:
-            await self._generate(request, seqs)
+            async with asyncio.timeout(_seconds_left(envelope)):
+                await self._generate(request)
             partition.mark(envelope.request_id, "done")
         except UpstreamError as exc:
-            self._upstream_failed(request, seqs, exc.error)
+            await self._abort_upstream(request)  # siblings of the failed stream may still generate
+            self._upstream_failed(request, exc.error)
+        except TimeoutError:  # the envelope's deadline: nobody waits any more
+            await self._abort_upstream(request)
+            self._upstream_failed(request, _expired_error())
         except asyncio.CancelledError:
             await self._abort_upstream(request)  # the partition moved or we stop: the rule takes over
             raise
         except Exception as exc:  # a bug must not leave the request silent
             log.exception("request %s failed", envelope.request_id)
-            self._upstream_failed(
-                request, seqs, _error(500, f"ingest failed: {exc!r}", "InternalServerError")
-            )
+            await self._abort_upstream(request)
+            self._upstream_failed(request, _error(500, f"ingest failed: {exc!r}", "InternalServerError"))
         finally:
             partition.running.pop(request.offset, None)
             partition.by_id.pop(envelope.request_id, None)
-            self._inflight -= 1
+            self._held -= 1
+            self._held_bytes -= request.size
 
-    def _upstream_failed(self, request: _Request, seqs: dict[str, int], error: JsonDict) -> None:
+    def _upstream_failed(self, request: _Request, error: JsonDict) -> None:
         rid = request.envelope.request_id
-        # The error goes to each stream that has records, so the worker's reader of that id ends too.
-        targets = [sid for sid, seq in seqs.items() if seq > 0] or [rid]
+        # The error goes to each stream that has records, at its next seq (no seq is used twice).
+        targets = [sid for sid, seq in request.seqs.items() if seq > 0] or [rid]
         for sid in targets:
-            value = error_record(sid, seqs.get(sid, 0), request.envelope.endpoint, error)
-            request.owner.emit(self.settings.output_topic, sid, value, headers=request.trace)
+            seq = request.seqs.get(sid, 0)
+            value = error_record(sid, seq, request.envelope.endpoint, error)
+            # Tagged with the request: should a commit refuse one of its records, its own error wins.
+            request.owner.emit(self.settings.output_topic, sid, value, headers=request.trace, request=request)
+            if seq > 0:  # the worker holds state for it: free it now, not at its TTL
+                close = close_record(sid)
+                request.owner.emit(
+                    self.settings.input_topic, sid, close, headers=request.trace, request=request
+                )
         request.owner.mark(rid, "done")
 
-    async def _generate(self, request: _Request, seqs: dict[str, int]) -> None:
+    def record_refused(
+        self, partition: _Partition, record: _Outgoing, rest: list[_Outgoing], exc: Exception
+    ) -> list[_Outgoing]:
+        """The producer refused ``record`` (too large, not serializable): end its request only.
+
+        Its later records (in ``rest`` of this batch and still pending) are dropped; each stream of
+        the request gets its error at the first seq not sent; the running task is cancelled.
+        """
+        request = record.request
+        if request is None:  # an error record or marker: small by construction, so a bug
+            log.error("a record for %r was refused by the producer: %r", record.key, exc)
+            return []
+        request.failed = True
+        if request.task is not None and not request.task.done():
+            request.task.cancel()
+        envelope = request.envelope
+        rid = envelope.request_id
+        log.warning("request %s: a record was refused by the producer (%r), the request ends", rid, exc)
+        code, kind = (
+            (413, "PayloadTooLargeError")
+            if isinstance(exc, MessageSizeTooLargeError)
+            else (500, "InternalServerError")
+        )
+        error = _error(code, f"an answer record of this request could not be sent: {exc}", kind)
+        unsent: dict[str, int] = {}
+        for later in [record, *rest, *partition.pending]:
+            if later.request is request and later.seq is not None:
+                stream = later.key.decode()
+                unsent[stream] = min(unsent.get(stream, later.seq), later.seq)
+        partition.pending = [p for p in partition.pending if p.request is not request]
+        streams = {**{sid: seq for sid, seq in request.seqs.items() if seq > 0}, **unsent} or {rid: 0}
+        replacements = []
+        for sid, seq in streams.items():
+            value = error_record(sid, seq, envelope.endpoint, error)
+            replacements.append(
+                _Outgoing(self.settings.output_topic, sid.encode(), value, headers=request.trace)
+            )
+            if seq > 0:  # the worker holds state for it
+                replacements.append(
+                    _Outgoing(
+                        self.settings.input_topic, sid.encode(), close_record(sid), headers=request.trace
+                    )
+                )
+        marker = IngestMarker(request_id=rid, ingest="done").model_dump_json().encode()
+        replacements.append(_Outgoing(partition.tp.topic, rid.encode(), marker, partition.tp.partition))
+        return replacements
+
+    async def _generate(self, request: _Request) -> None:
         assert self._client is not None
         envelope = request.envelope
         rendered = await self._until_cancelled(
-            request, self._client.render(envelope.endpoint, envelope.request, envelope.request_id)
+            request,
+            self._client.render(envelope.endpoint, envelope.request, envelope.request_id, request.trace),
         )
         if rendered is None or request.cancelled.is_set():
             raise UpstreamError(CANCELLED_CODE, "the request was cancelled", "CancelledError")
@@ -400,12 +546,21 @@ class Ingest:
                 else [f"{envelope.request_id}-{i}" for i in range(len(rendered))]
             )
             for sid in ids:
-                seqs[sid] = 0
-            await asyncio.gather(
-                *(self._stream(request, sid, gen, seqs) for sid, gen in zip(ids, rendered, strict=True))
+                request.seqs[sid] = 0
+            # One task group: the first stream that fails cancels the others (then all are aborted).
+            await _first_failure(
+                self._stream(request, sid, gen) for sid, gen in zip(ids, rendered, strict=True)
             )
         else:
             await self._one_shot(request, rendered)
+
+    async def _slot(self, request: _Request) -> None:
+        """A generate slot (``--max-inflight``); a cancel or an expired deadline while waiting ends it."""
+        if await self._until_cancelled(request, self._slots.acquire()) is None:
+            raise UpstreamError(CANCELLED_CODE, "the request was cancelled", "CancelledError")
+        if _expired(request.envelope):
+            self._slots.release()
+            raise TimeoutError
 
     async def _until_cancelled(self, request: _Request, work: Awaitable[Any]) -> Any:
         task = asyncio.ensure_future(work)
@@ -431,12 +586,17 @@ class Ingest:
             key: envelope.request,
         }
 
-    async def _stream(
-        self, request: _Request, sid: str, generate_request: JsonDict, seqs: dict[str, int]
-    ) -> None:
+    async def _stream(self, request: _Request, sid: str, generate_request: JsonDict) -> None:
         """Read one generation; a cancel aborts it upstream and gives it ``--abort-grace-s`` to end."""
+        await self._slot(request)
+        try:
+            await self._stream_in_slot(request, sid, generate_request)
+        finally:
+            self._slots.release()
+
+    async def _stream_in_slot(self, request: _Request, sid: str, generate_request: JsonDict) -> None:
         request.engine_ids.add(f"generate-tokens-{generate_request.get('request_id')}")
-        reader = asyncio.create_task(self._read_stream(request, sid, generate_request, seqs))
+        reader = asyncio.create_task(self._read_stream(request, sid, generate_request))
         cancel = asyncio.create_task(request.cancelled.wait())
         try:
             await asyncio.wait([reader, cancel], return_when=asyncio.FIRST_COMPLETED)
@@ -454,22 +614,30 @@ class Ingest:
             if not reader.done():
                 reader.cancel()
 
-    async def _read_stream(
-        self, request: _Request, sid: str, generate_request: JsonDict, seqs: dict[str, int]
-    ) -> None:
+    async def _read_stream(self, request: _Request, sid: str, generate_request: JsonDict) -> None:
         assert self._client is not None
-        partition, envelope = request.owner, request.envelope
+        partition, envelope, seqs = request.owner, request.envelope, request.seqs
+        expected = _choices_of(generate_request)
+        finished: set[Any] = set()
         try:
-            async for chunk in self._client.generate_stream(generate_request):
+            async for chunk in self._client.generate_stream(generate_request, request.trace):
                 if isinstance(chunk.get("request_id"), str):
                     request.engine_ids.add(chunk["request_id"])
+                for choice in chunk.get("choices") or ():
+                    if isinstance(choice, dict) and choice.get("finish_reason") is not None:
+                        finished.add(choice.get("index"))
                 body: JsonDict = {"stream": True, "generate_chunk": chunk}
                 if seqs[sid] == 0:
                     body.update(self._first_body(envelope, generate_request))
-                value = orjson.dumps(
-                    {"request_id": sid, "seq": seqs[sid], "endpoint": envelope.endpoint, "body": body}
+                value = self._envelope(sid, seqs[sid], envelope.endpoint, body, request.trace)
+                partition.emit(
+                    self.settings.input_topic,
+                    sid,
+                    value,
+                    headers=request.trace,
+                    request=request,
+                    seq=seqs[sid],
                 )
-                partition.emit(self.settings.input_topic, sid, value, headers=request.trace)
                 seqs[sid] += 1
                 if not request.started:
                     request.started = True
@@ -478,6 +646,29 @@ class Ingest:
             if exc.error["code"] == 504:  # stalled: free the engine's slot too
                 await self._abort_upstream(request)
             raise
+        if len(finished) < expected:  # [DONE] with a choice unfinished: its reader would wait forever
+            raise UpstreamError(
+                502,
+                f"generate ended the stream with {expected - len(finished)} of {expected} choice(s) "
+                "unfinished (no finish_reason)",
+            )
+
+    def _envelope(self, sid: str, seq: int, endpoint: str, body: JsonDict, trace: Headers) -> bytes:
+        """An input envelope that fits ``--max-record-bytes``, or the request's 413."""
+        try:
+            value = orjson.dumps({"request_id": sid, "seq": seq, "endpoint": endpoint, "body": body})
+        except orjson.JSONEncodeError as exc:
+            raise UpstreamError(502, f"generate's answer cannot be serialized: {exc}") from exc
+        size = record_bytes(sid, value, trace)
+        limit = self.settings.max_record_bytes
+        if size > limit:
+            raise UpstreamError(
+                413,
+                f"the answer needs a record of {size} bytes, over the limit of {limit}: ask for fewer "
+                "tokens, logprobs or choices",
+                "PayloadTooLargeError",
+            )
+        return value
 
     async def _abort_upstream(self, request: _Request) -> None:
         if self._client is not None and request.engine_ids:
@@ -485,13 +676,12 @@ class Ingest:
                 await asyncio.shield(self._client.abort(sorted(request.engine_ids)))
 
     async def _one_shot(self, request: _Request, rendered: list[JsonDict]) -> None:
-        assert self._client is not None
-        envelope = request.envelope
         responses = await self._until_cancelled(
-            request, asyncio.gather(*(self._client.generate(gen) for gen in rendered))
+            request, _first_failure(self._generate_one(request, gen) for gen in rendered)
         )
         if responses is None:
             raise UpstreamError(CANCELLED_CODE, "the request was cancelled", "CancelledError")
+        envelope = request.envelope
         body: JsonDict = {"stream": False, "model": envelope.request.get("model")}
         if envelope.endpoint == "chat":
             body.update(
@@ -508,9 +698,22 @@ class Ingest:
                 completion_request=envelope.request,
             )
         rid = envelope.request_id
-        value = orjson.dumps({"request_id": rid, "seq": 0, "endpoint": envelope.endpoint, "body": body})
-        request.owner.emit(self.settings.input_topic, rid, value, headers=request.trace)
+        value = self._envelope(rid, 0, envelope.endpoint, body, request.trace)
+        request.seqs[rid] = 0
+        request.owner.emit(
+            self.settings.input_topic, rid, value, headers=request.trace, request=request, seq=0
+        )
+        request.seqs[rid] = 1
         request.started = True
+
+    async def _generate_one(self, request: _Request, generate_request: JsonDict) -> JsonDict:
+        assert self._client is not None
+        await self._slot(request)
+        try:
+            request.engine_ids.add(f"generate-tokens-{generate_request.get('request_id')}")
+            return await self._client.generate(generate_request, request.trace)
+        finally:
+            self._slots.release()
 
     # --- partitions ----------------------------------------------------------------------------------
 
@@ -577,6 +780,68 @@ class Ingest:
                 await partition.commit(offset_floor=floor)
         finally:
             await partition.producer.stop()
+
+
+T = TypeVar("T")
+
+
+async def _first_failure(works: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run ``works`` as one task group; the first failure cancels the rest and is raised alone."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(work) for work in works]
+    except BaseExceptionGroup as failed:
+        raise _first_of(failed) from None
+    return [task.result() for task in tasks]
+
+
+def _first_of(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The failure to report: an upstream error before a bug, a bug before a timeout."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        exc = pending.pop(0)
+        if isinstance(exc, BaseExceptionGroup):
+            pending.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    for kind in (UpstreamError, Exception):
+        for leaf in leaves:
+            if isinstance(leaf, kind) and not isinstance(leaf, TimeoutError):
+                return leaf
+    return leaves[0]
+
+
+def _stream_ids(envelope: RequestEnvelope) -> list[str]:
+    """The ids a request's streams may have had: its own, and one per prompt of a completion."""
+    prompt = envelope.request.get("prompt")
+    ids = [envelope.request_id]
+    if envelope.endpoint != "completion" or not isinstance(prompt, list) or len(prompt) < 2:
+        return ids
+    if not all(isinstance(p, int) for p in prompt):  # a list of prompts, not one prompt of token ids
+        ids += [f"{envelope.request_id}-{i}" for i in range(len(prompt))]
+    return ids
+
+
+def _choices_of(generate_request: JsonDict) -> int:
+    """How many choices a generation must finish: its ``n``."""
+    sampling = generate_request.get("sampling_params")
+    n = sampling.get("n") if isinstance(sampling, dict) else None
+    return n if isinstance(n, int) and n > 0 else 1
+
+
+def _seconds_left(envelope: RequestEnvelope) -> float | None:
+    if envelope.deadline_ms is None:
+        return None
+    return max(0.0, envelope.deadline_ms / 1000 - time.time())
+
+
+def _expired(envelope: RequestEnvelope) -> bool:
+    return envelope.deadline_ms is not None and time.time() * 1000 >= envelope.deadline_ms
+
+
+def _expired_error() -> JsonDict:
+    return _error(504, "the request's deadline passed before it ended", "TimeoutError")
 
 
 def _first_error(exc: ValidationError) -> str:

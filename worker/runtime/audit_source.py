@@ -108,6 +108,16 @@ async def _audit(
     settings = load_kafka(ProducingTopics, args)
     if any(offset is not None and offset < 0 for offset in (args.from_offset, args.to_offset)):
         raise AuditUsageError("--from-offset and --to-offset must not be negative")
+    if args.from_offset is not None and args.to_offset is not None and args.from_offset >= args.to_offset:
+        raise AuditUsageError(
+            f"the range is empty or inverted: --from-offset {args.from_offset} is not before "
+            f"--to-offset {args.to_offset}"
+        )
+    if args.from_time is not None and args.to_time is not None and args.from_time >= args.to_time:
+        raise AuditUsageError(
+            f"the range is empty or inverted: --from ({args.from_time} ms) is not before --to "
+            f"({args.to_time} ms)"
+        )
     security = settings.security.client_kwargs()
     auditor = Auditor(new_processor)
     progress = Progress(err)
@@ -214,6 +224,13 @@ async def read_input_range(
         elif args.to_time is not None:
             stops = await _offsets_at(consumer, tps, args.to_time, last)
         stops = {tp: max(stops[tp], starts[tp]) for tp in tps}
+        if all(starts[tp] >= stops[tp] for tp in tps):
+            # Nothing to compare is no verdict: "identical" would say the range was checked.
+            resolved = ", ".join(
+                f"partition {tp.partition} [{starts[tp]}, {stops[tp]}) of [{first[tp]}, {last[tp]})"
+                for tp in tps
+            )
+            raise AuditUsageError(f"the selected range of {topic!r} holds no record: {resolved}")
         auditor.input_range = InputRange(topic, {tp.partition: (starts[tp], stops[tp]) for tp in tps})
         for tp in tps:
             consumer.seek(tp, starts[tp])

@@ -22,6 +22,7 @@ from worker.settings import (
     RUN_SECTIONS,
     KafkaTopics,
     ObservabilitySettings,
+    RequestsTopic,
     RunConfig,
     SecuritySettings,
     TopicsCreateSettings,
@@ -37,9 +38,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     topics = commands.add_parser("topics", help="manage the worker's Kafka topics")
     topic_commands = topics.add_subparsers(dest="topics_command", required=True)
     create = topic_commands.add_parser(
-        "create", help="create the input, output, state (compacted) and dead-letter topics (idempotent)"
+        "create",
+        help="create the input, output, state (compacted), dead-letter and requests topics (idempotent)",
     )
-    add_arguments(create, KafkaTopics, SecuritySettings, TopicsCreateSettings)
+    add_arguments(create, KafkaTopics, RequestsTopic, SecuritySettings, TopicsCreateSettings)
     create.set_defaults(handler=_topics_create)
 
     run = commands.add_parser(
@@ -63,6 +65,7 @@ def _topics_create(args: argparse.Namespace) -> int:
             layout.partitions,
             layout.replication_factor,
             settings.security.client_kwargs(),
+            load(RequestsTopic, args).requests_topic,
         )
     )
     for name in result.created:

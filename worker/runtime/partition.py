@@ -211,8 +211,8 @@ class OwnedPartition:
             self.metrics.increment(m.OUTPUTS_PRODUCED)
             if result.sequence_gap:
                 self.metrics.increment(m.SEQUENCE_GAPS)
-        if result.request_id is not None and result.output is not None:
-            self.changelog.changed(result.request_id, offset)
+        if result.request_id is not None and (result.output is not None or result.closed):
+            self.changelog.changed(result.request_id, offset)  # a close record: its tombstones
         if result.closed:
             self.metrics.increment(m.REQUESTS_CLOSED)
 

@@ -53,14 +53,17 @@ class CreatedTopics:
 
 
 def topic_specs(
-    topics: TopicNames, partitions: int, replication_factor: int
+    topics: TopicNames, partitions: int, replication_factor: int, requests_topic: str | None = None
 ) -> list[tuple[str, int, int, dict[str, str]]]:
-    return [
+    specs = [
         (topics.input, partitions, replication_factor, {}),
         (topics.output, partitions, replication_factor, dict(LARGE_RECORDS)),
         (topics.state, partitions, replication_factor, dict(STATE_TOPIC_CONFIG)),
         (topics.dlq, partitions, replication_factor, dict(LARGE_RECORDS)),
     ]
+    if requests_topic is not None:  # the pipeline's: request envelopes carry whole prompts
+        specs.append((requests_topic, partitions, replication_factor, dict(LARGE_RECORDS)))
+    return specs
 
 
 async def create_topics(
@@ -69,8 +72,10 @@ async def create_topics(
     partitions: int,
     replication_factor: int = 1,
     security: Mapping[str, Any] | None = None,
+    requests_topic: str | None = None,
 ) -> CreatedTopics:
-    """Create the four topics; existing ones are left alone (idempotent), then checked.
+    """Create the four topics (and the pipeline's requests topic, when named); existing ones are
+    left alone (idempotent), then checked.
 
     ``security``: ``KafkaSecurity.client_kwargs()`` (TLS / SASL), splatted into the admin client.
     """
@@ -78,7 +83,7 @@ async def create_topics(
 
     if partitions <= 0 or replication_factor <= 0:
         raise ConfigurationError("--partitions and --replication-factor must be positive")
-    specs = topic_specs(topics, partitions, replication_factor)
+    specs = topic_specs(topics, partitions, replication_factor, requests_topic)
     created, existing = await admin.create_topics(bootstrap, specs, int(_LEADER_WAIT_S * 1000), security)
     counts = await _wait_for_leaders(bootstrap, [name for name, *_ in specs], security)
     check_layout(topics, counts)
