@@ -390,15 +390,14 @@ class ModelSettings(Section):
             max_logprobs=self.max_logprobs,
             max_n_sequences=self.max_n_sequences,
         )
-        parsing = None
-        if self.reasoning_parser or self.tool_parser:
-            parsing = ChatParsing.create(
-                adapter_for(tokenizer),
-                reasoning_parser=self.reasoning_parser,
-                tool_parser=self.tool_parser,
-                enable_auto_tool_choice=self.enable_auto_tool_choice,
-                reread_window=self.parse_budget_window,
-            )
+        # None when no parser applies (a gpt-oss model always has one: Harmony, as in vLLM).
+        parsing = ChatParsing.create(
+            adapter_for(tokenizer),
+            reasoning_parser=self.reasoning_parser,
+            tool_parser=self.tool_parser,
+            enable_auto_tool_choice=self.enable_auto_tool_choice,
+            reread_window=self.parse_budget_window,
+        )
         return Derenderer(tokenizer, options, parsing)
 
     def build_processor(self) -> EnvelopeProcessor:

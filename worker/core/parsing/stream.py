@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from worker.core.parsing.composite import CompositeParser
+from typing import Protocol
+
 from worker.core.parsing.tool_choice import filter_parallel_delta, resolve_finish_reason
 from worker.core.parsing.types import DeltaOut, ParseRequest
+
+
+class ChoiceParser(Protocol):
+    """One choice's live parser: ``CompositeParser``, or Harmony's ``HarmonyChoiceParser``."""
+
+    def parse_delta(
+        self, delta_text: str, delta_ids: list[int], prompt_token_ids: list[int] | None, finished: bool
+    ) -> DeltaOut | None: ...
 
 
 class ChatStreamSession:
     def __init__(
         self,
-        parser: CompositeParser,
+        parser: ChoiceParser,
         request: ParseRequest,
         prompt_token_ids: list[int] | None,
         *,
