@@ -203,7 +203,7 @@ class ChatParsing:
         reasoning, content, calls = parser.parse(text, self.enable_auto_tool_choice)
         return assemble_message(request, reasoning, content, calls, auto_tools=self.auto_tools)
 
-    def new_stream(self, request: ParseRequest, prompt_token_ids: list[int] | None) -> ChatStreamSession:
+    def new_stream(self, request: ParseRequest, prompt_token_ids: list[int] | None) -> ChatStreamSession[Any]:
         """A live session for one streamed choice."""
         return ChatStreamSession(
             self._parser(request),

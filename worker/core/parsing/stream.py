@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from worker.core.parsing.tool_choice import filter_parallel_delta, resolve_finish_reason
 from worker.core.parsing.types import DeltaOut, ParseRequest
@@ -16,10 +16,15 @@ class ChoiceParser(Protocol):
     ) -> DeltaOut | None: ...
 
 
-class ChatStreamSession:
+P = TypeVar("P", bound=ChoiceParser)
+
+
+class ChatStreamSession(Generic[P]):
+    """One choice's stream over its parser ``P`` (``ChatStreamSession[Any]``: any of them)."""
+
     def __init__(
         self,
-        parser: ChoiceParser,
+        parser: P,
         request: ParseRequest,
         prompt_token_ids: list[int] | None,
         *,
