@@ -27,6 +27,10 @@ Constructors take ``(tokenizer, chat_template_kwargs)`` (reasoning) or
 :class:`ParserSetupError` when the tokenizer cannot serve them. ``stream``
 gets one record's text and ids: keep what you need to stay O(delta); tool
 parsers see only tool-phase text (reasoning already removed).
+
+gpt-oss is the exception, as in vLLM: a ``model_type: gpt_oss`` model is parsed
+by token id with the Harmony library (``families/harmony.py``), whatever the
+flags say, instead of the composite of a reasoning and a tool parser.
 """
 
 from __future__ import annotations
