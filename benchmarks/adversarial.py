@@ -11,6 +11,8 @@ ratio <= 4):
 * many logprob positions at ``--max-logprobs`` candidates, vs the same tokens
   without logprobs, and per entry it carries vs per ordinary token (its work
   is linear in its entries: positions x (1 + candidates));
+* gpt-oss (Harmony): a long argument, a header that never reaches ``<|message|>``, a recipient that
+  never ends and 10,000 calls, in 1-token records: last decile vs first;
 * long tool calls in 1-token records through each tool parser: the mean cost
   of the last decile's records vs the first decile's (flat = O(delta)); for
   ``llama3_json`` and the pythonic parsers also calls of many short arguments,
@@ -289,6 +291,24 @@ ONESHOT_SHAPES: list[tuple[str, str, str, str]] = [
 ]
 FILLER = "Line of text, numbers 12345 and punctuation; café, 北京. "
 
+_HARMONY_CALL = (
+    '<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{{"k": {0}}}<|call|>'
+)
+#: gpt-oss (Harmony) through the ``openai`` tool parser: (label, shape with {} for the body, unit
+#: repeated into the body with its index, units). The header shapes never reach ``<|message|>``.
+HARMONY_SHAPES: list[tuple[str, str, str, int | None]] = [
+    (
+        "openai (Harmony), long argument",
+        "<|channel|>commentary to=functions.write_file <|constrain|>json<|message|>"
+        '{{"content": "{}"}}<|call|>',
+        "w{0} ",
+        None,
+    ),
+    ("openai (Harmony), an unclosed header", "<|channel|>commentary to=functions.f {}", "w{0} ", None),
+    ("openai (Harmony), a recipient that never ends", "<|channel|>commentary to=functions.{}", "p{0}.", None),
+    ("openai (Harmony), 10,000 calls", "{}", _HARMONY_CALL, 10_000),
+]
+
 
 def _median_spread(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples), (max(samples) - min(samples)) / 2
@@ -512,6 +532,17 @@ def _parser_rows(rounds: int, tokens: int, only: list[str]) -> list[tuple[str, l
         firsts, lasts = [], []
         for _ in range(rounds):
             first, last = _deciles(_parser_stream_costs(parser, "qwen3", shape.format(body), [_STRING_TOOL]))
+            firsts.append(first)
+            lasts.append(last)
+        rows.append((f"{label}: last vs first decile", lasts, firsts))
+    for label, shape, unit, units in HARMONY_SHAPES:
+        if not _wanted(label, only):
+            continue
+        body = "".join(unit.format(i) for i in range(units or tokens // 2))
+        firsts, lasts = [], []
+        for _ in range(rounds):
+            costs = _parser_stream_costs("openai", "gpt-oss", shape.format(body), [_STRING_TOOL])
+            first, last = _deciles(costs)
             firsts.append(first)
             lasts.append(last)
         rows.append((f"{label}: last vs first decile", lasts, firsts))

@@ -1,4 +1,5 @@
-"""Warm, cold and plain paths on a 2,000-token hermes generation with Qwen3, in 1-token chunks.
+"""Warm, cold and plain paths on a 2,000-token hermes generation with Qwen3, in 1-token chunks; then the
+warm path of a 2,000-token gpt-oss (Harmony) generation: reasoning, then a call with a long argument.
 
 * warm: the worker's path, one live parser session per sequence (O(delta) per chunk);
 * cold: every record hands back the previous ``stream_state``, so every record
@@ -59,6 +60,24 @@ def _generation(settings: ModelSettings) -> list[int]:
         ids += filler
     # Cut inside the JSON string, then close the call and stop on <|im_end|>.
     return [*ids[:room], *tail, 151645]
+
+
+def _harmony_generation(settings: ModelSettings) -> list[int]:
+    """Harmony: an analysis message, then a call whose JSON argument is cut and closed, ``<|call|>``."""
+    backend = settings.build_derenderer().tokenizer.backend
+    prose = "Let me write that file for you. It holds notes about derendering, caching and streams. "
+    body = "Line of content with some words, numbers 12345 and punctuation; café, 北京, 🚀. "
+    head = (
+        "<|channel|>analysis<|message|>" + prose * 8 + "<|end|><|start|>assistant<|channel|>commentary"
+        ' to=functions.write_file <|constrain|>json<|message|>{"path": "notes.txt", "content": "'
+    )
+    ids: list[int] = backend.encode(head, add_special_tokens=False).ids
+    tail = backend.encode('"}', add_special_tokens=False).ids
+    filler = backend.encode(body, add_special_tokens=False).ids
+    room = TOKENS - len(tail) - 1
+    while len(ids) < room:
+        ids += filler
+    return [*ids[:room], *tail, 200012]  # <|call|>
 
 
 def _records(ids: list[int]) -> list[JsonDict]:
@@ -142,7 +161,32 @@ def main(argv: list[str]) -> None:
         f"warm vs vLLM's {VLLM_SECONDS:.0f} s: {VLLM_SECONDS / warm_total:.0f}x faster (target >= 200x); "
         f"warm vs cold: {sum(paths['cold']) / warm_total:.0f}x"
     )
-    print(json.dumps({"warm_s": warm_total, "cold_s": sum(paths["cold"]), "plain_s": sum(paths["plain"])}))
+    harmony = ModelSettings(
+        tokenizer=str(MODELS / "gpt-oss"),
+        served_model_names=("bench",),
+        tool_parser="openai",
+        enable_auto_tool_choice=True,
+    )
+    harmony_derenderer = harmony.build_derenderer()
+    harmony_ids = _harmony_generation(harmony)
+    harmony_warm = _run(lambda: harmony.processor_for(harmony_derenderer), _records(harmony_ids), carry=False)
+    deciles = _deciles(harmony_warm)
+    print(
+        f"{'gpt-oss':<7}{sum(harmony_warm):>9.3f}  "
+        + " ".join(f"{d:>6.0f}" for d in deciles)
+        + f"{deciles[-1] / deciles[0]:>9.2f}"
+        + f"  (warm, Harmony: {len(harmony_ids)} tokens, reasoning then a long call)"
+    )
+    print(
+        json.dumps(
+            {
+                "warm_s": warm_total,
+                "cold_s": sum(paths["cold"]),
+                "plain_s": sum(paths["plain"]),
+                "harmony_warm_s": sum(harmony_warm),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def records(
 
 
 def drive(
-    session: ChatStreamSession, recs: Sequence[tuple[str, list[int]]], finish: str = "stop"
+    session: ChatStreamSession[Any], recs: Sequence[tuple[str, list[int]]], finish: str = "stop"
 ) -> tuple[list[DeltaOut | None], str | None]:
     """Step a session through the records (``finish`` on the last); the deltas and the resolved reason."""
     deltas: list[DeltaOut | None] = []
@@ -169,7 +169,7 @@ def summarize(
 
 
 def stream_summary(
-    session: ChatStreamSession,
+    session: ChatStreamSession[Any],
     recs: Sequence[tuple[str, list[int]]],
     finish: str = "stop",
     *,

@@ -106,6 +106,16 @@ def test_offline_demo_shows_reasoning_content_and_tool_calls_apart() -> None:
     assert "[1] content:   '分区里的消息" in text
 
 
+def test_offline_demo_shows_a_gpt_oss_answer_with_reasoning_and_a_tool_call() -> None:
+    stream = MODELS_DIR.parent / "streams" / "demo-gptoss.jsonl"
+    done = _cli("demo", "--offline", "--tokenizer", str(MODELS_DIR / "gpt-oss"), "--stream", str(stream))
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.decode()
+    assert "reasoning: 'User wants the current weather in São Paulo" in text
+    assert 'tool call: get_weather({"city":"São Paulo","unit":"celsius"})' in text
+    assert "finish_reason: tool_calls" in text
+
+
 def test_run_without_a_reachable_broker_says_so_in_one_line() -> None:
     """A newcomer's first `run` with no broker: one line naming the address and how to start one,
     exit 2 (a usage problem), no traceback."""

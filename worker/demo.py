@@ -11,6 +11,9 @@ Everything it started is stopped at the end, also on failure or Ctrl-C. The last
 
 Offline (``--offline``): the bundled sample stream (real Qwen3 token ids) goes through the same
 core as the Kafka worker in-process, printing every OpenAI chunk and then each assembled response.
+``--tokenizer samples/models/gpt-oss --stream samples/streams/demo-gptoss.jsonl`` shows a gpt-oss
+(Harmony) answer instead (the records of the golden case ``gptoss-analysis-tool-call-stream-mixed``,
+``tests/golden_families/``): a gpt-oss folder is served with Harmony's parsers.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 import orjson
 
 from worker.assembly import Assembler, render_text
+from worker.core.parsing.families import harmony
 from worker.demo_view import DeadLetterSeen, DemoState, DemoView, RequestProgress, make_view
 from worker.errors import ConfigurationError, DemoError
 from worker.settings import KafkaConnection, ModelSettings, env_vars_of
@@ -80,14 +84,24 @@ def _worker_model_args(model_dir: str) -> list[str]:
 # --- offline -------------------------------------------------------------------------------------
 
 
+def _demo_parsers(model_dir: str) -> tuple[str, str]:
+    """(reasoning, tool) parsers for the demo's model: Harmony's for a gpt-oss folder, else Qwen3's."""
+    config = Path(model_dir) / "config.json"
+    model_type = orjson.loads(config.read_bytes()).get("model_type") if config.is_file() else None
+    if model_type in harmony.HARMONY_MODEL_TYPES:
+        return harmony.REASONING_NAME, harmony.TOOL_NAME
+    return "qwen3", "hermes"
+
+
 def run_offline_demo(args: argparse.Namespace) -> int:
     stream = Path(args.stream) if args.stream else DEMO_STREAM
     model_dir = args.tokenizer or str(SAMPLES / "models" / "qwen3")
+    reasoning, tools = _demo_parsers(model_dir)
     settings = ModelSettings(
         tokenizer=model_dir,
         served_model_names=(DEMO_MODEL_NAME,),
-        reasoning_parser="qwen3",
-        tool_parser="hermes",
+        reasoning_parser=reasoning,
+        tool_parser=tools,
         enable_auto_tool_choice=True,
     )
     processor = settings.build_processor()

@@ -407,16 +407,15 @@ class ModelSettings(Section):
             behaviour=VllmBehaviour.of(self.vllm_version),
             return_tokens_as_token_ids=self.return_tokens_as_token_ids,
         )
-        parsing = None
-        if self.reasoning_parser or self.tool_parser:
-            parsing = ChatParsing.create(
-                adapter_for(tokenizer),
-                reasoning_parser=self.reasoning_parser,
-                tool_parser=self.tool_parser,
-                enable_auto_tool_choice=self.enable_auto_tool_choice,
-                reread_window=self.parse_budget_window,
-                reasoning_streams_all=VllmBehaviour.of(self.vllm_version).reasoning_engine_streams_all,
-            )
+        # None when no parser applies (a gpt-oss model always has one: Harmony, as in vLLM).
+        parsing = ChatParsing.create(
+            adapter_for(tokenizer),
+            reasoning_parser=self.reasoning_parser,
+            tool_parser=self.tool_parser,
+            enable_auto_tool_choice=self.enable_auto_tool_choice,
+            reread_window=self.parse_budget_window,
+            reasoning_streams_all=VllmBehaviour.of(self.vllm_version).reasoning_engine_streams_all,
+        )
         return Derenderer(tokenizer, options, parsing)
 
     def build_processor(self) -> EnvelopeProcessor:

@@ -49,7 +49,7 @@ class _ParserBug(RuntimeError):
 
 
 def _break_sessions(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(self: ChatStreamSession, *args: Any) -> Any:
+    def broken(self: ChatStreamSession[Any], *args: Any) -> Any:
         raise _ParserBug("a bug inside the parser session")
 
     monkeypatch.setattr(ChatStreamSession, "step", broken)

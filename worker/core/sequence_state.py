@@ -28,7 +28,7 @@ _STATE_BASE_BYTES = 700  # the object, its window and empty lists (tracemalloc)
 class LiveParser:
     """A parser session kept alive between records, with its own (special-tokens-kept) window."""
 
-    session: ChatStreamSession
+    session: ChatStreamSession[Any]
     window: DecodeWindow
 
 

@@ -27,6 +27,10 @@ Constructors take ``(tokenizer, chat_template_kwargs)`` (reasoning) or
 :class:`ParserSetupError` when the tokenizer cannot serve them. ``stream``
 gets one record's text and ids: keep what you need to stay O(delta); tool
 parsers see only tool-phase text (reasoning already removed).
+
+gpt-oss is the exception, as in vLLM: a ``model_type: gpt_oss`` model is parsed
+by token id with the Harmony library (``families/harmony.py``), whatever the
+flags say, instead of the composite of a reasoning and a tool parser.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 
 from worker.core.parsing.base import ReasoningParser, ToolParser
 from worker.core.parsing.composite import CompositeParser
+from worker.core.parsing.families import harmony
 from worker.core.parsing.registry import reasoning_parser, reasoning_parsers, tool_parser, tool_parsers
 from worker.core.parsing.stream import ChatStreamSession
 from worker.core.parsing.tokenizer import TokenizerAdapter, adapter_for
@@ -98,6 +103,8 @@ class ChatParsing:
         self.enable_auto_tool_choice = enable_auto_tool_choice
         self.reread_window = reread_window
         self.reasoning_streams_all = reasoning_streams_all
+        #: vLLM's ``use_harmony``: the model's output is Harmony, parsed by token id.
+        self.harmony = harmony.serves(tokenizer)
 
     @classmethod
     def create(
@@ -117,8 +124,10 @@ class ChatParsing:
         for an engine reasoning parser without a tool parser (see ``CompositeParser``).
 
         As in vLLM, a tool parser only counts with ``enable_auto_tool_choice``
-        (its name is not even checked otherwise).
+        (its name is not even checked otherwise). A gpt-oss model (``model_type: gpt_oss``) is parsed
+        with Harmony, and its reasoning parser defaults to ``openai_gptoss`` as in vLLM.
         """
+        reasoning_parser, tool_parser = harmony.harmony_names(tokenizer, reasoning_parser, tool_parser)
         if not reasoning_parser and not tool_parser:
             return None
         reasoning_cls: type[ReasoningParser] | None = None
@@ -139,6 +148,18 @@ class ChatParsing:
             tool_cls = known_tools[tool_parser]
         if reasoning_cls is None and tool_cls is None:
             return None
+        if harmony.serves(tokenizer):
+            # vLLM's HarmonyParser takes only its own two parsers (a ValueError at startup there).
+            for cls_, name, own in (
+                (reasoning_cls, reasoning_parser, harmony.GptOssReasoning),
+                (tool_cls, tool_parser, harmony.GptOssTools),
+            ):
+                if cls_ is not None and cls_ is not own:
+                    raise ConfigurationError(
+                        f"parser {name} cannot parse a gpt-oss model: its output is Harmony "
+                        f"(--reasoning-parser {harmony.REASONING_NAME}, "
+                        f"--tool-call-parser {harmony.TOOL_NAME})"
+                    )
         # Startup check with default settings, like vLLM's tokenizer validation.
         try:
             if reasoning_cls is not None:
@@ -161,8 +182,15 @@ class ChatParsing:
     def auto_tools(self) -> bool:
         return self.enable_auto_tool_choice and self.tool_cls is not None
 
-    def _parser(self, request: ParseRequest) -> CompositeParser:
+    def _parser(self, request: ParseRequest) -> CompositeParser | harmony.HarmonyChoiceParser:
         """Per-request parser; raises :class:`ParserSetupError` (vLLM: 500 one-shot, 400 streaming)."""
+        if self.harmony:
+            return harmony.HarmonyChoiceParser(
+                self.tokenizer,
+                request,
+                reasoning=self.reasoning_cls is not None,
+                tools=self.tool_cls is not None,
+            )
         kwargs: dict[str, Any] = dict(request.chat_template_kwargs)
         return CompositeParser(
             self.tokenizer,
@@ -183,12 +211,15 @@ class ChatParsing:
     ) -> ParsedMessage:
         """One-shot: parse the whole output and assemble the message fields."""
         parser = self._parser(request)
+        if isinstance(parser, harmony.HarmonyChoiceParser):
+            reasoning, content, calls = parser.parse(token_ids)
+            return assemble_message(request, reasoning, content, calls, auto_tools=self.auto_tools)
         if prompt_token_ids is not None:
             parser.set_prompt_token_ids(prompt_token_ids)
         reasoning, content, calls = parser.parse(text, self.enable_auto_tool_choice)
         return assemble_message(request, reasoning, content, calls, auto_tools=self.auto_tools)
 
-    def new_stream(self, request: ParseRequest, prompt_token_ids: list[int] | None) -> ChatStreamSession:
+    def new_stream(self, request: ParseRequest, prompt_token_ids: list[int] | None) -> ChatStreamSession[Any]:
         """A live session for one streamed choice."""
         return ChatStreamSession(
             self._parser(request),

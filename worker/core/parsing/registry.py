@@ -1,6 +1,6 @@
-"""Name → parser class registries, filled by the modules of ``reasoning/`` and ``tools/``.
+"""Name → parser class registries, filled by the modules of ``reasoning/``, ``tools/`` and ``families/``.
 
-Every module in those two sub-packages is imported on first use, and registers
+Every module in those sub-packages is imported on first use, and registers
 itself with :func:`reasoning_parser` / :func:`tool_parser`; adding a parser
 therefore only adds a module.
 """
@@ -46,7 +46,8 @@ def _load_all() -> None:
     global _loaded
     if _loaded:
         return
-    for package in ("worker.core.parsing.reasoning", "worker.core.parsing.tools"):
+    for package in ("reasoning", "tools", "families"):
+        package = f"worker.core.parsing.{package}"
         module = importlib.import_module(package)
         for info in pkgutil.iter_modules(module.__path__):
             importlib.import_module(f"{package}.{info.name}")

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
-from worker.core.parsing.composite import CompositeParser
+from typing import Generic, Protocol, TypeVar
+
 from worker.core.parsing.tool_choice import filter_parallel_delta, resolve_finish_reason
 from worker.core.parsing.types import DeltaOut, ParseRequest
 
 
-class ChatStreamSession:
+class ChoiceParser(Protocol):
+    """One choice's live parser: ``CompositeParser``, or Harmony's ``HarmonyChoiceParser``."""
+
+    def parse_delta(
+        self, delta_text: str, delta_ids: list[int], prompt_token_ids: list[int] | None, finished: bool
+    ) -> DeltaOut | None: ...
+
+
+P = TypeVar("P", bound=ChoiceParser)
+
+
+class ChatStreamSession(Generic[P]):
+    """One choice's stream over its parser ``P`` (``ChatStreamSession[Any]``: any of them)."""
+
     def __init__(
         self,
-        parser: CompositeParser,
+        parser: P,
         request: ParseRequest,
         prompt_token_ids: list[int] | None,
         *,
