@@ -241,9 +241,20 @@ class Producer(Protocol):
     async def stop(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class ReaderConfig:
+    bootstrap_servers: str
+    client_id: str
+    security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    # False only to ask for high watermarks: a read_committed reader's end offsets are the last
+    # stable offsets (the first offset of the oldest open transaction).
+    read_committed: bool = True
+
+
 class PartitionReader(Protocol):
-    """A group-less ``read_committed`` reader of explicit partitions and offset ranges (tools: ``audit``,
-    ``dlq replay``); commits nothing."""
+    """A group-less reader of explicit partitions and offset ranges (a restore, ``audit``,
+    ``dlq replay``, the demo); joins no group and commits nothing. ``ranges.RangeReader`` reads
+    whole ranges with it."""
 
     async def start(self) -> None: ...
 
@@ -283,3 +294,5 @@ class KafkaClient(Protocol):
     ) -> TransactionalProducer: ...
 
     def producer(self, config: ProducerConfig) -> Producer: ...
+
+    def reader(self, config: ReaderConfig) -> PartitionReader: ...
