@@ -37,6 +37,9 @@ import orjson
 from worker.assembly import Assembler, render_text
 from worker.demo_view import DeadLetterSeen, DemoState, DemoView, RequestProgress, make_view
 from worker.errors import ConfigurationError, DemoError
+from worker.runtime.kafka_client import make_client
+from worker.runtime.kafka_client.base import ClientKind, PartitionReader, ReaderConfig, TopicPartition
+from worker.runtime.kafka_security import KafkaSecurity
 from worker.settings import KafkaConnection, ModelSettings, env_vars_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -319,6 +322,15 @@ class DemoTopics:
 # --- Kafka clients -------------------------------------------------------------------------------
 
 
+def _reader(bootstrap: str) -> PartitionReader:
+    """A group-less ``read_committed`` reader from the start of the partitions it is given: outputs
+    are written in transactions, only committed ones are real."""
+    security = KafkaSecurity()
+    return make_client(ClientKind.AIOKAFKA, security).reader(
+        ReaderConfig(bootstrap, "derender-demo", security)
+    )
+
+
 async def _broker_answers(bootstrap: str) -> str | None:
     """None when a client can bootstrap and sees a broker, else why not."""
     from aiokafka.admin import AIOKafkaAdminClient
@@ -411,20 +423,16 @@ async def _probe_partitions(
     producers and restores state before it reads. Records produced before that would arrive in
     a burst; after the probes, the demo's records are served as they come.
     """
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka import AIOKafkaProducer
 
-    reader = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        isolation_level="read_committed",
-        auto_offset_reset="earliest",
-    )
+    reader = _reader(bootstrap)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
     await reader.start()
     try:
         await producer.start()
         try:
-            reader.assign([TopicPartition(topics.dlq, p) for p in range(PARTITIONS)])
+            letters = [TopicPartition(topics.dlq, p) for p in range(PARTITIONS)]
+            reader.assign(letters)
             for p in range(PARTITIONS):
                 await producer.send_and_wait(
                     topics.input, b"readiness probe", key=f"{PROBE_KEY_PREFIX}{p}".encode(), partition=p
@@ -439,8 +447,8 @@ async def _probe_partitions(
                         f"{GROUP_JOIN_TIMEOUT_S:.0f} s of the group forming"
                     )
                 update(f"{len(seen)}/{PARTITIONS} partitions served a probe")
-                for records in (await reader.getmany(timeout_ms=100)).values():
-                    seen.update(str(_dead_letter(r.value).key) for r in records)
+                for records in (await reader.fetch(letters, 100)).values():
+                    seen.update(str(_dead_letter(r.value).key) for r in records if r.value is not None)
         finally:
             await producer.stop()
     finally:
@@ -475,25 +483,17 @@ async def _stream(
     pace_s: float,
 ) -> None:
     """Produce the plan at ``pace_s`` and read outputs and dead letters until all have arrived."""
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka import AIOKafkaProducer
 
     assembler = Assembler()
-    reader = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        # Outputs are written in transactions: only committed ones are real.
-        isolation_level="read_committed",
-        auto_offset_reset="earliest",
-    )
+    reader = _reader(bootstrap)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
     await reader.start()
     try:
         await producer.start()
         try:
-            reader.assign(
-                [TopicPartition(t, p) for t in (topics.output, topics.dlq) for p in range(PARTITIONS)]
-            )
+            read = [TopicPartition(t, p) for t in (topics.output, topics.dlq) for p in range(PARTITIONS)]
+            reader.assign(read)
 
             async def produce() -> None:
                 state.first_produce_at = time.monotonic()
@@ -520,9 +520,11 @@ async def _stream(
                                 "of the last record produced"
                             )
                     workers.check_alive()
-                    batches = await reader.getmany(timeout_ms=100)
+                    batches = await reader.fetch(read, 100)
                     for tp, records in batches.items():
                         for record in records:
+                            if record.value is None:
+                                continue  # the workers write no tombstones to either topic
                             if tp.topic == topics.dlq:
                                 letter = _dead_letter(record.value)
                                 if not (letter.key or "").startswith(PROBE_KEY_PREFIX):
