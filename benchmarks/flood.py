@@ -35,6 +35,7 @@ from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.records import OutgoingRecord
+from worker.runtime.state_changelog import StateChangelog, StateKeys
 from worker.runtime.topics import TopicNames
 from worker.settings import ModelSettings
 
@@ -132,6 +133,7 @@ class Flood:
                 topics,
                 Metrics(),
                 position=0,
+                changelog=StateChangelog(topics.state, p, StateKeys("bench-flood")),
                 budget=self.budget,
             )
             for p in range(PARTITIONS)

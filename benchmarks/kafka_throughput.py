@@ -673,6 +673,7 @@ def observability_overhead(args: argparse.Namespace) -> None:
     from worker.runtime.metrics import Metrics
     from worker.runtime.observer import RecordObserver
     from worker.runtime.partition import OwnedPartition
+    from worker.runtime.state_changelog import StateChangelog, StateKeys
     from worker.runtime.topics import TopicNames as Names
     from worker.settings import ModelSettings
 
@@ -722,6 +723,7 @@ def observability_overhead(args: argparse.Namespace) -> None:
             Names("in", "out", "state", "dlq"),
             metrics,
             position=0,
+            changelog=StateChangelog("state", 0, StateKeys("bench-throughput")),
             observer=observer,
         )
         records = [Rec(i, k, v, headers) for i, (k, v) in enumerate(load)]

@@ -18,11 +18,17 @@ from worker.runtime.metrics import Metrics
 from worker.runtime.observer import NO_OBSERVER, RecordObserver
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.records import OutgoingRecord
-from worker.runtime.state_changelog import StateChangelog
+from worker.runtime.state_changelog import StateChangelog, StateKeys
 from worker.runtime.topics import TopicNames
 from worker.settings import KafkaSettings, load_kafka
 
 TOPICS = TopicNames("in", "out", "state", "dlq")
+TEST_KEYS = StateKeys("test-group")  # the group of every partition these fakes make
+
+
+def changelog_for(tp: TopicPartition, topics: TopicNames = TOPICS) -> StateChangelog:
+    """A fresh changelog of ``tp``'s state partition, keyed for ``TEST_KEYS``' group."""
+    return StateChangelog(topics.state, tp.partition, TEST_KEYS)
 
 
 def run_settings(*argv: str) -> KafkaSettings:
@@ -83,7 +89,7 @@ def owned_partition(
         TOPICS,
         Metrics(),
         position=0,
-        changelog=changelog,
+        changelog=changelog or changelog_for(TopicPartition("in", 2)),
         dead_letters=dead_letters,
         budget=budget,
         observer=observer,

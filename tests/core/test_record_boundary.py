@@ -20,7 +20,7 @@ from aiokafka import TopicPartition
 from schemas.bounds import MAX_JSON_DEPTH
 from schemas.envelope import DeadLetterRecord, OutputEnvelope
 from tests.golden_cases import MODELS_DIR, derenderer_for, sample_config
-from tests.partition_fakes import RecordingSink
+from tests.partition_fakes import RecordingSink, changelog_for
 from tests.stream_builders import chat_stream
 from worker.core.envelope_processor import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -443,6 +443,7 @@ def test_the_partition_sends_the_core_bytes() -> None:
         topics,
         Metrics(),
         position=0,
+        changelog=changelog_for(TopicPartition("in", 0), topics),
     )
     poison = b'{"request_id": "' + b"\x00" * 600_000 + b'"}'
     big_seq = _first()

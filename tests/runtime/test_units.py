@@ -11,7 +11,7 @@ from aiokafka import TopicPartition
 
 from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, owned_partition
+from tests.partition_fakes import TEST_KEYS, TOPICS, FakeRecord, RecordingSink, owned_partition
 from tests.stream_builders import written
 from worker.cli import build_parser
 from worker.core.envelope_processor import EnvelopeProcessor
@@ -29,9 +29,9 @@ from worker.runtime.state_changelog import (
     restore,
 )
 from worker.runtime.topics import check_layout
-from worker.settings import DEFAULT_GROUP_ID, DeliveryMode, KafkaSettings, load_kafka
+from worker.settings import DeliveryMode, KafkaSettings, load_kafka
 
-KEYS = StateKeys(DEFAULT_GROUP_ID)  # the namespace of ``owned_partition``'s state keys
+KEYS = TEST_KEYS  # the namespace of ``owned_partition``'s state keys
 
 
 def _settings(argv: list[str]) -> KafkaSettings:
