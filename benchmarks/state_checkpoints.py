@@ -34,7 +34,7 @@ import orjson
 from benchmarks.kafka_throughput import make_workload
 from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
 from worker.core.sequence_state import SequenceState
-from worker.runtime.records import OutgoingRecord
+from worker.runtime.kafka_client.base import OutgoingRecord
 from worker.runtime.state_changelog import (
     StateChangelog,
     StateKeys,

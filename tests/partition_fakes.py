@@ -13,11 +13,11 @@ from aiokafka import TopicPartition
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.dead_letter_policy import DeadLetterPolicy
+from worker.runtime.kafka_client.base import OutgoingRecord
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.observer import NO_OBSERVER, RecordObserver
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.records import OutgoingRecord
 from worker.runtime.state_changelog import StateChangelog, StateKeys
 from worker.runtime.topics import TopicNames
 from worker.settings import KafkaSettings, load_kafka

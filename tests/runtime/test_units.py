@@ -16,8 +16,8 @@ from tests.stream_builders import written
 from worker.cli import build_parser
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import ConfigurationError, IllegalTransitionError
+from worker.runtime.kafka_client.base import OutgoingRecord
 from worker.runtime.lifecycle import Lifecycle, WorkerState
-from worker.runtime.records import OutgoingRecord
 from worker.runtime.state_changelog import (
     StateChangelog,
     StateKeys,

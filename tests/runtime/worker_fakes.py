@@ -11,10 +11,9 @@ from tests.kafka_helpers import QWEN3_CONFIG
 from tests.partition_fakes import TOPICS, FakeRecord, StubConsumer, changelog_for, run_settings
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.delivery import SharedSink, Transaction
-from worker.runtime.kafka_client.base import CommitTimings, Offsets, TopicPartition
+from worker.runtime.kafka_client.base import CommitTimings, Offsets, OutgoingRecord, TopicPartition
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.records import OutgoingRecord
 from worker.runtime.worker import Worker
 from worker.settings import ModelSettings
 

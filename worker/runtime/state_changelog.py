@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 
 from worker.core.envelope_processor import EnvelopeProcessor, JsonDict, RequestContext
-from worker.runtime.records import OutgoingRecord
+from worker.runtime.kafka_client.base import OutgoingRecord
 
 log = logging.getLogger(__name__)
 

@@ -63,13 +63,13 @@ from worker.runtime.kafka_client.base import (
     ConsumedRecord,
     ConsumerConfig,
     Offsets,
+    OutgoingRecord,
     Partitions,
     PartitionsCallback,
     ProducerConfig,
     ReaderConfig,
     TopicPartition,
 )
-from worker.runtime.records import OutgoingRecord
 
 log = logging.getLogger(__name__)
 

@@ -34,13 +34,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from worker.runtime.kafka_security import KafkaSecurity
-
-if TYPE_CHECKING:
-    from worker.runtime.records import OutgoingRecord
-
 
 MAX_MESSAGE_BYTES = "max.message.bytes"  # the topic configuration that caps a record's size
 
@@ -50,6 +46,17 @@ class TopicPartition(NamedTuple):
 
     topic: str
     partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingRecord:
+    """A record to send (``records`` makes the worker's: outputs, dead letters)."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None  # None: a tombstone
+    partition: int | None = None  # None: the producer hashes the key
+    headers: tuple[tuple[str, bytes], ...] = ()  # trace context (``tracing``)
 
 
 class ConsumedRecord(Protocol):

@@ -59,6 +59,7 @@ from worker.runtime.kafka_client.base import (
     ConsumerConfig,
     GroupProtocol,
     Offsets,
+    OutgoingRecord,
     Partitions,
     PartitionsCallback,
     ProducerConfig,
@@ -67,7 +68,6 @@ from worker.runtime.kafka_client.base import (
 )
 from worker.runtime.kafka_oauth import MskIamTokenProvider, OidcTokenProvider
 from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism
-from worker.runtime.records import OutgoingRecord
 
 log = logging.getLogger(__name__)
 
