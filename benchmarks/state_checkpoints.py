@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks.kafka_throughput import make_workload
+from benchmarks.kafka_harness import make_workload
 from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
 from worker.core.sequence_state import SequenceState
 from worker.runtime.kafka_client.base import OutgoingRecord
