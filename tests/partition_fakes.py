@@ -63,10 +63,25 @@ class RecordingSink:
 
 
 class FakeRecord:
-    def __init__(self, offset: int, envelope: dict[str, Any]) -> None:
-        self.topic, self.partition, self.offset = "in", 2, offset
-        self.key = envelope["request_id"].encode()
-        self.value = orjson.dumps(envelope)
+    """A consumed record (``ConsumedRecord``'s shape) of topic "in": ``envelope`` serialized and
+    keyed by its request id, or the raw ``value`` and ``key``."""
+
+    def __init__(
+        self,
+        offset: int,
+        envelope: dict[str, Any] | None = None,
+        *,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int = 2,
+    ) -> None:
+        self.topic, self.partition, self.offset = "in", partition, offset
+        if envelope is not None:
+            key, value = envelope["request_id"].encode(), orjson.dumps(envelope)
+        if value is None:
+            raise TypeError("a FakeRecord needs an envelope or a value")
+        self.key: bytes | None = key
+        self.value: bytes = value
         self.headers: list[tuple[str, bytes]] = []
         self.timestamp = 0
 
