@@ -32,10 +32,11 @@ from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.live_parsers import LiveParserPool
 from worker.core.vllm_version import VllmVersion
 from worker.runtime.delivery import PRODUCER_BATCH_BYTES
+from worker.runtime.kafka_client.base import OutgoingRecord
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.records import OutgoingRecord
+from worker.runtime.state_changelog import StateChangelog, StateKeys
 from worker.runtime.topics import TopicNames
 from worker.settings import ModelSettings
 
@@ -134,6 +135,7 @@ class Flood:
                 topics,
                 Metrics(),
                 position=0,
+                changelog=StateChangelog(topics.state, p, StateKeys("bench-flood")),
                 budget=self.budget,
             )
             for p in range(PARTITIONS)

@@ -39,7 +39,7 @@ from pathlib import Path
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from benchmarks.kafka_throughput import (
+from benchmarks.kafka_harness import (
     MODEL_DIR,
     REPO,
     collector_held_off,

@@ -30,7 +30,7 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.kafka_throughput import bootstrap_address  # noqa: E402
+from benchmarks.kafka_harness import bootstrap_address  # noqa: E402
 from tests.kafka_broker import TopicFactory  # noqa: E402
 from tests.kafka_helpers import wait_for_http  # noqa: E402
 from tests.pipeline_helpers import STREAM_CASE, Pipeline, recording, request_of  # noqa: E402

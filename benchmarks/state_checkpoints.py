@@ -31,12 +31,12 @@ from typing import Any
 
 import orjson
 
-from benchmarks.kafka_throughput import make_workload
+from benchmarks.kafka_harness import make_workload
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
 from worker.core.sequence_state import SequenceState
 from worker.core.vllm_version import VllmVersion
-from worker.runtime.records import OutgoingRecord
+from worker.runtime.kafka_client.base import OutgoingRecord
 from worker.runtime.state_changelog import (
     StateChangelog,
     StateKeys,

@@ -13,16 +13,22 @@ from aiokafka import TopicPartition
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.dead_letter_policy import DeadLetterPolicy
+from worker.runtime.kafka_client.base import OutgoingRecord
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.observer import NO_OBSERVER, RecordObserver
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.records import OutgoingRecord
-from worker.runtime.state_changelog import StateChangelog
+from worker.runtime.state_changelog import StateChangelog, StateKeys
 from worker.runtime.topics import TopicNames
 from worker.settings import KafkaSettings, load_kafka
 
 TOPICS = TopicNames("in", "out", "state", "dlq")
+TEST_KEYS = StateKeys("test-group")  # the group of every partition these fakes make
+
+
+def changelog_for(tp: TopicPartition, topics: TopicNames = TOPICS) -> StateChangelog:
+    """A fresh changelog of ``tp``'s state partition, keyed for ``TEST_KEYS``' group."""
+    return StateChangelog(topics.state, tp.partition, TEST_KEYS)
 
 
 def run_settings(*argv: str) -> KafkaSettings:
@@ -57,10 +63,25 @@ class RecordingSink:
 
 
 class FakeRecord:
-    def __init__(self, offset: int, envelope: dict[str, Any]) -> None:
-        self.topic, self.partition, self.offset = "in", 2, offset
-        self.key = envelope["request_id"].encode()
-        self.value = orjson.dumps(envelope)
+    """A consumed record (``ConsumedRecord``'s shape) of topic "in": ``envelope`` serialized and
+    keyed by its request id, or the raw ``value`` and ``key``."""
+
+    def __init__(
+        self,
+        offset: int,
+        envelope: dict[str, Any] | None = None,
+        *,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int = 2,
+    ) -> None:
+        self.topic, self.partition, self.offset = "in", partition, offset
+        if envelope is not None:
+            key, value = envelope["request_id"].encode(), orjson.dumps(envelope)
+        if value is None:
+            raise TypeError("a FakeRecord needs an envelope or a value")
+        self.key: bytes | None = key
+        self.value: bytes = value
         self.headers: list[tuple[str, bytes]] = []
         self.timestamp = 0
 
@@ -83,7 +104,7 @@ def owned_partition(
         TOPICS,
         Metrics(),
         position=0,
-        changelog=changelog,
+        changelog=changelog or changelog_for(TopicPartition("in", 2)),
         dead_letters=dead_letters,
         budget=budget,
         observer=observer,

@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from benchmarks.kafka_throughput import collector_held_off, raise_failed_send
+from benchmarks.kafka_harness import collector_held_off, raise_failed_send
 
 
 def test_the_collector_is_held_off_for_the_phase_and_handed_back() -> None:

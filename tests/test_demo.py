@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from tests.paths import REPO_ROOT
-from worker import demo
+from worker import demo, demo_setup
 
 DEMO_STREAM = REPO_ROOT / "samples" / "streams" / "demo-qwen3.jsonl"
 INJECTED_INVALID = 2  # the demo adds a truncated JSON line and a non-envelope record
@@ -28,7 +28,7 @@ def _stream_counts() -> tuple[int, int]:
 
 
 def _demo(env_overrides: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in demo.BOOTSTRAP_ENVS}
+    env = {k: v for k, v in os.environ.items() if k not in demo_setup.BOOTSTRAP_ENVS}
     env.update(env_overrides)
     return subprocess.run(
         [sys.executable, "-m", "worker.cli", "demo", *args],
@@ -107,7 +107,7 @@ def test_demo_fails_clearly_when_a_worker_exits_early(kafka_bootstrap: str, tmp_
 
 @pytest.mark.kafka
 def test_sigterm_mid_stream_stops_the_workers_and_exits_130(kafka_bootstrap: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in demo.BOOTSTRAP_ENVS}
+    env = {k: v for k, v in os.environ.items() if k not in demo_setup.BOOTSTRAP_ENVS}
     env["KAFKA_BOOTSTRAP_SERVERS"] = kafka_bootstrap
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker.cli", "demo", "--pace-ms", "200"],
@@ -159,8 +159,8 @@ def test_demo_without_a_bootstrap_uses_the_local_script_and_stops_what_it_starte
         "esac\n"
     )
     script.chmod(0o755)
-    monkeypatch.setattr(demo, "LOCAL_KAFKA_SCRIPT", script)
-    for env in demo.BOOTSTRAP_ENVS:
+    monkeypatch.setattr(demo_setup, "LOCAL_KAFKA_SCRIPT", script)
+    for env in demo_setup.BOOTSTRAP_ENVS:
         monkeypatch.delenv(env, raising=False)
     args = argparse.Namespace(
         offline=False, stream=None, tokenizer=None, bootstrap_servers=None, pace_ms=demo.PACE_MS

@@ -39,16 +39,26 @@ import orjson
 
 from worker.assembly import Assembler, render_text
 from worker.core.parsing.families import harmony
+from worker.demo_setup import (
+    DEMO_MODEL_NAME,
+    DEMO_STREAM,
+    REPO_ROOT,
+    SAMPLES,
+    cleanup_step,
+    delete_topics,
+    given_bootstrap,
+    run_quiet,
+    start_local_broker,
+    tail,
+    wait_for_broker,
+    worker_model_args,
+)
 from worker.demo_view import DeadLetterSeen, DemoState, DemoView, RequestProgress, make_view
 from worker.errors import ConfigurationError, DemoError
-from worker.settings import KafkaConnection, ModelSettings, env_vars_of
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = REPO_ROOT / "samples"
-DEMO_STREAM = SAMPLES / "streams" / "demo-qwen3.jsonl"
-DEMO_MODEL_NAME = "qwen3-demo"
-LOCAL_KAFKA_SCRIPT = REPO_ROOT / "deploy" / "local" / "kafka"
-BOOTSTRAP_ENVS = env_vars_of("bootstrap_servers", KafkaConnection.model_fields["bootstrap_servers"])
+from worker.runtime.kafka_client import make_client
+from worker.runtime.kafka_client.base import ClientKind, PartitionReader, ReaderConfig, TopicPartition
+from worker.runtime.kafka_security import KafkaSecurity
+from worker.settings import ModelSettings
 
 WORKERS = 2
 PARTITIONS = 6
@@ -60,25 +70,9 @@ COMMIT_INTERVAL_MS = 50  # outputs become visible (read_committed) at most this 
 # Heartbeats every session/4: the second worker's join is noticed by the first within ~1.5 s.
 SESSION_TIMEOUT_MS = 6000  # the broker minimum (group.min.session.timeout.ms)
 WORKER_SHUTDOWN_TIMEOUT_S = 10.0
-BROKER_START_TIMEOUT_S = 600.0  # the first start fetches Kafka's jars with Maven
-BROKER_ANSWER_TIMEOUT_S = 30.0
 GROUP_JOIN_TIMEOUT_S = 60.0  # tokenizer load + join + one rebalance
 OUTPUT_WAIT_S = 30.0  # after the last record is produced
 STOP_GRACE_S = 20.0  # SIGTERM, then SIGKILL
-
-
-def _worker_model_args(model_dir: str) -> list[str]:
-    return [
-        "--tokenizer",
-        model_dir,
-        "--served-model-name",
-        DEMO_MODEL_NAME,
-        "--reasoning-parser",
-        "qwen3",
-        "--tool-parser",
-        "hermes",
-        "--enable-auto-tool-choice",
-    ]
 
 
 # --- offline -------------------------------------------------------------------------------------
@@ -191,71 +185,6 @@ def build_plan(stream: Path) -> DemoPlan:
 # --- processes: broker, workers --------------------------------------------------------------------
 
 
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join("    " + line for line in text.splitlines()[-lines:])
-
-
-def _last_line(path: Path) -> str:
-    """The last line of a growing log (Maven's output can be long: read only its end)."""
-    with path.open("rb") as f:
-        f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-        lines = f.read().decode("utf-8", errors="replace").strip().splitlines()
-    return lines[-1] if lines else ""
-
-
-def _run_quiet(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-def _start_local_broker(view: DemoView, cleanup: contextlib.ExitStack, log_dir: Path) -> str:
-    """``deploy/local/kafka start`` with progress; stopped at the end only if it was not running."""
-    was_running = _run_quiet([str(LOCAL_KAFKA_SCRIPT), "status"], 30).returncode == 0
-    if not was_running:
-        # Registered before starting: a start that fails half-way is still stopped.
-        cleanup.callback(_cleanup_step("stopping Kafka", lambda: _stop_local_broker(view)))
-    stdout_path, stderr_path = log_dir / "kafka-start.out", log_dir / "kafka-start.err"
-    title = "using the running local Kafka" if was_running else "starting Kafka (deploy/local/kafka start)"
-    with view.stage(title) as stage, stdout_path.open("w") as stdout, stderr_path.open("w") as stderr:
-        proc = subprocess.Popen(
-            [str(LOCAL_KAFKA_SCRIPT), "start"], stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr
-        )
-        try:
-            deadline = time.monotonic() + BROKER_START_TIMEOUT_S
-            while proc.poll() is None:
-                if time.monotonic() > deadline:
-                    raise DemoError(
-                        f"{LOCAL_KAFKA_SCRIPT} start did not finish in {BROKER_START_TIMEOUT_S:.0f} s"
-                    )
-                stage.update(_last_line(stderr_path))
-                time.sleep(0.1)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    if proc.returncode != 0:
-        raise DemoError(
-            f"the local Kafka broker did not start ({LOCAL_KAFKA_SCRIPT} start exited with "
-            f"{proc.returncode}):\n{_tail(stderr_path)}"
-        )
-    lines = stdout_path.read_text().strip().splitlines()
-    if not lines:
-        raise DemoError(f"{LOCAL_KAFKA_SCRIPT} start printed no bootstrap address")
-    return lines[-1].strip()
-
-
-def _stop_local_broker(view: DemoView) -> None:
-    with view.stage("stopping Kafka (deploy/local/kafka stop)"):
-        done = _run_quiet([str(LOCAL_KAFKA_SCRIPT), "stop"], 120)
-    if done.returncode != 0:
-        print(f"demo: warning: {LOCAL_KAFKA_SCRIPT} stop failed: {done.stderr.strip()}", file=sys.stderr)
-
-
 @dataclass
 class WorkerProcess:
     label: str
@@ -290,7 +219,7 @@ class Workers:
             if code is not None:
                 raise DemoError(
                     f"{worker.label} (pid {worker.proc.pid}) exited early with status {code}; "
-                    f"the end of its log:\n{_tail(worker.log)}"
+                    f"the end of its log:\n{tail(worker.log)}"
                 )
 
     def stop(self, view: DemoView) -> None:
@@ -333,28 +262,13 @@ class DemoTopics:
 # --- Kafka clients -------------------------------------------------------------------------------
 
 
-async def _broker_answers(bootstrap: str) -> str | None:
-    """None when a client can bootstrap and sees a broker, else why not."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
-    try:
-        await admin.start()
-        cluster = await admin.describe_cluster()
-        return None if cluster.get("brokers") else "no brokers in the cluster metadata"
-    except Exception as exc:  # noqa: BLE001 - any connection error means "not (yet)"
-        return repr(exc)
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
-
-
-def _wait_for_broker(bootstrap: str, origin: str) -> None:
-    deadline = time.monotonic() + BROKER_ANSWER_TIMEOUT_S
-    while (problem := asyncio.run(_broker_answers(bootstrap))) is not None:
-        if time.monotonic() > deadline:
-            raise DemoError(f"no Kafka broker answers at {bootstrap} ({origin}): {problem}")
-        time.sleep(0.5)
+def _reader(bootstrap: str) -> PartitionReader:
+    """A group-less ``read_committed`` reader from the start of the partitions it is given: outputs
+    are written in transactions, only committed ones are real."""
+    security = KafkaSecurity()
+    return make_client(ClientKind.AIOKAFKA, security).reader(
+        ReaderConfig(bootstrap, "derender-demo", security)
+    )
 
 
 def _decode_assignment(raw: bytes) -> list[int]:
@@ -425,20 +339,16 @@ async def _probe_partitions(
     producers and restores state before it reads. Records produced before that would arrive in
     a burst; after the probes, the demo's records are served as they come.
     """
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka import AIOKafkaProducer
 
-    reader = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        isolation_level="read_committed",
-        auto_offset_reset="earliest",
-    )
+    reader = _reader(bootstrap)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
     await reader.start()
     try:
         await producer.start()
         try:
-            reader.assign([TopicPartition(topics.dlq, p) for p in range(PARTITIONS)])
+            letters = [TopicPartition(topics.dlq, p) for p in range(PARTITIONS)]
+            reader.assign(letters)
             for p in range(PARTITIONS):
                 await producer.send_and_wait(
                     topics.input, b"readiness probe", key=f"{PROBE_KEY_PREFIX}{p}".encode(), partition=p
@@ -453,29 +363,12 @@ async def _probe_partitions(
                         f"{GROUP_JOIN_TIMEOUT_S:.0f} s of the group forming"
                     )
                 update(f"{len(seen)}/{PARTITIONS} partitions served a probe")
-                for records in (await reader.getmany(timeout_ms=100)).values():
-                    seen.update(str(_dead_letter(r.value).key) for r in records)
+                for records in (await reader.fetch(letters, 100)).values():
+                    seen.update(str(_dead_letter(r.value).key) for r in records if r.value is not None)
         finally:
             await producer.stop()
     finally:
         await reader.stop()
-
-
-async def _delete_topics(bootstrap: str, topics: list[str], group: str) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
-    await admin.start()
-    try:
-        await admin.delete_topics(topics, timeout_ms=10_000)
-        # The empty group would otherwise linger on a kept local broker for days. aiokafka has
-        # no public delete_consumer_groups, hence the raw request; a failure is harmless.
-        with contextlib.suppress(Exception):
-            from aiokafka.protocol.admin import DeleteGroupsRequest
-
-            await admin._send_request(DeleteGroupsRequest([group]), await admin.find_coordinator(group))
-    finally:
-        await admin.close()
 
 
 async def _stream(
@@ -489,25 +382,17 @@ async def _stream(
     pace_s: float,
 ) -> None:
     """Produce the plan at ``pace_s`` and read outputs and dead letters until all have arrived."""
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka import AIOKafkaProducer
 
     assembler = Assembler()
-    reader = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        # Outputs are written in transactions: only committed ones are real.
-        isolation_level="read_committed",
-        auto_offset_reset="earliest",
-    )
+    reader = _reader(bootstrap)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
     await reader.start()
     try:
         await producer.start()
         try:
-            reader.assign(
-                [TopicPartition(t, p) for t in (topics.output, topics.dlq) for p in range(PARTITIONS)]
-            )
+            read = [TopicPartition(t, p) for t in (topics.output, topics.dlq) for p in range(PARTITIONS)]
+            reader.assign(read)
 
             async def produce() -> None:
                 state.first_produce_at = time.monotonic()
@@ -534,9 +419,11 @@ async def _stream(
                                 "of the last record produced"
                             )
                     workers.check_alive()
-                    batches = await reader.getmany(timeout_ms=100)
+                    batches = await reader.fetch(read, 100)
                     for tp, records in batches.items():
                         for record in records:
+                            if record.value is None:
+                                continue  # the workers write no tombstones to either topic
                             if tp.topic == topics.dlq:
                                 letter = _dead_letter(record.value)
                                 if not (letter.key or "").startswith(PROBE_KEY_PREFIX):
@@ -585,29 +472,8 @@ def _dead_letter(value: bytes) -> DeadLetterSeen:
 # --- the Kafka demo ------------------------------------------------------------------------------
 
 
-def _given_bootstrap(args: argparse.Namespace) -> tuple[str, str] | None:
-    if args.bootstrap_servers:
-        return args.bootstrap_servers.strip(), "--bootstrap-servers"
-    for env in BOOTSTRAP_ENVS:
-        if os.environ.get(env, "").strip():
-            return os.environ[env].strip(), env
-    return None
-
-
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # SIGTERM takes the same cleanup path as Ctrl-C
-
-
-def _cleanup_step(what: str, step: Callable[[], None]) -> Callable[[], None]:
-    """A cleanup callback that warns instead of raising, so the later steps still run."""
-
-    def run() -> None:
-        try:
-            step()
-        except Exception as exc:  # noqa: BLE001 - cleanup goes on; the failure is printed
-            print(f"demo: warning: {what} failed: {exc!r}", file=sys.stderr)
-
-    return run
 
 
 def run_kafka_demo(args: argparse.Namespace) -> int:
@@ -645,25 +511,25 @@ def _kafka_demo(args: argparse.Namespace, view: DemoView, tmp: Path) -> None:
 
     # LIFO: workers stop first, then the topics go, then the broker (only if this run started it).
     with contextlib.ExitStack() as cleanup:
-        given = _given_bootstrap(args)
+        given = given_bootstrap(args)
         if given is not None:
             state.bootstrap, state.broker_origin = given
         else:
-            state.bootstrap = _start_local_broker(view, cleanup, tmp)
+            state.bootstrap = start_local_broker(view, cleanup, tmp)
             state.broker_origin = "deploy/local/kafka"
-        _wait_for_broker(state.bootstrap, state.broker_origin)
+        wait_for_broker(state.bootstrap, state.broker_origin)
         view.note(f"Kafka at {state.bootstrap} (from {state.broker_origin})")
 
         bootstrap_flag = ["--bootstrap-servers", state.bootstrap]
         cli = [sys.executable, "-m", "worker.cli"]
         cleanup.callback(
-            _cleanup_step(
+            cleanup_step(
                 "deleting the demo topics",
-                lambda: asyncio.run(_delete_topics(state.bootstrap, topics.all, prefix)),
+                lambda: asyncio.run(delete_topics(state.bootstrap, topics.all, prefix)),
             )
         )
         with view.stage(f"creating topics {prefix}-* ({PARTITIONS} partitions)"):
-            created = _run_quiet(
+            created = run_quiet(
                 [*cli, "topics", "create", *bootstrap_flag, *topics.flags(), "--partitions", str(PARTITIONS)],
                 120,
             )
@@ -671,7 +537,7 @@ def _kafka_demo(args: argparse.Namespace, view: DemoView, tmp: Path) -> None:
             raise DemoError(f"`derender-worker topics create` failed:\n{created.stderr.strip()}")
 
         workers = Workers()
-        cleanup.callback(_cleanup_step("stopping the workers", lambda: workers.stop(view)))
+        cleanup.callback(cleanup_step("stopping the workers", lambda: workers.stop(view)))
         with view.stage(f"starting {WORKERS} workers (group {prefix})") as stage:
             for n in range(1, WORKERS + 1):
                 client_id = f"{prefix}-worker-{n}"
@@ -684,7 +550,7 @@ def _kafka_demo(args: argparse.Namespace, view: DemoView, tmp: Path) -> None:
                     *("--commit-interval-ms", str(COMMIT_INTERVAL_MS)),
                     *("--session-timeout-ms", str(SESSION_TIMEOUT_MS)),
                     *("--shutdown-timeout-s", str(WORKER_SHUTDOWN_TIMEOUT_S)),
-                    *_worker_model_args(model_dir),
+                    *worker_model_args(model_dir),
                 ]
                 workers.start(f"worker {n}", client_id, argv, tmp / f"worker-{n}.log")
             members = asyncio.run(_wait_for_group(state.bootstrap, prefix, workers, stage.update))

@@ -158,6 +158,11 @@ class PartitionNotAssignedError(KafkaClientError):
     """A call named a partition this consumer is not (or no longer) assigned."""
 
 
+class KafkaReadTimeoutError(KafkaClientError):
+    """A group-less read of offset ranges (a state restore, its replay) did not reach the ranges'
+    ends within its deadline."""
+
+
 class GroupRejectedError(KafkaClientError):
     """The group coordinator refused the member for a reason only configuration can fix."""
 

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from tests.golden_cases import derenderer_for, normalize, sample_config
-from tests.parsing_helpers import WEATHER_REQUEST, sample_tokenizer, tool_parsing
+from tests.parsing_helpers import WEATHER_REQUEST, sample_tokenizer, stream_summary, tool_parsing
 from tests.stream_builders import chat_stream, written
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.parsing.composite import REREAD_TEXT_FACTOR
@@ -244,4 +244,8 @@ def test_a_large_nested_dict_argument_streams_to_its_end(parser: str) -> None:
     if parser == "llama4_pythonic":
         text = "<|python_start|>" + text + "<|python_end|>"
     session = tool_parsing("llama-3", parser).new_stream(WEATHER_REQUEST, [1])
-    _stream(session, _steps("llama-3", text))
+    got = stream_summary(session, _steps("llama-3", text), names_once=True)
+    assert got.names == {0: "get_weather"}
+    fields = {f"field_{i}": f"value {i}" for i in range(1200)}
+    assert orjson.loads(got.args[0]) == {"data": {"fields": fields}}
+    assert got.finish == "tool_calls"

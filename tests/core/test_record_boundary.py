@@ -3,7 +3,6 @@ skip or dead letter, serialized within the limits, and the records after it are 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -15,12 +14,10 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import TopicPartition
 
 from schemas.bounds import MAX_JSON_DEPTH
 from schemas.envelope import DeadLetterRecord, OutputEnvelope
 from tests.golden_cases import MODELS_DIR, derenderer_for, sample_config
-from tests.partition_fakes import RecordingSink
 from tests.stream_builders import chat_stream
 from worker.core.envelope_processor import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -30,9 +27,6 @@ from worker.core.envelope_processor import (
 )
 from worker.core.live_parsers import LIVE_PARSER_BYTES
 from worker.runtime import dead_letter_record
-from worker.runtime.metrics import Metrics
-from worker.runtime.partition import OwnedPartition
-from worker.runtime.topics import TopicNames
 
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
 CONFIG = sample_config(max_model_len=64)
@@ -420,53 +414,6 @@ def test_an_unexpected_exception_fails_its_request_with_a_500_and_the_stream_goe
     assert error["code"] == 500 and error["type"] == "InternalServerError" and "a bug" in error["message"]
     _check_result(result, processor.max_output_bytes)
     assert processor.process(good[1]).output is not None
-
-
-# --- the runtime's per-record path -----------------------------------------------------------
-
-
-class FakeRecord:
-    def __init__(self, offset: int, value: bytes, key: bytes | None) -> None:
-        self.topic, self.partition, self.offset = "in", 0, offset
-        self.key, self.value = key, value
-        self.headers: list[tuple[str, bytes]] = [("trace", b"t")]
-        self.timestamp = 0
-
-
-def test_the_partition_sends_the_core_bytes() -> None:
-    topics = TopicNames("in", "out", "state", "dlq")
-    sink = RecordingSink()
-    task = OwnedPartition(
-        TopicPartition("in", 0),
-        _processor(require_key=True),
-        sink,
-        topics,
-        Metrics(),
-        position=0,
-    )
-    poison = b'{"request_id": "' + b"\x00" * 600_000 + b'"}'
-    big_seq = _first()
-    big_seq["seq"] = BIG
-    records = [(good, b"good") for good in _good()]
-    records.insert(1, (poison, b"p"))
-    records.insert(2, (orjson.dumps(big_seq), b"bad"))
-
-    async def body() -> None:
-        for offset, (value, key) in enumerate(records):
-            await task.handle(FakeRecord(offset, value, key))
-
-    asyncio.run(body())
-    assert task.position == len(records)
-    outputs = [orjson.loads(r.value) for r in sink.sent if r.topic == "out" and r.value]
-    assert [o["seq"] for o in outputs] == [0, 1, 2]
-    assert all(o["source"]["topic"] == "in" for o in outputs)
-    letters = [
-        DeadLetterRecord.model_validate_json(r.value) for r in sink.sent if r.topic == "dlq" and r.value
-    ]
-    assert len(letters) == 2
-    assert letters[0].original_size == len(poison) and letters[0].headers == [("trace", "t")]
-    assert not letters[0].truncated  # the whole original: only the core's output limit cuts
-    assert letters[1].source is not None and letters[1].source.offset == 2
 
 
 # --- replay ----------------------------------------------------------------------------------

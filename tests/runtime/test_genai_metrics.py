@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import TOPICS, RecordingSink
+from tests.partition_fakes import TOPICS, RecordingSink, changelog_for
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime import metrics_names as m
 from worker.runtime.genai_metrics import REQUEST_START_HEADER, request_start_header
@@ -59,6 +59,7 @@ def _run(
         TOPICS,
         metrics,
         position=0,
+        changelog=changelog_for(TopicPartition("in", 0)),
         observer=observer,
     )
 

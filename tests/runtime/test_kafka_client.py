@@ -39,12 +39,12 @@ from worker.runtime.dlq_replay import ReplayOptions
 from worker.runtime.kafka_client import aiokafka_backend, confluent_backend
 from worker.runtime.kafka_client.base import (
     CompressionType,
+    OutgoingRecord,
     ProducerConfig,
     TopicPartition,
 )
 from worker.runtime.kafka_oauth import OidcClientCredentials
 from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
-from worker.runtime.records import OutgoingRecord
 from worker.runtime.state_changelog import StateChangelog, StateKeys
 from worker.runtime.worker import refused_as_too_large
 from worker.settings import ProducerSettings

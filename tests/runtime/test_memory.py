@@ -14,7 +14,7 @@ import pytest
 from aiokafka import TopicPartition
 
 from tests.golden_cases import MODELS_DIR
-from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink
+from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, changelog_for
 from worker.core.envelope_processor import EnvelopeProcessor, Refusal
 from worker.core.live_parsers import LIVE_PARSER_BYTES, LiveParserPool
 from worker.core.sequence_state import SequenceState
@@ -257,6 +257,7 @@ def test_the_budget_never_passes_its_cap_under_a_flood() -> None:
                 TOPICS,
                 Metrics(),
                 position=0,
+                changelog=changelog_for(TopicPartition("in", p)),
                 budget=budget,
             )
         )

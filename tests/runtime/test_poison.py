@@ -27,12 +27,11 @@ from worker.errors import ConfigurationError, DeliveryFailedError, KafkaClientEr
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.delivery import MAX_RECORD_BYTES
 from worker.runtime.kafka_client.aiokafka_backend import parse_max_message_bytes
-from worker.runtime.kafka_client.base import TopicPartition
+from worker.runtime.kafka_client.base import OutgoingRecord, TopicPartition
 from worker.runtime.observer import RecordObserver
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_record_limits
-from worker.runtime.records import OutgoingRecord
 from worker.runtime.tracing import Headers
 from worker.runtime.worker import Worker
 from worker.settings import ModelSettings

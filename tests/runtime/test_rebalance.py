@@ -17,7 +17,7 @@ from confluent_kafka import TopicPartition as LibTopicPartition
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import StubConsumer, run_settings
+from tests.partition_fakes import StubConsumer, changelog_for, run_settings
 from tests.runtime.worker_fakes import FakeTransactionalProducer, handle_record, per_worker_tasks
 from worker.cli import main
 from worker.errors import ConfigurationError
@@ -380,7 +380,13 @@ def test_a_partial_revocation_commits_only_the_revoked_partitions_transactions()
         producers[partition] = FakeTransactionalProducer()
         sink = TransactionalSink(producers[partition], lambda: "group-metadata", Metrics())
         worker.tasks[tp] = OwnedPartition(
-            tp, worker.model.processor_for(worker.derenderer), sink, settings.topics, Metrics(), position=0
+            tp,
+            worker.model.processor_for(worker.derenderer),
+            sink,
+            settings.topics,
+            Metrics(),
+            position=0,
+            changelog=changelog_for(tp, settings.topics),
         )
     worker._consumer = StubConsumer(set(worker.tasks))
     one, two = worker.tasks[TopicPartition(TOPIC, 1)], worker.tasks[TopicPartition(TOPIC, 2)]

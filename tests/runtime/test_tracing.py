@@ -252,7 +252,7 @@ import asyncio, sys, orjson
 from aiokafka import TopicPartition
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink
+from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, changelog_for
 import worker.runtime.commands, worker.runtime.worker
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.metrics import Metrics
@@ -261,7 +261,8 @@ from worker.runtime.partition import OwnedPartition
 from worker.runtime.tracing import build_spans
 sink = RecordingSink()
 task = OwnedPartition(TopicPartition("in", 2), EnvelopeProcessor(derenderer_for(QWEN3_CONFIG)), sink, TOPICS,
-                     Metrics(), position=0, observer=RecordObserver("g", build_spans(None)))
+                     Metrics(), position=0, changelog=changelog_for(TopicPartition("in", 2)),
+                     observer=RecordObserver("g", build_spans(None)))
 [s] = generate_sequences(1, seed=1, prefix="x")
 async def main():
     for i, e in enumerate(s.envelopes):

@@ -26,7 +26,7 @@ from tests.paths import REPO_ROOT
 from worker.cli import build_parser, main
 from worker.errors import ConfigurationError
 from worker.runtime import metrics_names as m
-from worker.runtime import state_store, topics
+from worker.runtime import topics
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.delivery import PRODUCER_LINGER_MS, producer_config
 from worker.runtime.kafka_client import aiokafka_backend
@@ -126,10 +126,10 @@ class _Recorder:
 def test_security_kwargs_reach_every_client(monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[tuple[str, dict[str, Any]]] = []
     classes = {}
-    for name in ("Consumer", "RestoreConsumer", "Admin", "Producer"):
+    for name in ("Consumer", "Admin", "Producer"):
         classes[name] = type(name, (_Recorder,), {"made": made})
+    # The group consumer and the restore's two group-less readers.
     monkeypatch.setattr(aiokafka_backend, "AIOKafkaConsumer", classes["Consumer"])
-    monkeypatch.setattr(state_store, "AIOKafkaConsumer", classes["RestoreConsumer"])
     monkeypatch.setattr(aiokafka_backend, "AIOKafkaAdminClient", classes["Admin"])
     monkeypatch.setattr(aiokafka_backend, "AIOKafkaProducer", classes["Producer"])
     aiokafka = ["--kafka-client", "aiokafka"]  # librdkafka's settings: test_kafka_client
@@ -144,10 +144,10 @@ def test_security_kwargs_reach_every_client(monkeypatch: pytest.MonkeyPatch) -> 
     Worker(at_least_once, derenderer_for(QWEN3_CONFIG), model=model)._new_sink(TopicPartition("i", 1))
     asyncio.run(topics.create_topics("k:9092", TOPICS, 1, 1, settings.security.client_kwargs()))
     kinds = [kind for kind, _ in made]
-    assert sorted(set(kinds)) == ["Admin", "Consumer", "Producer", "RestoreConsumer"]
+    assert sorted(set(kinds)) == ["Admin", "Consumer", "Producer"]
     # Admin clients: partition counts and max.message.bytes at start-up, then `topics create`
     # (creating, then waiting for leaders).
-    assert kinds.count("Producer") == 2 and kinds.count("Admin") == 4
+    assert kinds.count("Producer") == 2 and kinds.count("Admin") == 4 and kinds.count("Consumer") == 3
     for kind, kwargs in made:
         assert kwargs["security_protocol"] == "SASL_PLAINTEXT", kind
         assert kwargs["sasl_mechanism"] == "SCRAM-SHA-512", kind
@@ -156,7 +156,9 @@ def test_security_kwargs_reach_every_client(monkeypatch: pytest.MonkeyPatch) -> 
     assert len(transactional) == 1
     # aiokafka does not batch under the commit (``Worker._batches_under_commit``).
     assert transactional[0]["linger_ms"] == PRODUCER_LINGER_MS
-    (consumer,) = [kw for kind, kw in made if kind == "Consumer"]
+    (consumer,) = [kw for kind, kw in made if kind == "Consumer" and kw["group_id"] is not None]
+    readers = [kw for kind, kw in made if kind == "Consumer" and kw["group_id"] is None]
+    assert sorted(kw["isolation_level"] for kw in readers) == ["read_committed", "read_uncommitted"]
     assert (consumer["fetch_min_bytes"], consumer["fetch_max_wait_ms"]) == (1, 500)
 
 

@@ -8,13 +8,12 @@ from typing import Any
 
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG
-from tests.partition_fakes import TOPICS, FakeRecord, StubConsumer, run_settings
+from tests.partition_fakes import TOPICS, FakeRecord, StubConsumer, changelog_for, run_settings
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.delivery import SharedSink, Transaction
-from worker.runtime.kafka_client.base import CommitTimings, Offsets, TopicPartition
+from worker.runtime.kafka_client.base import CommitTimings, Offsets, OutgoingRecord, TopicPartition
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.records import OutgoingRecord
 from worker.runtime.worker import Worker
 from worker.settings import ModelSettings
 
@@ -75,7 +74,7 @@ def per_worker_tasks(producer: FakeTransactionalProducer) -> tuple[Worker, list[
         tp = TopicPartition("in", partition)
         task = OwnedPartition(
             tp, EnvelopeProcessor(worker.derenderer), SharedSink(worker.committer.shared), TOPICS, Metrics(),
-            position=0,
+            position=0, changelog=changelog_for(tp),
         )  # fmt: skip
         worker.tasks[tp] = task
         tasks.append(task)

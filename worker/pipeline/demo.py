@@ -22,14 +22,14 @@ from typing import Any
 
 import orjson
 
-from worker.demo import (
+from worker.demo_setup import (
     DEMO_STREAM,
     SAMPLES,
-    _delete_topics,
-    _given_bootstrap,
-    _start_local_broker,
-    _wait_for_broker,
-    _worker_model_args,
+    delete_topics,
+    given_bootstrap,
+    start_local_broker,
+    wait_for_broker,
+    worker_model_args,
 )
 from worker.demo_view import make_view
 from worker.errors import DemoError
@@ -222,9 +222,9 @@ def _demo(args: argparse.Namespace, tmp: Path) -> int:
     cli = [sys.executable, "-m", "worker.cli"]
     started = time.monotonic()
     with contextlib.ExitStack() as cleanup:
-        given = _given_bootstrap(args)
-        bootstrap = given[0] if given else _start_local_broker(make_view(), cleanup, tmp)
-        _wait_for_broker(bootstrap, given[1] if given else "deploy/local/kafka")
+        given = given_bootstrap(args)
+        bootstrap = given[0] if given else start_local_broker(make_view(), cleanup, tmp)
+        wait_for_broker(bootstrap, given[1] if given else "deploy/local/kafka")
         print(f"pipeline demo: Kafka at {bootstrap}")
         kafka = ["--bootstrap-servers", bootstrap]
         worker_topics = [
@@ -232,7 +232,7 @@ def _demo(args: argparse.Namespace, tmp: Path) -> int:
             *("--state-topic", topics["state"], "--dlq-topic", topics["dlq"]),
         ]
         cleanup.callback(
-            lambda: asyncio.run(_delete_topics(bootstrap, list(topics.values()), f"{prefix}-ingest"))
+            lambda: asyncio.run(delete_topics(bootstrap, list(topics.values()), f"{prefix}-ingest"))
         )
         created = subprocess.run(
             [*cli, "topics", "create", *kafka, *worker_topics, "--partitions", str(PARTITIONS)],
@@ -262,7 +262,7 @@ def _demo(args: argparse.Namespace, tmp: Path) -> int:
                     *worker_topics,
                     *("--group-id", prefix, "--client-id", f"{prefix}-worker-{n}", "--metrics-port", "0"),
                     *("--commit-interval-ms", "20"),
-                    *_worker_model_args(model_dir),
+                    *worker_model_args(model_dir),
                 ],
             )
         processes.start(

@@ -21,7 +21,8 @@ Modules, in the order a record meets them:
 
 * ``topics``        -- creating and checking the four topics
 * ``lifecycle``     -- the worker's state machine (transition table)
-* ``kafka_client``  -- the client layer: protocols (``base``), aiokafka and librdkafka backends
+* ``kafka_client``  -- the client layer: protocols (``base``), aiokafka and librdkafka backends,
+                       the group-less range reader (``ranges``)
 * ``state_changelog`` -- the one owner of the state topic: keys, codec, checkpoints, restore
 * ``state_store``   -- reading a state partition to its end (and an input range to replay)
 * ``records``       -- ``ProcessResult`` -> outgoing Kafka records (output, dead letter)

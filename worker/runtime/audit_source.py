@@ -28,8 +28,7 @@ from worker.errors import AuditUsageError, ConfigurationError, KafkaClientError
 from worker.runtime.delivery import producer_config
 from worker.runtime.dlq_replay import parse_since
 from worker.runtime.kafka_client.aiokafka_backend import AiokafkaClient, AiokafkaReader
-from worker.runtime.kafka_client.base import PartitionReader, TopicPartition
-from worker.runtime.records import OutgoingRecord
+from worker.runtime.kafka_client.base import OutgoingRecord, PartitionReader, TopicPartition
 from worker.runtime.topics import partition_counts
 from worker.settings import (
     KafkaConnection,

@@ -28,6 +28,7 @@ from worker.runtime import metrics_names as m
 from worker.runtime.kafka_client.base import (
     CommitTimings,
     Offsets,
+    OutgoingRecord,
     Producer,
     ProducerConfig,
     TopicPartition,
@@ -35,7 +36,6 @@ from worker.runtime.kafka_client.base import (
     TransactionalProducer,
 )
 from worker.runtime.metrics import Metrics
-from worker.runtime.records import OutgoingRecord
 
 if TYPE_CHECKING:
     from worker.settings import ProducingTopics

@@ -45,9 +45,14 @@ from schemas.envelope import DeadLetterRecord
 from worker.errors import ConfigurationError, DeliveryFailedError, ReplayError
 from worker.runtime.delivery import producer_config
 from worker.runtime.kafka_client.aiokafka_backend import AiokafkaProducer, AiokafkaReader
-from worker.runtime.kafka_client.base import ConsumedRecord, PartitionReader, ProducerConfig, TopicPartition
+from worker.runtime.kafka_client.base import (
+    ConsumedRecord,
+    OutgoingRecord,
+    PartitionReader,
+    ProducerConfig,
+    TopicPartition,
+)
 from worker.runtime.kafka_security import KafkaSecurity
-from worker.runtime.records import OutgoingRecord
 from worker.runtime.topics import partition_counts
 from worker.settings import ProducingTopics, SecuritySettings, add_arguments, load_kafka
 

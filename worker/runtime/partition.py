@@ -19,17 +19,16 @@ from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, Proces
 from worker.runtime import metrics_names as m
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy, Trip
 from worker.runtime.delivery import Sink
-from worker.runtime.kafka_client.base import ConsumedRecord, TopicPartition
+from worker.runtime.kafka_client.base import ConsumedRecord, OutgoingRecord, TopicPartition
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.observer import NO_OBSERVER, RecordObserver
 from worker.runtime.poison import ResetTracker
 from worker.runtime.prometheus_export import labelled
-from worker.runtime.records import OutgoingRecord, records_for, source_of
-from worker.runtime.state_changelog import StateChangelog, StateKeys
+from worker.runtime.records import records_for, source_of
+from worker.runtime.state_changelog import StateChangelog
 from worker.runtime.topics import TopicNames
 from worker.runtime.tracing import Headers, propagated
-from worker.settings import DEFAULT_GROUP_ID
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ class OwnedPartition:
         metrics: Metrics,
         *,
         position: int,
-        changelog: StateChangelog | None = None,
+        changelog: StateChangelog,
         epoch: int = 0,
         dead_letters: DeadLetterPolicy | None = None,
         budget: MemoryBudget | None = None,
@@ -62,7 +61,7 @@ class OwnedPartition:
         self.metrics = metrics
         self.position = position  # next input offset to process
         self.committed_position = position
-        self.changelog = changelog or StateChangelog(topics.state, tp.partition, StateKeys(DEFAULT_GROUP_ID))
+        self.changelog = changelog  # its keys name the group: no default could stand in for it
         self.uncommitted_records = 0
         self.has_pending_output = False
         # State records taken for a commit that has not ended: should it fail, the changelog

@@ -8,26 +8,17 @@ and source (``dead_letter_record``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from worker.core.envelope_processor import ProcessResult
 from worker.runtime import dead_letter_record
+from worker.runtime.kafka_client.base import OutgoingRecord
 from worker.runtime.topics import TopicNames
 
 
 def source_of(record: Any) -> dict[str, Any]:
     """Where an input record (``kafka_client.base.ConsumedRecord``) sat; becomes ``OutputEnvelope.source``."""
     return {"topic": record.topic, "partition": record.partition, "offset": record.offset}
-
-
-@dataclass(frozen=True, slots=True)
-class OutgoingRecord:
-    topic: str
-    key: bytes | None
-    value: bytes | None  # None: a tombstone
-    partition: int | None = None  # None: the producer hashes the key
-    headers: tuple[tuple[str, bytes], ...] = ()  # trace context (``tracing``)
 
 
 def records_for(

@@ -40,7 +40,7 @@ import orjson
 
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor, JsonDict, RequestContext
-from worker.runtime.records import OutgoingRecord
+from worker.runtime.kafka_client.base import OutgoingRecord
 
 log = logging.getLogger(__name__)
 

@@ -240,7 +240,7 @@ class Worker:
         check_layout(topics, await partition_counts(s.bootstrap_servers, names, self._security))
         check_record_limits(topics, await max_message_bytes(s.bootstrap_servers, names, self._security))
         self._restorer = StateRestorer(
-            s.bootstrap_servers, s.client_id, topics.state, self._security, StateKeys(s.group_id)
+            self._client, s.bootstrap_servers, s.client_id, topics.state, StateKeys(s.group_id), s.security
         )
         await self._restorer.start()
         self._opener = PartitionOpener(

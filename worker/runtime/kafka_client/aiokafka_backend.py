@@ -63,12 +63,13 @@ from worker.runtime.kafka_client.base import (
     ConsumedRecord,
     ConsumerConfig,
     Offsets,
+    OutgoingRecord,
     Partitions,
     PartitionsCallback,
     ProducerConfig,
+    ReaderConfig,
     TopicPartition,
 )
-from worker.runtime.records import OutgoingRecord
 
 log = logging.getLogger(__name__)
 
@@ -447,14 +448,21 @@ class AiokafkaProducer:
 
 
 class AiokafkaReader:
-    def __init__(self, bootstrap_servers: str, client_id: str, security: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        client_id: str,
+        security: Mapping[str, Any],
+        *,
+        read_committed: bool = True,
+    ) -> None:
         self._consumer = AIOKafkaConsumer(
             **security,
             bootstrap_servers=bootstrap_servers,
             client_id=client_id,
             group_id=None,  # reads by explicit offsets and commits nothing
             enable_auto_commit=False,
-            isolation_level="read_committed",
+            isolation_level="read_committed" if read_committed else "read_uncommitted",
             auto_offset_reset="earliest",
         )
 
@@ -520,6 +528,12 @@ class AiokafkaClient:
 
     def producer(self, config: ProducerConfig) -> AiokafkaProducer:
         return AiokafkaProducer(config, self._security)
+
+    def reader(self, config: ReaderConfig) -> AiokafkaReader:
+        security = self._security if self._security is not None else config.security.client_kwargs()
+        return AiokafkaReader(
+            config.bootstrap_servers, config.client_id, security, read_committed=config.read_committed
+        )
 
 
 # --- admin ----------------------------------------------------------------------------------------

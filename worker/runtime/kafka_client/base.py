@@ -34,13 +34,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from worker.runtime.kafka_security import KafkaSecurity
-
-if TYPE_CHECKING:
-    from worker.runtime.records import OutgoingRecord
-
 
 MAX_MESSAGE_BYTES = "max.message.bytes"  # the topic configuration that caps a record's size
 
@@ -50,6 +46,17 @@ class TopicPartition(NamedTuple):
 
     topic: str
     partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingRecord:
+    """A record to send (``records`` makes the worker's: outputs, dead letters)."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None  # None: a tombstone
+    partition: int | None = None  # None: the producer hashes the key
+    headers: tuple[tuple[str, bytes], ...] = ()  # trace context (``tracing``)
 
 
 class ConsumedRecord(Protocol):
@@ -241,9 +248,20 @@ class Producer(Protocol):
     async def stop(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class ReaderConfig:
+    bootstrap_servers: str
+    client_id: str
+    security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    # False only to ask for high watermarks: a read_committed reader's end offsets are the last
+    # stable offsets (the first offset of the oldest open transaction).
+    read_committed: bool = True
+
+
 class PartitionReader(Protocol):
-    """A group-less ``read_committed`` reader of explicit partitions and offset ranges (tools: ``audit``,
-    ``dlq replay``); commits nothing."""
+    """A group-less reader of explicit partitions and offset ranges (a restore, ``audit``,
+    ``dlq replay``, the demo); joins no group and commits nothing. ``ranges.RangeReader`` reads
+    whole ranges with it."""
 
     async def start(self) -> None: ...
 
@@ -283,3 +301,5 @@ class KafkaClient(Protocol):
     ) -> TransactionalProducer: ...
 
     def producer(self, config: ProducerConfig) -> Producer: ...
+
+    def reader(self, config: ReaderConfig) -> PartitionReader: ...

@@ -59,14 +59,15 @@ from worker.runtime.kafka_client.base import (
     ConsumerConfig,
     GroupProtocol,
     Offsets,
+    OutgoingRecord,
     Partitions,
     PartitionsCallback,
     ProducerConfig,
+    ReaderConfig,
     TopicPartition,
 )
 from worker.runtime.kafka_oauth import MskIamTokenProvider, OidcTokenProvider
 from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism
-from worker.runtime.records import OutgoingRecord
 
 log = logging.getLogger(__name__)
 
@@ -725,6 +726,110 @@ def _perf_ms() -> float:
     return time.perf_counter() * 1000
 
 
+class ConfluentReader:
+    """A group-less reader (``PartitionReader``) on librdkafka.
+
+    librdkafka wants a ``group.id`` even for a consumer that only assigns: this one is given a
+    name of its own, never joins it and never commits to it. A seek right after an assignment
+    is refused by librdkafka (the assignment is applied on its own thread later), so ``seek``
+    reassigns the one partition at the new offset instead. Its position is librdkafka's (which
+    moves past transaction markers and aborted records) once a fetch has run since the seek,
+    the seek's offset before.
+    """
+
+    def __init__(self, config: ReaderConfig) -> None:
+        self._consumer = Consumer(
+            {
+                **security_config(config.security),
+                "bootstrap.servers": config.bootstrap_servers,
+                "client.id": config.client_id,
+                "group.id": f"{config.client_id}-unjoined",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed" if config.read_committed else "read_uncommitted",
+                "error_cb": lambda error: log.warning("kafka reader: %s", error.str()),
+            }
+        )
+        self._thread = _Thread("kafka-reader")
+        self._seeked: dict[TopicPartition, int] = {}  # each partition's last seek
+        self._unfetched: set[TopicPartition] = set()  # no fetch since the last seek yet
+
+    async def start(self) -> None:
+        # librdkafka connects lazily: ask for metadata to find out whether a broker answers.
+        await _call(self._thread, self._consumer.list_topics, None, CALL_TIMEOUT_S)
+
+    def assign(self, tps: Sequence[TopicPartition]) -> None:
+        self._seeked = {tp: 0 for tp in tps}
+        self._unfetched = set(tps)
+        self._consumer.assign([_lib(tp, confluent_kafka.OFFSET_BEGINNING) for tp in tps])
+
+    async def beginning_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: (await self._watermarks(tp))[0] for tp in tps}
+
+    async def end_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: (await self._watermarks(tp))[1] for tp in tps}
+
+    async def _watermarks(self, tp: TopicPartition) -> tuple[int, int]:
+        low, high = await _call(self._thread, self._consumer.get_watermark_offsets, _lib(tp), CALL_TIMEOUT_S)
+        return int(low), int(high)
+
+    async def offsets_for_time(
+        self, tps: Sequence[TopicPartition], when_ms: int
+    ) -> dict[TopicPartition, int | None]:
+        query = [_lib(tp, max(0, when_ms)) for tp in tps]
+        found = await _call(self._thread, self._consumer.offsets_for_times, query, CALL_TIMEOUT_S)
+        return {TopicPartition(p.topic, p.partition): (p.offset if p.offset >= 0 else None) for p in found}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        try:
+            self._consumer.incremental_unassign([_lib(tp)])
+            self._consumer.incremental_assign([_lib(tp, offset)])
+        except KafkaException as exc:
+            raise _translated(exc) from exc
+        self._seeked[tp] = offset
+        self._unfetched.add(tp)
+
+    def _fetch(
+        self, wanted: set[TopicPartition], timeout_s: float
+    ) -> dict[TopicPartition, list[ConsumedRecord]]:
+        batches: dict[TopicPartition, list[ConsumedRecord]] = {}
+        for message in self._consumer.consume(10_000, timeout_s):
+            error = message.error()
+            if error is not None:
+                if error.fatal():
+                    raise KafkaException(error)
+                log.warning("kafka reader: %s", error.str())
+                continue
+            record = _Record(message)
+            tp = TopicPartition(record.topic, record.partition)
+            if tp in wanted:
+                batches.setdefault(tp, []).append(record)
+        return batches
+
+    async def fetch(
+        self, tps: Sequence[TopicPartition], timeout_ms: int
+    ) -> dict[TopicPartition, list[ConsumedRecord]]:
+        wanted = set(tps)
+        batches = await _call(self._thread, self._fetch, wanted, timeout_ms / 1000)
+        self._unfetched -= wanted
+        return batches
+
+    async def position(self, tp: TopicPartition) -> int:
+        seeked = self._seeked.get(tp, 0)
+        if tp in self._unfetched:
+            return seeked
+        (found,) = self._consumer.position([_lib(tp)])
+        offset: int = found.offset
+        return max(offset, seeked)  # librdkafka's is invalid (negative) until a record is consumed
+
+    async def stop(self) -> None:
+        try:
+            await _call(self._thread, self._consumer.close)
+        finally:
+            self._thread.shutdown()
+
+
 class ConfluentClient:
     kind = ClientKind.CONFLUENT
     supports_kip447 = True
@@ -743,3 +848,6 @@ class ConfluentClient:
 
     def producer(self, config: ProducerConfig) -> ConfluentProducer:
         return ConfluentProducer(config)
+
+    def reader(self, config: ReaderConfig) -> ConfluentReader:
+        return ConfluentReader(config)

@@ -1,4 +1,5 @@
-"""Broker-free tests of the Kafka runtime's pieces: settings, lifecycle, state batching."""
+"""What a partition writes to the state topic as it handles records: batched per commit, the
+context once then progress, deferred checkpoints; and that a restore from it equals the live partition."""
 
 from __future__ import annotations
 
@@ -6,103 +7,24 @@ import asyncio
 from typing import Any
 
 import orjson
-import pytest
 from aiokafka import TopicPartition
 
-from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
+from tests.golden_cases import derenderer_for, normalize
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
-from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, owned_partition
+from tests.partition_fakes import TEST_KEYS, FakeRecord, RecordingSink, owned_partition
 from tests.stream_builders import written
-from worker.cli import build_parser
 from worker.core.envelope_processor import EnvelopeProcessor
-from worker.errors import ConfigurationError, IllegalTransitionError
-from worker.runtime.lifecycle import Lifecycle, WorkerState
-from worker.runtime.records import OutgoingRecord
+from worker.runtime.kafka_client.base import OutgoingRecord
 from worker.runtime.state_changelog import (
     StateChangelog,
-    StateKeys,
     decode,
     encode_context,
-    encode_progress,
     install,
     replay_after,
     restore,
 )
-from worker.runtime.topics import check_layout
-from worker.settings import DEFAULT_GROUP_ID, DeliveryMode, KafkaSettings, load_kafka
 
-KEYS = StateKeys(DEFAULT_GROUP_ID)  # the namespace of ``owned_partition``'s state keys
-
-
-def _settings(argv: list[str]) -> KafkaSettings:
-    args = build_parser().parse_args(["run", "--tokenizer", "x", *argv])
-    return load_kafka(KafkaSettings, args)
-
-
-def test_state_checkpoint_interval_flag(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DERENDER_BOOTSTRAP_SERVERS", "b:9092")
-    monkeypatch.delenv("DERENDER_STATE_CHECKPOINT_INTERVAL_MS", raising=False)
-    assert _settings([]).state_checkpoint_interval_ms == 10_000
-    assert _settings(["--state-checkpoint-interval-ms", "0"]).state_checkpoint_interval_ms == 0
-    with pytest.raises(ConfigurationError, match="--state-checkpoint-interval-ms"):
-        _settings(["--state-checkpoint-interval-ms", "-1"])
-
-
-def test_flags_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("DERENDER_BOOTSTRAP_SERVERS", raising=False)
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "fallback:9092")
-    monkeypatch.setenv("DERENDER_GROUP_ID", "g-env")
-    monkeypatch.setenv("DERENDER_MODE", "at-least-once")
-    monkeypatch.setenv("DERENDER_COMMIT_INTERVAL_MS", "250")
-    monkeypatch.setenv("DERENDER_INPUT_TOPIC", "in-env")
-    settings = _settings([])
-    assert settings.bootstrap_servers == "fallback:9092"
-    assert settings.group_id == "g-env"
-    assert settings.mode is DeliveryMode.AT_LEAST_ONCE
-    assert settings.commit_interval_ms == 250
-    assert settings.topics.input == "in-env"
-    assert settings.transactional_id(3) == "g-env-in-env-3"
-
-    monkeypatch.setenv("DERENDER_BOOTSTRAP_SERVERS", "primary:9092")
-    assert _settings([]).bootstrap_servers == "primary:9092"
-    assert _settings(["--bootstrap-servers", "flag:9092"]).bootstrap_servers == "flag:9092"
-
-
-def test_bad_settings_are_configuration_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("DERENDER_BOOTSTRAP_SERVERS", raising=False)
-    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
-    with pytest.raises(ConfigurationError, match="bootstrap-servers"):
-        _settings([])
-    with pytest.raises(ConfigurationError, match="distinct"):
-        _settings(["--bootstrap-servers", "b:1", "--output-topic", "derender-requests"])
-    with pytest.raises(ConfigurationError, match="commit-interval-ms"):
-        _settings(["--bootstrap-servers", "b:1", "--commit-interval-ms", "0"])
-    monkeypatch.setenv("DERENDER_COMMIT_INTERVAL_MS", "soon")
-    with pytest.raises(ConfigurationError, match="DERENDER_COMMIT_INTERVAL_MS"):
-        _settings(["--bootstrap-servers", "b:1"])
-
-
-def test_state_topic_must_mirror_input_partitions() -> None:
-    check_layout(TOPICS, {"in": 6, "out": 3, "state": 6, "dlq": 1})
-    check_layout(TOPICS, {"in": 6, "out": 3, "state": 12, "dlq": 1})  # mid-way through growing both
-    with pytest.raises(ConfigurationError, match="needs at least as many"):
-        check_layout(TOPICS, {"in": 6, "out": 6, "state": 3, "dlq": 6})
-    with pytest.raises(ConfigurationError, match="missing topics"):
-        check_layout(TOPICS, {"in": 6, "out": 6, "state": 6})
-
-
-def test_lifecycle_transitions() -> None:
-    life = Lifecycle()
-    for state in (WorkerState.STARTING, WorkerState.RUNNING, WorkerState.REBALANCING, WorkerState.RUNNING):
-        life.to(state)
-    assert life.accepting_partitions
-    life.to(WorkerState.STOPPING)
-    assert not life.accepting_partitions
-    with pytest.raises(IllegalTransitionError):
-        life.to(WorkerState.RUNNING)
-    life.to(WorkerState.STOPPED)
-    with pytest.raises(IllegalTransitionError):
-        life.to(WorkerState.STARTING)
+KEYS = TEST_KEYS  # the namespace of ``owned_partition``'s state keys
 
 
 def test_state_is_batched_per_commit_and_restorable() -> None:
@@ -236,80 +158,6 @@ def test_a_changed_context_rewrites_the_context_record() -> None:
     restored = _restore(sink.commits)
     assert encode_context(restored.requests[rid]) == encode_context(task.processor.requests[rid])
     assert restored.requests[rid].inherited["prompt_token_ids"][-1] == 13
-
-
-def test_restore_of_both_kinds() -> None:
-    """A context record alone, a context record with a newer progress record, and a progress
-    record without its context record (dropped); other groups' keys are not read."""
-    derenderer = derenderer_for(QWEN3_CONFIG)
-    (a,) = generate_sequences(1, seed=4, prefix="kinds")
-    processor = EnvelopeProcessor(derenderer)
-    processor.process(orjson.dumps(a.envelopes[0]))
-    early = encode_context(processor.requests[a.request_id], 0)
-    processor.process(orjson.dumps(a.envelopes[1]))
-    ctx = processor.requests[a.request_id]
-    latest = {
-        KEYS.context("context"): encode_context(ctx, 1),
-        KEYS.context("pair"): early,
-        KEYS.progress("pair"): encode_progress(ctx, 1),
-        KEYS.progress("orphan"): encode_progress(ctx, 1),
-        StateKeys("other").context("other"): early,
-    }
-    restored = restore(KEYS, latest, derenderer)
-    assert set(restored.checkpoints) == {"context", "pair"} and restored.replay_from is None
-    for checkpoint in restored.checkpoints.values():
-        assert encode_context(checkpoint.ctx) == encode_context(ctx) and checkpoint.offset == 1
-
-
-def test_format_1_records_are_read() -> None:
-    """Records written before checkpoints carried an offset (format 1) restore as current ones."""
-    derenderer = derenderer_for(QWEN3_CONFIG)
-    (a,) = generate_sequences(1, seed=4, prefix="v1")
-    processor = EnvelopeProcessor(derenderer)
-    for envelope in a.envelopes[:2]:
-        processor.process(orjson.dumps(envelope))
-    ctx = processor.requests[a.request_id]
-    v1 = orjson.loads(encode_context(ctx))
-    v1["v"] = v1["progress"]["v"] = 1
-    del v1["progress"]["offset"]
-    checkpoint = decode(derenderer, orjson.dumps(v1))
-    assert checkpoint.offset is None and encode_context(checkpoint.ctx) == encode_context(ctx)
-    with pytest.raises(ValueError, match="unknown state record format"):
-        decode(derenderer, orjson.dumps({**v1, "v": 99}))
-
-
-@pytest.mark.parametrize("case", load_cases(), ids=lambda c: f"{c.file}:{c.id}")
-def test_restoring_from_a_snapshot_before_every_record_changes_nothing(case: GoldenCase) -> None:
-    """What a partition handoff does (state topic round trip), after every record of every case.
-
-    Parser cases included: their live parser sessions are not in the snapshot and must be rebuilt.
-    """
-    derenderer = derenderer_for(case.config)
-    straight = EnvelopeProcessor(derenderer)
-    results = [straight.process(orjson.dumps(e)) for e in case.input]
-    expected = [written(r) if r.output is not None else None for r in results]
-    snapshots: dict[str, bytes] = {}
-    got = []
-    for envelope in case.input:
-        processor = EnvelopeProcessor(derenderer)
-        install(processor, {rid: decode(derenderer, value) for rid, value in snapshots.items()}, now=0.0)
-        result = processor.process(orjson.dumps(envelope))
-        got.append(written(result) if result.output is not None else None)
-        snapshots = {rid: encode_context(ctx) for rid, ctx in processor.requests.items()}
-    assert normalize([o for o in got if o]) == normalize([o for o in expected if o])
-
-
-def test_state_keys_are_namespaced_by_group() -> None:
-    """Two groups on one state topic never read (or delete) each other's records."""
-    blue, green = StateKeys("blue"), StateKeys("blue-2")
-    for rid in ("chatcmpl-1", "", "a\x00b", "名前\xfe?"):  # any request id, NUL included
-        assert blue.parse(blue.context(rid)) == (rid, False)
-        assert blue.parse(blue.progress(rid)) == (rid, True)
-        assert green.parse(blue.context(rid)) is None and blue.parse(green.progress(rid)) is None
-    # A group whose id extends another's: the 0xfe after the group id keeps them apart.
-    assert StateKeys("blue").parse(b"blue-2\xfex") is None
-    assert StateKeys("").parse(b"chatcmpl-1") is None  # an un-namespaced key belongs to no group
-    assert blue.parse(blue.replay_from) is None  # the partition's own key is no request's
 
 
 def test_deferred_checkpoints_restore_by_re_reading_the_input() -> None:
