@@ -13,12 +13,14 @@ import argparse
 import subprocess
 import sys
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate.utils as kv
 import pytest
 import yaml
 
+from tests.deploy import tools
 from tests.deploy.manifests import K8S_VERSIONS, YAMLLINT_CONFIG, yaml_docs
 from tests.paths import REPO_ROOT
 from worker.cli import build_parser
@@ -331,3 +333,35 @@ def test_pipeline_yaml_passes_yamllint() -> None:
         for p in yamllint_linter.run(path.read_text(encoding="utf-8"), config, str(path))
     ]
     assert problems == []
+
+
+# ---- rendered by the real tools -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("directory", [PIPELINE_K8S, VLLM_K8S], ids=["pipeline", "vllm"])
+def test_kustomize_renders_the_objects_of_the_files(directory: Path) -> None:
+    result = subprocess.run(
+        [*tools.kustomize(), str(directory)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    rendered = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(result.stdout) if d}
+    expected = {
+        key
+        for path in directory.glob("*.yaml")
+        if path.name not in {"kustomization.yaml", "secret.example.yaml"}
+        for key in ((d["kind"], d["metadata"]["name"]) for d in yaml_docs(path))
+    }
+    assert set(rendered) == expected
+    for doc in rendered.values():
+        kv.validate(doc, K8S_VERSIONS[-1], strict=True)
+    if directory == VLLM_K8S:
+        assert {d["metadata"]["namespace"] for d in rendered.values()} == {"vllm"}
+
+
+def test_docker_compose_config_accepts_the_pipeline_file() -> None:
+    # The pipeline file extends the workers' (compose.yaml): both are given, as the docs run them.
+    command = [*tools.compose(), "-f", str(COMPOSE_DIR / "compose.yaml"), "-f", str(PIPELINE_COMPOSE)]
+    result = subprocess.run(
+        [*command, "config", "--quiet"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
