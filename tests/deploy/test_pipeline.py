@@ -365,3 +365,10 @@ def test_docker_compose_config_accepts_the_pipeline_file() -> None:
         [*command, "config", "--quiet"], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_run_builds_the_tool_versions_the_tests_name() -> None:
+    script = (REPO_ROOT / "run").read_text(encoding="utf-8")
+    for name in ("HELM_MODULE", "KUSTOMIZE_MODULE", "COMPOSE_MODULE"):
+        assert f"{name}={getattr(tools, name)}\n" in script, name
+    assert "ensure_deploy_tools\n" in script.split("tests)", 1)[1]
