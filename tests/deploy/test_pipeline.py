@@ -83,9 +83,14 @@ def test_kustomization_lists_every_manifest_but_the_secret_example() -> None:
     assert vllm["namespace"] == "vllm"
 
 
+def _gateway_configmap() -> dict[str, str]:
+    return dict(_objects()[("ConfigMap", "derender-gateway")]["data"])
+
+
 def test_every_env_name_is_a_flag_of_the_command_that_reads_it() -> None:
     ingest, gateway = _flags("ingest"), _flags("gateway")
     assert sorted(set(_configmap()) - (ingest | gateway)) == []
+    assert sorted(set(_gateway_configmap()) - gateway) == []
     for name, flags in (("ingest", ingest), ("gateway", gateway)):
         container = _container(name)
         assert container["args"] == [name]
@@ -107,6 +112,7 @@ def test_manifest_values_reach_the_flags(clean_env: pytest.MonkeyPatch) -> None:
         env["DERENDER_OUTPUT_TOPIC"],
     )
     assert ingest.render_url == env["DERENDER_RENDER_URL"] and ingest.max_inflight == 256
+    clean_env.setenv("DERENDER_API_KEY", "k1 k2")  # from the Secret
     gateway = load(GatewayOptions, build_parser().parse_args(["gateway"]))
     (port,) = _container("gateway")["ports"]
     assert gateway.port == port["containerPort"] == int(env["DERENDER_PORT"])
@@ -372,3 +378,25 @@ def test_run_builds_the_tool_versions_the_tests_name() -> None:
     for name in ("HELM_MODULE", "KUSTOMIZE_MODULE", "COMPOSE_MODULE"):
         assert f"{name}={getattr(tools, name)}\n" in script, name
     assert "ensure_deploy_tools\n" in script.split("tests)", 1)[1]
+
+
+def test_the_gateway_limits_are_its_defaults_and_fit_its_pod(clean_env: pytest.MonkeyPatch) -> None:
+    """The limits are written out with the gateway's defaults (a changed default shows here), and the
+    pod reads them after the shared ConfigMap."""
+    sources = [s["configMapRef"]["name"] for s in _container("gateway")["envFrom"]]
+    assert sources == ["derender-pipeline", "derender-gateway"]  # the later one wins
+    env = {**_configmap(), **_gateway_configmap(), "DERENDER_API_KEY": "k1 k2"}
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    gateway = load(GatewayOptions, build_parser().parse_args(["gateway"]))
+    assert gateway.api_keys == ("k1", "k2") and not gateway.allow_no_api_key
+    written = {name: value for name, value in _gateway_configmap().items()}
+    fields = GatewayOptions.model_fields
+    for name in written:
+        field = name.removeprefix("DERENDER_").lower()
+        assert getattr(gateway, field) == fields[field].default, name
+    pod = _pod("gateway")["spec"]
+    pre_stop = _container("gateway")["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pre_stop + gateway.shutdown_timeout_s < pod["terminationGracePeriodSeconds"]
+    memory = _container("gateway")["resources"]["limits"]["memory"]
+    assert memory.endswith("Mi") and gateway.max_bytes_in_flight < int(memory[:-2]) * 2**20 / 2

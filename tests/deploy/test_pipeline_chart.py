@@ -32,7 +32,11 @@ CUSTOM_VALUES: dict[str, Any] = {
     },
     "apiKeySecret": "gateway-keys",
     "ingest": {"groupId": "ingest-prod", "shutdownTimeoutS": 40, "terminationGracePeriodSeconds": 50},
-    "gateway": {"replicaCount": 4, "port": 8080},
+    "gateway": {
+        "replicaCount": 4,
+        "port": 8080,
+        "limits": {"headerTimeoutS": 2.5, "maxBodyBytes": 8388608},
+    },
     "extraEnv": {"DERENDER_LOG_FORMAT": "json"},
     "networkPolicy": {"kafka": {"namespace": "strimzi", "port": 9093}, "vllm": {"restrictIngress": False}},
     "strimzi": {"enabled": True, "cluster": "prod"},
@@ -73,8 +77,11 @@ def _validate(docs: list[dict[str, Any]]) -> None:
 
 def _env_names_are_flags(docs: list[dict[str, Any]]) -> None:
     ingest, gateway = _flags("ingest"), _flags("gateway")
-    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
-    assert sorted(set(configmap["data"]) - (ingest | gateway)) == []
+    configmaps = {
+        d["metadata"]["name"].rsplit("-", 1)[1]: d["data"] for d in docs if d["kind"] == "ConfigMap"
+    }
+    assert sorted(set(configmaps["pipeline"]) - (ingest | gateway)) == []
+    assert sorted(set(configmaps["gateway"]) - gateway) == []
     for doc in docs:
         if doc["kind"] == "Deployment":
             (container,) = doc["spec"]["template"]["spec"]["containers"]
@@ -143,6 +150,9 @@ def test_non_default_values(helm: str, tmp_path: Path) -> None:
         "json",
         "ingest-prod",
     )
+    limits = by_key[("ConfigMap", "prod-gateway")]["data"]
+    assert (limits["DERENDER_HEADER_TIMEOUT_S"], limits["DERENDER_MAX_BODY_BYTES"]) == ("2.5", "8388608")
+    assert limits["DERENDER_MAX_BYTES_IN_FLIGHT"] == "201326592"  # a default: not 2.01326592e+08
     # Every selector selects the pods of this release only.
     for name in ("gateway", "ingest"):
         pod_labels = by_key[("Deployment", f"prod-{name}")]["spec"]["template"]["metadata"]["labels"]
@@ -217,3 +227,9 @@ def test_chart_yaml_passes_yamllint() -> None:
         for p in yamllint_linter.run(path.read_text(encoding="utf-8"), config, str(path))
     ]
     assert problems == []
+
+
+def test_gateway_shutdown_must_fit_its_grace_period(helm: str, tmp_path: Path) -> None:
+    values = {"gateway": {"terminationGracePeriodSeconds": 25, "limits": {"shutdownTimeoutS": 20}}}
+    code, _, err = _render(helm, values, tmp=tmp_path)
+    assert code != 0 and "must stay below gateway.terminationGracePeriodSeconds" in err

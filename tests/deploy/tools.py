@@ -49,7 +49,7 @@ def find(name: str) -> str | None:
 
 def _missing(name: str, module: str) -> str:
     return (
-        f"{name} is missing: `./run tests` builds it (go install {module}); "
+        f"{name} is missing: `./run tests` builds it with Go ({module}); "
         "without Go, install it on PATH. The deployment files are not checked without it."
     )
 
