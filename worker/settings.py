@@ -827,8 +827,10 @@ class LoggingSettings(Section):
         )
 
 
-class ObservabilitySettings(Section):
-    GROUP: ClassVar[str] = "metrics, health and tracing"
+class MetricsServerSettings(Section):
+    """Where ``/metrics``, ``/healthz`` and ``/readyz`` are served (``run`` and ``ingest``)."""
+
+    GROUP: ClassVar[str] = "metrics and health"
 
     metrics_port: Annotated[
         int | None, Cli(default_text=f"{DEFAULT_METRICS_PORT}, or a free port when it is taken")
@@ -836,6 +838,11 @@ class ObservabilitySettings(Section):
     metrics_host: str = Field(
         DEFAULT_METRICS_HOST, description="address to bind (0.0.0.0: every interface, loopback included)"
     )
+
+
+class ObservabilitySettings(MetricsServerSettings):
+    GROUP: ClassVar[str] = "tracing"
+
     otel_endpoint: str | None = Field(
         None,
         description="OTLP/HTTP collector base URL (http://collector:4318): one span per request, with the "

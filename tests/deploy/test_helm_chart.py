@@ -3,16 +3,14 @@ non-default values, and the rendered manifests validated as ``tests/deploy/test_
 ``deploy/kubernetes`` (strict Kubernetes schemas, the KEDA schemas, every ``DERENDER_*`` name a flag of
 ``run``). With default values the chart renders the objects of ``deploy/kubernetes``.
 
-helm comes from PATH or from ``go install`` (``$(go env GOPATH)/bin``; ``./run tests`` builds it there
-when Go is installed); without it these tests skip, saying so.
+helm comes from PATH or from ``go install`` (``$(go env GOPATH)/bin``; ``./run tests`` builds it there);
+without it these tests fail, saying how to get it (``tests/deploy/tools.py``).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -22,6 +20,8 @@ import kubernetes_validate.utils as kv
 import pytest
 import yaml
 
+from tests.deploy import tools
+from tests.deploy.helm_render import strip_release
 from tests.deploy.manifests import (
     K8S_VERSIONS,
     NON_FLAG_ENV,
@@ -34,14 +34,6 @@ from tests.deploy.manifests import (
 from tests.paths import REPO_ROOT
 
 CHART = REPO_ROOT / "deploy" / "helm" / "derender-worker"
-HELM_VERSION = "v3.22.0"  # the version ./run tests installs
-# Labels only a Helm release adds (release name, chart version); not in deploy/kubernetes.
-HELM_LABELS = {
-    "app.kubernetes.io/instance",
-    "app.kubernetes.io/version",
-    "app.kubernetes.io/managed-by",
-    "helm.sh/chart",
-}
 
 CUSTOM_VALUES: dict[str, Any] = {
     "image": {"repository": "registry.example/derender-worker", "tag": "1.2.3"},
@@ -78,33 +70,9 @@ CUSTOM_VALUES: dict[str, Any] = {
 }
 
 
-def _helm() -> str | None:
-    found = shutil.which("helm")
-    if found:
-        return found
-    gopath = None
-    go = shutil.which("go")
-    if go is not None:
-        result = subprocess.run(
-            [go, "env", "GOPATH"], capture_output=True, text=True, timeout=60, check=False
-        )
-        gopath = result.stdout.strip() or None
-    for directory in filter(None, [gopath, os.path.expanduser("~/go")]):
-        candidate = Path(directory, "bin", "helm")
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
-
-
 @pytest.fixture(scope="module")
 def helm() -> str:
-    found = _helm()
-    if found is None:
-        pytest.skip(
-            "helm not found on PATH or in $(go env GOPATH)/bin: ./run tests builds it with Go "
-            f"(go install helm.sh/helm/v3/cmd/helm@{HELM_VERSION}); without Go the chart is not checked"
-        )
-    return found
+    return tools.helm()
 
 
 def _values_file(tmp_path: Path, values: dict[str, Any]) -> Path:
@@ -181,28 +149,6 @@ def _check_env_names(docs: list[dict[str, Any]]) -> None:
     assert not unknown, f"not flags of `derender-worker run`: {sorted(unknown)}"
 
 
-def _strip_release(doc: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` without what only a Helm release adds (labels, the config checksum)."""
-    doc = copy.deepcopy(doc)
-
-    def clean(labels: dict[str, Any] | None) -> None:
-        for key in HELM_LABELS:
-            (labels or {}).pop(key, None)
-
-    clean(doc["metadata"].get("labels"))
-    spec = doc.get("spec", {})
-    clean(spec.get("selector", {}).get("matchLabels") if isinstance(spec.get("selector"), dict) else None)
-    if doc["kind"] == "Service":
-        clean(spec.get("selector"))
-    template = spec.get("template")
-    if template:
-        clean(template["metadata"].get("labels"))
-        template["metadata"].get("annotations", {}).pop("checksum/config", None)
-        for constraint in template["spec"].get("topologySpreadConstraints", []):
-            clean(constraint["labelSelector"]["matchLabels"])
-    return doc
-
-
 # --- tests -----------------------------------------------------------------------------------------
 
 
@@ -222,9 +168,9 @@ def test_default_values_render_deploy_kubernetes(helm: str) -> None:
     docs = _render(helm)
     _validate(docs)
     _check_env_names(docs)
-    rendered = {(d["kind"], d["metadata"]["name"]): _strip_release(d) for d in docs}
+    rendered = {(d["kind"], d["metadata"]["name"]): strip_release(d) for d in docs}
     expected = {
-        key: _strip_release(doc)
+        key: strip_release(doc)
         for key, doc in k8s_objects().items()
         if key[0] not in {"Secret", "TriggerAuthentication"}
     }
@@ -330,7 +276,3 @@ def test_chart_yaml_passes_yamllint() -> None:
         for p in yamllint_linter.run(path.read_text(encoding="utf-8"), config, str(path))
     ]
     assert problems == []
-
-
-def test_run_installs_the_helm_version_the_tests_name() -> None:
-    assert f"HELM_VERSION={HELM_VERSION}\n" in (REPO_ROOT / "run").read_text(encoding="utf-8")

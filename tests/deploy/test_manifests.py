@@ -38,6 +38,7 @@ from dockerfile_parse import DockerfileParser
 from yamllint import linter as yamllint_linter
 from yamllint.config import YamlLintConfig
 
+from tests.deploy import tools
 from tests.deploy.manifests import (
     DEPLOY,
     K8S_DIR,
@@ -323,11 +324,8 @@ def test_kustomization_lists_every_manifest_but_the_secret_example() -> None:
 
 
 def test_kubectl_kustomize_renders_valid_objects() -> None:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not on PATH: `kubectl kustomize deploy/kubernetes` not checked here")
     result = subprocess.run(
-        [kubectl, "kustomize", str(K8S_DIR)], capture_output=True, text=True, timeout=60, check=False
+        [*tools.kustomize(), str(K8S_DIR)], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
@@ -640,19 +638,8 @@ def test_compose_specification_check_rejects_a_broken_file(tmp_path: Path) -> No
 
 
 def test_docker_compose_config_accepts_the_file() -> None:
-    docker = shutil.which("docker")
-    if docker is None:
-        pytest.skip("no docker client on PATH: `docker compose config` not run")
-    probe = subprocess.run(
-        [docker, "compose", "version"], capture_output=True, text=True, timeout=30, check=False
-    )
-    if probe.returncode != 0:
-        why = (probe.stderr or probe.stdout).strip().splitlines()
-        reason = f"the docker client has no compose plugin ({why[0] if why else 'no output'}): not run"
-        print(reason)
-        pytest.skip(reason)
     result = subprocess.run(
-        [docker, "compose", "-f", str(COMPOSE_FILE), "config", "--quiet"],
+        [*tools.compose(), "-f", str(COMPOSE_FILE), "config", "--quiet"],
         capture_output=True,
         text=True,
         timeout=60,

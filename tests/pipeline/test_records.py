@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -128,3 +130,29 @@ def test_ingest_creates_the_requests_topic_for_whole_prompts(kafka_bootstrap: st
                 await admin.close()
 
     assert run_sync(body())[name] == MAX_REQUEST_BYTES
+
+
+def test_produce_reports_each_line_too_large_for_a_record_and_goes_on(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory, tmp_path: Path
+) -> None:
+    """A line over 16 MiB (the producer's limit) and one the topic refuses (over its 1 MiB
+    ``max.message.bytes``) are each reported by number; the lines around them are sent."""
+    topic = kafka_topic_factory("records-large", config={"max.message.bytes": str(1 << 20)})
+    huge = json.dumps({"request_id": "huge", "pad": "x" * (17 << 20)}).encode()
+    # Random, so that no compression brings it under the topic's limit.
+    refused = json.dumps({"request_id": "refused", "pad": base64.b64encode(os.urandom(2 << 20)).decode()})
+    source = tmp_path / "in.jsonl"
+    lines = [b'{"request_id": "first"}', huge, refused.encode(), b'{"request_id": "last"}']
+    source.write_bytes(b"\n".join(lines))
+
+    produced = cli(kafka_bootstrap, "produce", str(source), "--topic", topic)
+    stderr = produced.stderr.decode()
+    assert produced.returncode == 1, stderr
+    assert "Traceback" not in stderr
+    assert f"line 2: longer than {16 << 20} bytes, not sent" in stderr
+    assert "line 3: not sent (" in stderr and "TooLarge" in stderr
+    assert "produce: 2 record(s)" in stderr
+
+    consumed = cli(kafka_bootstrap, "consume", "--topic", topic, "--from-beginning")
+    assert consumed.returncode == 0, consumed.stderr
+    assert [json.loads(line)["request_id"] for line in consumed.stdout.splitlines()] == ["first", "last"]

@@ -22,7 +22,7 @@ import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 import pytest
@@ -173,6 +173,68 @@ def test_token_endpoint_failures_are_token_errors(token_endpoint: TokenEndpoint)
     unreachable = OidcClientCredentials(f"http://127.0.0.1:{free_port()}/t", CLIENT_ID, Secret("x"), None)
     with pytest.raises(TokenError, match="unreachable"):
         asyncio.run(OidcTokenProvider(unreachable).token())
+
+
+class _Redirector(http.server.BaseHTTPRequestHandler):
+    """Answers every POST with a 307 to ``target`` (307 keeps the method, body and, in a naive
+    client, the Authorization header)."""
+
+    target: ClassVar[str] = ""
+    seen: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        type(self).seen.append(self.headers.get("Authorization", ""))
+        self.send_response(307)
+        self.send_header("Location", type(self).target)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_redirect_is_an_error_and_the_credentials_go_nowhere_else(token_endpoint: TokenEndpoint) -> None:
+    # The redirect points at another origin (another port) that would issue a token: a client that
+    # follows it sends the Basic credentials there.
+    handler: type[_Redirector] = type(
+        "Redirector", (_Redirector,), {"target": token_endpoint.url, "seen": []}
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/token"
+        provider = OidcTokenProvider(OidcClientCredentials(url, CLIENT_ID, Secret(CLIENT_SECRET), SCOPE))
+        with pytest.raises(TokenError, match="HTTP 307, a redirect: not followed"):
+            asyncio.run(provider.token())
+        with pytest.raises(TokenError, match="redirect"):
+            provider.fetch()  # librdkafka's path too
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(handler.seen) == 2
+    assert token_endpoint.requests == []
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["https://idp.example/token", "http://127.0.0.1:8080/t", "http://127.3.2.1/t", "http://localhost/t",
+     "http://[::1]:9/t"],
+)  # fmt: skip
+def test_https_or_loopback_endpoints_are_accepted(endpoint: str) -> None:
+    OidcClientCredentials(endpoint, CLIENT_ID, Secret("x"), None).validate()
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["http://idp.example/token", "http://10.0.0.1/t", "http://[2001:db8::1]/t", "http://localhost.evil/t",
+     "ftp://idp/t", "https:///t", "idp.example/token"],
+)  # fmt: skip
+def test_plain_http_elsewhere_is_refused(endpoint: str) -> None:
+    credentials = OidcClientCredentials(endpoint, CLIENT_ID, Secret("x"), None)
+    with pytest.raises(ConfigurationError, match="https"):
+        credentials.validate()
+    with pytest.raises(ConfigurationError, match="https"):
+        OidcTokenProvider(credentials)  # built by hand: refused all the same
 
 
 def test_oauthbearer_settings(monkeypatch: pytest.MonkeyPatch) -> None:

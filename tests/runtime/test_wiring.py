@@ -328,7 +328,7 @@ def test_a_one_shot_request_is_not_refused_at_the_cap() -> None:
 
 def test_an_unchosen_metrics_port_falls_back_to_a_free_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two workers on one host (`demo`) without --metrics-port: the second one takes a free port."""
-    from worker.runtime.commands import _start_health_server
+    from worker.runtime.commands import start_health_server
     from worker.runtime.health_server import DEFAULT_METRICS_PORT, ReadinessState
     from worker.runtime.prometheus_export import ExportedMetrics, build_registry
 
@@ -346,11 +346,11 @@ def test_an_unchosen_metrics_port_falls_back_to_a_free_one(monkeypatch: pytest.M
         except OSError:
             pass  # something else holds it already: just as good
         args = ObservabilitySettings(metrics_port=None, metrics_host="0.0.0.0")
-        server = _start_health_server(args, registry, ReadinessState())
+        server = start_health_server(args, registry, ReadinessState())
         try:
             assert server.port != DEFAULT_METRICS_PORT
         finally:
             server.stop()
         chosen = ObservabilitySettings(metrics_port=DEFAULT_METRICS_PORT, metrics_host="0.0.0.0")
         with pytest.raises(ConfigurationError, match="cannot serve metrics"):
-            _start_health_server(chosen, registry, ReadinessState())
+            start_health_server(chosen, registry, ReadinessState())

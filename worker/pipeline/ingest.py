@@ -48,11 +48,12 @@ from pydantic import ValidationError
 from schemas.pipeline import CancelRecord, IngestMarker, RequestEnvelope
 from worker.errors import UpstreamError
 from worker.pipeline.connection import Connection, add_connection_arguments, wait_for_topics
+from worker.pipeline.ingest_health import serving_health
 from worker.pipeline.vllm_client import VllmClient
 from worker.runtime.genai_metrics import request_start_header
 from worker.runtime.kafka_client.aiokafka_backend import fetch_committed
 from worker.runtime.tracing import Headers, propagated
-from worker.settings import IngestOptions, LoggingSettings, add_arguments, load
+from worker.settings import IngestOptions, LoggingSettings, MetricsServerSettings, add_arguments, load
 
 log = logging.getLogger(__name__)
 
@@ -875,7 +876,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     add_arguments(ingest, IngestOptions)
     add_connection_arguments(ingest, producing=True)
-    add_arguments(ingest, LoggingSettings)
+    add_arguments(ingest, LoggingSettings, MetricsServerSettings)
     ingest.set_defaults(handler=_ingest)
 
 
@@ -883,12 +884,14 @@ def _ingest(args: argparse.Namespace) -> int:
     load(LoggingSettings, args).configure()
     settings = load(IngestOptions, args)
     connection = Connection.from_args(args, "ingest")
+    health = load(MetricsServerSettings, args)
 
     async def main() -> int:
         ingest = Ingest(settings, connection)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, ingest.request_stop)
-        return await ingest.run()
+        async with serving_health(health, ingest):  # /healthz, /readyz, /metrics
+            return await ingest.run()
 
     return asyncio.run(main())

@@ -11,14 +11,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO, TextIO
 
 import orjson
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
 from worker.assembly import Assembler, render_text
-from worker.pipeline.connection import Connection, add_connection_arguments, require_topics, topic_partitions
+from worker.pipeline.connection import (
+    MAX_REQUEST_BYTES,
+    Connection,
+    add_connection_arguments,
+    require_topics,
+    topic_partitions,
+)
 
 
 def record_key(value: Any) -> bytes | None:
@@ -30,31 +37,71 @@ def record_key(value: Any) -> bytes | None:
     return None
 
 
-async def produce_lines(connection: Connection, topic: str, lines: Iterable[bytes], err: TextIO) -> int:
-    """Send every JSON line to ``topic`` in order; exit status 1 when a line was not JSON."""
+# A longer line cannot be one record (the producers' request limit): it is skipped unread.
+MAX_LINE_BYTES = MAX_REQUEST_BYTES
+_SKIP_CHUNK = 1 << 20
+
+
+def bounded_lines(source: BinaryIO, max_bytes: int = MAX_LINE_BYTES) -> Iterator[bytes | None]:
+    """The lines of ``source``; ``None`` for one longer than ``max_bytes``, which is read past in
+    chunks and never held whole (a multi-gigabyte line costs no more memory than a short one)."""
+    while True:
+        line = source.readline(max_bytes + 1)
+        if not line:
+            return
+        if len(line) <= max_bytes or line.endswith(b"\n"):  # the newline may be the byte past the limit
+            yield line
+            continue
+        while not line.endswith(b"\n"):  # the rest of the oversized line
+            line = source.readline(_SKIP_CHUNK)
+            if not line:
+                break
+        yield None
+
+
+async def produce_lines(
+    connection: Connection, topic: str, lines: Iterable[bytes | None], err: TextIO
+) -> int:
+    """Send every JSON line to ``topic`` in order. Each line has one outcome: sent, or a message
+    naming it (not JSON, too large, refused by the broker); exit status 1 when any was not sent."""
     await require_topics(connection, topic)
-    producer = connection.producer(linger_ms=5)
+    # Not idempotent: a batch the broker refuses (too large for the topic) would leave a gap in the
+    # idempotent sequence, and every later record of that partition would fail out of order.
+    producer = connection.producer(linger_ms=5, enable_idempotence=False)
     await producer.start()
-    sent = bad = 0
+    sent = failed = 0
     try:
-        futures = []
+        pending: list[tuple[int, asyncio.Future[Any]]] = []
         for number, line in enumerate(lines, start=1):
+            if line is None or len(line.rstrip(b"\r\n")) > MAX_LINE_BYTES:
+                failed += 1
+                print(f"produce: line {number}: longer than {MAX_LINE_BYTES} bytes, not sent", file=err)
+                continue
             raw = line.strip()
             if not raw:
                 continue
             try:
                 value = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
-                bad += 1
+                failed += 1
                 print(f"produce: line {number}: not JSON ({exc})", file=err)
                 continue
-            futures.append(await producer.send(topic, value=raw, key=record_key(value)))
-            sent += 1
-        await asyncio.gather(*futures)
+            try:
+                pending.append((number, await producer.send(topic, value=raw, key=record_key(value))))
+            except KafkaError as exc:  # refused before sending: too large for the producer
+                failed += 1
+                print(f"produce: line {number}: not sent ({exc!r})", file=err)
+        for number, future in pending:
+            try:
+                await future
+                sent += 1
+            except KafkaError as exc:  # refused by the broker (the topic's max.message.bytes, ...)
+                failed += 1
+                print(f"produce: line {number}: not sent ({exc!r})", file=err)
     finally:
         await producer.stop()
     print(f"produce: {sent} record(s) to {topic}", file=err)
-    return 1 if bad else 0
+    return 1 if failed else 0
 
 
 async def consume_records(
@@ -126,7 +173,7 @@ def _produce(args: argparse.Namespace) -> int:
     connection = Connection.from_args(args, "produce")
     source = _open(args.file)
     try:
-        return asyncio.run(produce_lines(connection, args.topic, source, sys.stderr))
+        return asyncio.run(produce_lines(connection, args.topic, bounded_lines(source), sys.stderr))
     finally:
         if source is not sys.stdin.buffer:
             source.close()

@@ -15,13 +15,13 @@ from worker.core.cycle_collection import freeze_startup_objects
 from worker.errors import ConfigurationError
 from worker.runtime.dead_letter_policy import DeadLetterPolicy
 from worker.runtime.dlq_replay import register_dlq
-from worker.runtime.health_server import DEFAULT_METRICS_PORT, HealthServer, ReadinessState
+from worker.runtime.health_server import DEFAULT_METRICS_PORT, HealthServer, LivenessCheck, ReadinessState
 from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_reachable
 from worker.settings import (
     RUN_SECTIONS,
     KafkaTopics,
-    ObservabilitySettings,
+    MetricsServerSettings,
     RequestsTopic,
     RunConfig,
     SecuritySettings,
@@ -75,19 +75,22 @@ def _topics_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_health_server(
-    settings: ObservabilitySettings, registry: CollectorRegistry, readiness: ReadinessState
+def start_health_server(
+    settings: MetricsServerSettings,
+    registry: CollectorRegistry,
+    readiness: ReadinessState,
+    liveness: LivenessCheck | None = None,
 ) -> HealthServer:
     """The started server: on ``--metrics-port``; when no port was chosen, on 9464 or any free one."""
     chosen = settings.metrics_port is not None
     port = settings.metrics_port if settings.metrics_port is not None else DEFAULT_METRICS_PORT
-    server = HealthServer(registry, readiness, port=port, host=settings.metrics_host)
+    server = HealthServer(registry, readiness, port=port, host=settings.metrics_host, liveness=liveness)
     try:
         server.start()
     except ConfigurationError:
         if chosen:
             raise
-        server = HealthServer(registry, readiness, port=0, host=settings.metrics_host)
+        server = HealthServer(registry, readiness, port=0, host=settings.metrics_host, liveness=liveness)
         server.start()
         log.warning(
             "port %d is taken: serving /metrics, /healthz, /readyz on port %d instead "
@@ -122,7 +125,7 @@ def run_worker(config: RunConfig) -> int:
     # Loading the tokenizer takes seconds (tens on a loaded node): a SIGTERM meanwhile (a scale-in,
     # a rolling update) is a stop request too, not a death by signal.
     early_stop = _EarlyStop()
-    server = _start_health_server(config.observability, build_registry(metrics), readiness)
+    server = start_health_server(config.observability, build_registry(metrics), readiness)
     try:
         derenderer = model.build_derenderer()  # before joining: loading a tokenizer takes seconds
         freeze_startup_objects()

@@ -5,7 +5,8 @@ even while the event loop is busy with a long batch, and never blocks the loop. 
 ``--metrics-port`` (``DERENDER_METRICS_PORT``, default 9464, the one in ``deploy/``), bound on
 ``--metrics-host`` (default ``0.0.0.0``, so also ``127.0.0.1`` for the container health check).
 
-* ``/healthz``: 200 while the process serves HTTP at all (liveness: restart only a dead process).
+* ``/healthz``: 200 while the process serves HTTP at all (liveness: restart only a dead process),
+  or, given a ``liveness`` check (ingest's event-loop heartbeat), 503 while that check fails.
 * ``/readyz``: 200 when the worker is running, every partition it was assigned has its state
   restored, and no partition's dead-letter breaker has tripped; otherwise 503. Both answers
   carry a JSON body with the reasons. Owning no partition is ready: an idle extra replica
@@ -157,24 +158,34 @@ def _json(start_response: StartResponse, status: str, body: bytes) -> list[bytes
     return [body]
 
 
-def health_app(registry: CollectorRegistry, readiness: ReadinessState) -> WsgiApp:
+LivenessCheck = Callable[[], ReadinessReport]
+
+
+def health_app(
+    registry: CollectorRegistry, readiness: ReadinessState, liveness: LivenessCheck | None = None
+) -> WsgiApp:
     """The WSGI app: ``/metrics``, ``/healthz``, ``/readyz``; 404 elsewhere."""
     metrics_app: WsgiApp = make_wsgi_app(registry)
+
+    def answer(start_response: StartResponse, check: Callable[[], ReadinessReport], what: str) -> list[bytes]:
+        try:
+            report = check()
+        except Exception as exc:  # a probe must answer, not hang up
+            log.exception("%s check failed", what)
+            report = ReadinessReport(False, [f"{what} check failed: {exc!r}"])
+        status = "200 OK" if report.ready else "503 Service Unavailable"
+        return _json(start_response, status, report.body())
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
         if path == "/metrics":
             return metrics_app(environ, start_response)
         if path == "/healthz":
-            return _json(start_response, "200 OK", b'{"status":"alive"}')
+            if liveness is None:
+                return _json(start_response, "200 OK", b'{"status":"alive"}')
+            return answer(start_response, liveness, "liveness")
         if path == "/readyz":
-            try:
-                report = readiness.check()
-            except Exception as exc:  # a probe must answer, not hang up
-                log.exception("readiness check failed")
-                report = ReadinessReport(False, [f"readiness check failed: {exc!r}"])
-            status = "200 OK" if report.ready else "503 Service Unavailable"
-            return _json(start_response, status, report.body())
+            return answer(start_response, readiness.check, "readiness")
         return _json(
             start_response,
             "404 Not Found",
@@ -194,10 +205,11 @@ class HealthServer:
         *,
         port: int = DEFAULT_METRICS_PORT,
         host: str = DEFAULT_METRICS_HOST,
+        liveness: LivenessCheck | None = None,
     ) -> None:
         self.host = host
         self.requested_port = port
-        self._app = health_app(registry, readiness)
+        self._app = health_app(registry, readiness, liveness)
         self._server: _ThreadingWSGIServer | None = None
         self._thread: threading.Thread | None = None
 

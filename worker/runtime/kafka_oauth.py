@@ -9,7 +9,9 @@ an open connection (KIP-368): a broker with ``connections.max.reauth.ms`` closes
 expires and the client reconnects with a fresh one.
 
 * ``OidcTokenProvider``: the client credentials grant (RFC 6749 section 4.4) against an OIDC token
-  endpoint, client id and secret sent with HTTP Basic authentication, optional ``scope``.
+  endpoint, client id and secret sent with HTTP Basic authentication, optional ``scope``. The
+  endpoint must be ``https`` (plain ``http`` only on a loopback address), and a redirect is an
+  error, never followed: following one would send the client credentials to wherever it points.
 * ``MskIamTokenProvider``: ``aws-msk-iam-sasl-signer-python`` (the ``msk`` extra) signs a token from
   the standard AWS credential chain (environment, profile, IRSA web identity, instance role).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import json
 import logging
 import time
@@ -56,9 +59,15 @@ class OidcClientCredentials:
         if not self.token_endpoint:
             raise ConfigurationError("--sasl-mechanism OAUTHBEARER needs --sasl-oauth-token-endpoint")
         url = urllib.parse.urlsplit(self.token_endpoint)
-        if url.scheme not in ("http", "https") or not url.netloc:
+        if url.scheme not in ("http", "https") or not url.hostname:
             raise ConfigurationError(
-                f"--sasl-oauth-token-endpoint must be an http(s) URL, got {self.token_endpoint!r}"
+                f"--sasl-oauth-token-endpoint must be an https URL, got {self.token_endpoint!r}"
+            )
+        if url.scheme == "http" and not is_loopback(url.hostname):
+            # The client secret would cross the network in clear text.
+            raise ConfigurationError(
+                "--sasl-oauth-token-endpoint must be https (http only on a loopback address), "
+                f"got {self.token_endpoint!r}"
             )
         if not self.client_id or self.client_secret is None:
             raise ConfigurationError(
@@ -67,6 +76,27 @@ class OidcClientCredentials:
 
     def describe(self) -> str:
         return f"token_endpoint={self.token_endpoint} client_id={self.client_id} scope={self.scope or '-'}"
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost``, ``127.0.0.0/8`` or ``::1``: traffic that never leaves the machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx ends the fetch as an HTTP error: the credentials are never resent elsewhere."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+# Proxies and TLS as urllib's default opener, without its redirect handling.
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 class _CachingProvider(AbstractTokenProvider):  # type: ignore[misc]
@@ -106,6 +136,7 @@ class _CachingProvider(AbstractTokenProvider):  # type: ignore[misc]
 class OidcTokenProvider(_CachingProvider):
     def __init__(self, credentials: OidcClientCredentials, clock: Callable[[], float] = time.time) -> None:
         super().__init__(clock)
+        credentials.validate()  # also when built by hand: never an http endpoint elsewhere
         self.credentials = credentials
 
     def _fetch(self) -> tuple[str, float]:
@@ -130,9 +161,14 @@ class OidcTokenProvider(_CachingProvider):
         )
         started = self._clock()
         try:
-            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
+            with _OPENER.open(request, timeout=HTTP_TIMEOUT_S) as response:
                 body = response.read(MAX_RESPONSE_BYTES + 1)
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                raise TokenError(
+                    f"token endpoint {c.token_endpoint} answered HTTP {exc.code}, a redirect: not "
+                    "followed (it would resend the client credentials); configure the final URL"
+                ) from None
             raise TokenError(f"token endpoint {c.token_endpoint} answered HTTP {exc.code}") from None
         except (urllib.error.URLError, OSError) as exc:
             raise TokenError(f"token endpoint {c.token_endpoint} unreachable: {exc}") from None

@@ -89,3 +89,9 @@ GEN_AI_OUTPUT_TOKENS: Final = "gen_ai.server.output_tokens"
 GEN_AI_REQUESTS: Final = "gen_ai.server.requests"  # {model, finish_reason}: finished choices
 GEN_AI_FINISHED_OUTPUT_TOKENS: Final = "gen_ai.server.finished_output_tokens"  # {model, finish_reason}
 ERROR_RECORDS: Final = "derender.error_records"  # {code}: error records (the HTTP status vLLM would answer)
+
+# --- event loop and the pipeline's ingest ----------------------------------------------------
+# How late the loop heartbeat woke (``loop_heartbeat``): a loop held by slow work shows here first.
+LOOP_LAG_MS: Final = "derender.loop.lag_ms"
+INGEST_PARTITIONS_OWNED: Final = "derender.ingest.partitions_owned"  # gauge
+INGEST_REQUESTS_RUNNING: Final = "derender.ingest.requests_running"  # gauge
