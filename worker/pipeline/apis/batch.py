@@ -21,16 +21,15 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from worker.pipeline.apis.chat_source import ChatSource, JsonDict
-from worker.pipeline.connection import Connection, topic_partitions
+from worker.pipeline.apis.compacted_table import CompactedTable
+from worker.pipeline.connection import Connection
 from worker.runtime.tracing import NO_HEADERS
 
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 512 * 1024
-CATCH_UP_S = 5.0
 CONCURRENCY = 32
 MAX_LINES = 50_000
 FINAL = ("completed", "failed", "expired", "cancelled")
@@ -68,51 +67,19 @@ def output_line(custom_id: Any, line: int, answer: JsonDict) -> tuple[bytes, boo
     return orjson.dumps(value), False
 
 
-class BatchStore:
+class BatchStore(CompactedTable):
     def __init__(self, connection: Connection, topic: str) -> None:
-        self.connection = connection
-        self.topic = topic
+        super().__init__(connection, topic)
         self.meta: dict[str, JsonDict] = {}  # "file:<id>" / "batch:<id>" -> latest value
-        self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._partitions: list[TopicPartition] = []
-        self._reader: asyncio.Task[None] | None = None
-        self._read_more = asyncio.Event()  # replaced after each fetch: set means "the reader moved on"
 
-    async def start(self) -> None:
-        self._partitions = await topic_partitions(self.connection, self.topic)
-        self._producer = self.connection.producer(linger_ms=0)
-        await self._producer.start()
-        self._consumer = self.connection.consumer()
-        await self._consumer.start()
-        self._consumer.assign(self._partitions)
-        await self._consumer.seek_to_beginning(*self._partitions)
-        self._reader = asyncio.create_task(self._read())
-
-    async def stop(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        for client in (self._consumer, self._producer):
-            if client is not None:
-                await client.stop()
-
-    async def _read(self) -> None:
-        assert self._consumer is not None
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=100)
-            for records in batches.values():
-                for record in records:
-                    key = record.key.decode(errors="replace") if record.key else ""
-                    if key.count(":") != 1 or record.value is None:
-                        continue  # a chunk (read only when wanted) or a tombstone
-                    with contextlib.suppress(orjson.JSONDecodeError):
-                        value = orjson.loads(record.value)
-                        if isinstance(value, dict):
-                            self._keep(key, value)
-            self._read_more.set()
-            self._read_more = asyncio.Event()
+    def take(self, key: bytes | None, value: bytes | None) -> None:
+        name = key.decode(errors="replace") if key else ""
+        if name.count(":") != 1 or value is None:
+            return  # a chunk (read only when wanted) or a tombstone
+        with contextlib.suppress(orjson.JSONDecodeError):
+            meta = orjson.loads(value)
+            if isinstance(meta, dict):
+                self._keep(name, meta)
 
     def _keep(self, key: str, value: JsonDict) -> None:
         old = self.meta.get(key)
@@ -121,32 +88,22 @@ class BatchStore:
             value = {**value, "status": "cancelling", "cancelling_at": old.get("cancelling_at")}
         self.meta[key] = value
 
-    async def put(self, key: str, value: bytes) -> None:
-        assert self._producer is not None
-        await self._producer.send_and_wait(self.topic, value=value, key=key.encode())
-
     async def put_meta(self, key: str, value: JsonDict) -> None:
         self._keep(key, value)
-        await self.put(key, orjson.dumps(self.meta[key]))
+        await self.send(key, orjson.dumps(self.meta[key]))
 
     async def get_meta(self, key: str) -> JsonDict | None:
         """The latest metadata under ``key``, after reading up to what the topic held when asked (another
         replica may have written it a moment ago)."""
         if key not in self.meta:
-            assert self._consumer is not None
-            ends = await self._consumer.end_offsets(self._partitions)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(CATCH_UP_S):
-                    for tp, end in ends.items():
-                        while await self._consumer.position(tp) < end:
-                            await self._read_more.wait()
+            await self.caught_up()
         return self.meta.get(key)
 
     async def write_file(self, purpose: str, filename: str, content: bytes) -> JsonDict:
         file_id = f"file-{uuid.uuid4().hex}"
         chunks = [content[i : i + CHUNK_BYTES] for i in range(0, len(content), CHUNK_BYTES)] or [b""]
         for n, chunk in enumerate(chunks):
-            await self.put(f"file:{file_id}:{n}", chunk)
+            await self.send(f"file:{file_id}:{n}", chunk)
         meta = {
             "id": file_id,
             "bytes": len(content),
@@ -170,9 +127,9 @@ class BatchStore:
         consumer = self.connection.consumer()
         await consumer.start()
         try:
-            consumer.assign(self._partitions)
-            await consumer.seek_to_beginning(*self._partitions)
-            ends = await consumer.end_offsets(self._partitions)
+            consumer.assign(self.partitions)
+            await consumer.seek_to_beginning(*self.partitions)
+            ends = await consumer.end_offsets(self.partitions)
             while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
                 for records in (await consumer.getmany(timeout_ms=200)).values():
                     for record in records:

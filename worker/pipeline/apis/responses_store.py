@@ -15,69 +15,40 @@ import logging
 from collections import OrderedDict
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from worker.pipeline.apis.chat_source import JsonDict
-from worker.pipeline.connection import MAX_REQUEST_BYTES, Connection, topic_partitions
+from worker.pipeline.apis.compacted_table import CompactedTable
+from worker.pipeline.connection import MAX_REQUEST_BYTES, Connection
 
 log = logging.getLogger(__name__)
 
 FINAL_STATUSES = ("completed", "incomplete", "failed", "cancelled")
-CATCH_UP_S = 5.0  # how long a lookup waits for this replica to read what others wrote before it
 
 
-class ResponsesStore:
+class ResponsesStore(CompactedTable):
     def __init__(self, connection: Connection, topic: str, max_bytes: int) -> None:
-        self.connection = connection
-        self.topic = topic
+        super().__init__(connection, topic)
         self.max_bytes = max_bytes
         self.records: OrderedDict[str, JsonDict] = OrderedDict()
         self._sizes: dict[str, int] = {}  # each record's size as it came (a measure of what it holds)
         self.held_bytes = 0
         self._changed = asyncio.Event()
-        self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._partitions: list[TopicPartition] = []
-        self._reader: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        self._partitions = await topic_partitions(self.connection, self.topic)
-        self._producer = self.connection.producer(linger_ms=0)
-        await self._producer.start()
-        self._consumer = self.connection.consumer()
-        await self._consumer.start()
-        self._consumer.assign(self._partitions)
-        await self._consumer.seek_to_beginning(*self._partitions)
-        self._reader = asyncio.create_task(self._read())
+    def take(self, key: bytes | None, value: bytes | None) -> None:
+        if key is None:
+            return
+        name = key.decode(errors="replace")
+        record = None
+        with contextlib.suppress(orjson.JSONDecodeError):
+            record = orjson.loads(value) if value is not None else None
+        if isinstance(record, dict) and isinstance(record.get("response"), dict):
+            self._keep(name, record, len(value or b""))
+        else:
+            self._drop(name)  # a tombstone (or a record not ours)
 
-    async def stop(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        if self._consumer is not None:
-            await self._consumer.stop()
-        if self._producer is not None:
-            await self._producer.stop()
-
-    async def _read(self) -> None:
-        assert self._consumer is not None
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=100)
-            for records in batches.values():
-                for record in records:
-                    if record.key is None:
-                        continue
-                    key = record.key.decode(errors="replace")
-                    value = None
-                    with contextlib.suppress(orjson.JSONDecodeError):
-                        value = orjson.loads(record.value) if record.value is not None else None
-                    if isinstance(value, dict) and isinstance(value.get("response"), dict):
-                        self._keep(key, value, len(record.value or b""))
-                    else:
-                        self._drop(key)  # a tombstone (or a record not ours)
-            if batches:
-                self._notify()
+    def fetched(self, any_records: bool) -> None:
+        if any_records:
+            self._notify()
 
     def _keep(self, key: str, value: JsonDict, size: int) -> None:
         old = self.records.get(key)
@@ -107,7 +78,6 @@ class ResponsesStore:
 
     async def put(self, response_id: str, record: JsonDict) -> None:
         """Write the response's latest state (too big for a record: without its events, then messages)."""
-        assert self._producer is not None
         value = orjson.dumps(record)
         for dropped in ("events", "messages"):
             if len(value) <= MAX_REQUEST_BYTES - 1024:
@@ -117,21 +87,12 @@ class ResponsesStore:
             value = orjson.dumps(record)
         self._keep(response_id, record, len(value))
         self._notify()
-        await self._producer.send_and_wait(self.topic, value=value, key=response_id.encode())
+        await self.send(response_id, value)
 
     async def get(self, response_id: str) -> JsonDict | None:
         """The response's latest record, after reading up to what the topic held when asked."""
         found = self.records.get(response_id)
         if found is not None:
             return found
-        await self._catch_up()
+        await self.caught_up()
         return self.records.get(response_id)
-
-    async def _catch_up(self) -> None:
-        assert self._consumer is not None
-        ends = await self._consumer.end_offsets(self._partitions)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(CATCH_UP_S):
-                for tp, end in ends.items():
-                    while await self._consumer.position(tp) < end:
-                        await self.changed(0.1)
