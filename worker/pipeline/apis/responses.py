@@ -422,36 +422,19 @@ class ResponseStream:
     def _open(self, target: str, call: JsonDict | None) -> list[JsonDict]:
         self.state, self.text = target, ""
         index = len(self.output)
-        if target == "reasoning":
-            self.item_id = new_id("rs")
+        if target in ("reasoning", "message"):
+            reasoning = target == "reasoning"
+            self.item_id = new_id("rs" if reasoning else "msg")
+            item = (_reasoning_item if reasoning else _message_item)(self.item_id, None, "in_progress")
+            part = {"text": "", "type": "reasoning_text"} if reasoning else _text_part("", [])
             return [
-                self._event(
-                    "response.output_item.added",
-                    output_index=index,
-                    item=_reasoning_item(self.item_id, None, "in_progress"),
-                ),
+                self._event("response.output_item.added", output_index=index, item=item),
                 self._event(
                     "response.content_part.added",
                     output_index=index,
                     item_id=self.item_id,
                     content_index=0,
-                    part={"text": "", "type": "reasoning_text"},
-                ),
-            ]
-        if target == "message":
-            self.item_id = new_id("msg")
-            return [
-                self._event(
-                    "response.output_item.added",
-                    output_index=index,
-                    item=_message_item(self.item_id, None, "in_progress"),
-                ),
-                self._event(
-                    "response.content_part.added",
-                    output_index=index,
-                    item_id=self.item_id,
-                    content_index=0,
-                    part=_text_part("", []),
+                    part=part,
                 ),
             ]
         assert call is not None
