@@ -308,15 +308,7 @@ class BatchApi:
 
 def add_batch_routes(app: web.Application, source: ChatSource, topic: str) -> None:
     store = BatchStore(source.connection, topic)
-
-    async def start(_: web.Application) -> None:
-        await store.start()
-
-    async def stop(_: web.Application) -> None:
-        await store.stop()
-
-    app.on_startup.append(start)
-    app.on_cleanup.append(stop)
+    store.runs_with(app)
     api = BatchApi(source, store)
     app.router.add_post("/v1/files", api.create_file)
     app.router.add_get("/v1/files/{file_id}", api.retrieve_file)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from worker.pipeline.connection import Connection, topic_partitions
@@ -78,3 +79,15 @@ class CompactedTable:
             self.fetched(bool(batches))
             self._fetched.set()
             self._fetched = asyncio.Event()
+
+    def runs_with(self, app: web.Application) -> None:
+        """Start with ``app`` and stop with it."""
+
+        async def start(_: web.Application) -> None:
+            await self.start()
+
+        async def stop(_: web.Application) -> None:
+            await self.stop()
+
+        app.on_startup.append(start)
+        app.on_cleanup.append(stop)

@@ -320,15 +320,7 @@ def add_api_routes(app: web.Application, source: ChatSource) -> None:
         store = ResponsesStore(
             source.connection, settings.responses_topic, settings.responses_store_max_mb * 1024 * 1024
         )
-
-        async def start(_: web.Application) -> None:
-            await store.start()
-
-        async def stop(_: web.Application) -> None:
-            await store.stop()
-
-        app.on_startup.append(start)
-        app.on_cleanup.append(stop)
+        store.runs_with(app)
     if settings.batch_topic:
         add_batch_routes(app, source, settings.batch_topic)
     api = ResponsesApi(source, store)
