@@ -7,13 +7,14 @@ process, so tests can look at what it was asked (aborts, concurrent streams).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from tests.kafka_helpers import (
     WorkerTopics,
     free_port,
     make_worker_topics,
+    wait_for_http,
 )
 from tests.paths import REPO_ROOT
 from tests.stream_builders import written
@@ -241,6 +243,16 @@ class Pipeline:
         if self.gateway is not None:
             parts.append(self.gateway.log_tail())
         return "\n".join(parts)
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[Pipeline]:
+        """The started pipeline once its gateway answers ``/healthz``; stopped, its topics deleted, after."""
+        try:
+            asyncio.run(wait_for_http(f"{self.gateway_url}/healthz", 200, 60, what="(gateway)"))
+            yield self
+        finally:
+            self.stop()
+            self.factory.cleanup()
 
     def stop(self) -> None:
         for process in [*self.ingests, *([self.gateway] if self.gateway else [])]:

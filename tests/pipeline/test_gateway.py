@@ -49,12 +49,8 @@ pytestmark = pytest.mark.kafka
 def pipeline(kafka_bootstrap: str) -> Iterator[Pipeline]:
     factory = TopicFactory(kafka_bootstrap)
     pipeline = Pipeline(kafka_bootstrap, factory, max_inflight=16).start(workers=2, gateway=True)
-    try:
-        asyncio.run(wait_for_http(f"{pipeline.gateway_url}/healthz", 200, 60, what="(gateway)"))
-        yield pipeline
-    finally:
-        pipeline.stop()
-        factory.cleanup()
+    with pipeline.serving() as ready:
+        yield ready
 
 
 def client(pipeline: Pipeline, api_key: str = "unused") -> OpenAI:

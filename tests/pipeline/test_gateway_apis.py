@@ -61,12 +61,8 @@ def pipeline(kafka_bootstrap: str) -> Iterator[Pipeline]:
     store = factory("responses", 3, config={"cleanup.policy": "compact"})
     pipeline.start_gateway("--responses-topic", store)
     pipeline.responses_topic = store  # type: ignore[attr-defined]
-    try:
-        asyncio.run(wait_for_http(f"{pipeline.gateway_url}/healthz", 200, 60, what="(gateway)"))
-        yield pipeline
-    finally:
-        pipeline.stop()
-        factory.cleanup()
+    with pipeline.serving() as ready:
+        yield ready
 
 
 def claude(pipeline: Pipeline, api_key: str = "unused") -> anthropic.Anthropic:

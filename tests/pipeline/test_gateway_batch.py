@@ -3,7 +3,6 @@ request through the pipeline, the output file one line per input line in input o
 
 from __future__ import annotations
 
-import asyncio
 import io
 import time
 from collections.abc import Iterator
@@ -14,7 +13,6 @@ import orjson
 import pytest
 
 from tests.kafka_broker import TopicFactory
-from tests.kafka_helpers import wait_for_http
 from tests.pipeline_helpers import ONE_SHOT_CASE, Pipeline, case, comparable, recording, request_of
 
 pytestmark = pytest.mark.kafka
@@ -28,12 +26,8 @@ def pipeline(kafka_bootstrap: str) -> Iterator[Pipeline]:
     pipeline.start(workers=2)
     batches = factory("batches", 3, config={"cleanup.policy": "compact"})
     pipeline.start_gateway("--batch-topic", batches)
-    try:
-        asyncio.run(wait_for_http(f"{pipeline.gateway_url}/healthz", 200, 60, what="(gateway)"))
-        yield pipeline
-    finally:
-        pipeline.stop()
-        factory.cleanup()
+    with pipeline.serving() as ready:
+        yield ready
 
 
 def sdk(pipeline: Pipeline) -> openai.OpenAI:

@@ -18,7 +18,7 @@ import pytest
 from openai import OpenAI
 
 from tests.kafka_broker import TopicFactory, run_sync
-from tests.kafka_helpers import TopicReader, wait_for_http
+from tests.kafka_helpers import TopicReader
 from tests.pipeline_helpers import (
     ONE_SHOT_CASE,
     STREAM_CASE,
@@ -39,12 +39,8 @@ MAX_INFLIGHT = 3
 def pipeline(kafka_bootstrap: str) -> Iterator[Pipeline]:
     factory = TopicFactory(kafka_bootstrap)
     pipeline = Pipeline(kafka_bootstrap, factory, max_inflight=MAX_INFLIGHT).start(workers=1, gateway=True)
-    try:
-        asyncio.run(wait_for_http(f"{pipeline.gateway_url}/healthz", 200, 60, what="(gateway)"))
-        yield pipeline
-    finally:
-        pipeline.stop()
-        factory.cleanup()
+    with pipeline.serving() as ready:
+        yield ready
 
 
 def client(pipeline: Pipeline) -> OpenAI:
