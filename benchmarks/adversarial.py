@@ -159,7 +159,7 @@ STRUCTURED_SHAPES: list[tuple[str, str, str, str, str]] = [
     ("numbers", "pythonic", "llama-3", "[f({})]", "n{0}=-{0}.5e3, "),
     ("many calls", "pythonic", "llama-3", "[{}]", "f{0}(k={0}), "),
     ("many args", "llama4_pythonic", "llama-3", "<|python_start|>[f({})]<|python_end|>", "k{0}={0}, "),
-    # Shapes the incremental readers left to the whole re-read (README).
+    # Shapes the incremental readers left to the whole re-read (docs/security.md, "Not O(delta)").
     (
         "name after the arguments",
         "llama3_json",

@@ -57,7 +57,7 @@ def collector_held_off() -> Iterator[None]:
 
     Its heap (the workloads, the send and arrival maps: millions of objects) made a full
     collection stall it, and every chunk sent or read meanwhile was charged with the stall as the
-    worker's latency (README, "Kafka, one worker"). What the phase allocates waits for its end;
+    worker's latency (docs/benchmarks.md, "Kafka, one worker"). What the phase allocates waits for its end;
     the collector is handed back as it was.
     """
     enabled = gc.isenabled()

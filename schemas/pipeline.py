@@ -60,7 +60,7 @@ class CancelRecord(BaseModel):
 
 
 class IngestMarker(BaseModel):
-    """ingest's own progress record for one request (see the README's resumability rule)."""
+    """ingest's own progress record for one request (see docs/pipeline.md, its resumability rule)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -4,7 +4,7 @@ The inputs run through the same ``EnvelopeProcessor`` (same core, same state rul
 worker's, one processor per input partition as in the worker; each result is paired with the
 recorded output for the same input record: by ``source`` (input topic, partition, offset) when
 both sides know it, else by ``request_id`` + ``seq``. Per request the pairs are compared in input
-order after the README's two normalizations and nothing else: ``created`` (a clock) and random
+order after the two normalizations of docs/compatibility.md and nothing else: ``created`` (a clock) and random
 tool-call ids (``chatcmpl-tool-`` + 16 hex digits, and the ``mistral`` parser's 9 alphanumerics),
 renamed by order of first appearance on each side. Ids a model wrote (``kimi_k2``) stay as they are.
 

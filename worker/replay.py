@@ -8,7 +8,7 @@ each gets its one outcome from the processor's boundary.
 Output is flushed whenever the input has nothing more ready (a line typed or
 piped in gets its answer at once; a file is written in large blocks), and the
 objects built at start-up are moved out of the garbage collector's sight, so a
-record costs what the core costs (see README, "Benchmarks").
+record costs what the core costs (see docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -594,7 +594,7 @@ class ProducerSettings(Section):
 
     GROUP: ClassVar[str] = "kafka"
 
-    # Chosen by `./run bench kafka --compression-types` (README, "Benchmarks"): the fewest bytes
+    # Chosen by `./run bench kafka --compression-types` (docs/benchmarks.md): the fewest bytes
     # with either client, at no cost beyond the run-to-run spread of none.
     compression_type: CompressionType = Field(
         CompressionType.ZSTD,
@@ -654,7 +654,7 @@ class KafkaSettings(ProducingTopics):
         5_000, gt=0, description="commit early once this many records are processed but not committed"
     )
     shutdown_timeout_s: float = Field(30.0, gt=0, description="SIGTERM: exit 1 if stopping takes longer")
-    # The default is chosen by `./run bench kafka` (README, "Benchmarks").
+    # The default is chosen by `./run bench kafka` (docs/benchmarks.md).
     kafka_client: ClientKind = Field(
         ClientKind.CONFLUENT,
         description="the Kafka client library of the data path: aiokafka (pure asyncio) or confluent "
@@ -665,7 +665,8 @@ class KafkaSettings(ProducingTopics):
         description="exactly-once: one transactional producer per input partition, or one per worker "
         "(needs KIP-447: --kafka-client confluent and Kafka 2.5+)",
     )
-    # Incremental by default: partitions that stay keep flowing during a scale event (README).
+    # Incremental by default: partitions that stay keep flowing during a scale event
+    # (docs/kafka-worker.md, "Group membership").
     partition_assignment_strategy: AssignmentStrategy = Field(
         AssignmentStrategy.COOPERATIVE_STICKY,
         description="classic group protocol: cooperative-sticky (incremental: only moved partitions stop) "

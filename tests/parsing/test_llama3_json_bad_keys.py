@@ -134,7 +134,7 @@ def test_a_rejected_key_stops_the_reads_once_its_value_shows(
 def test_before_the_name_a_later_error_may_mend_a_rejected_key(text: str) -> None:
     """Reads without incomplete strings: an error and a quote after the rejected key can shift
     which quotes the library's scan takes to open strings, and it cuts back before the key. So
-    before the name is sent the record reads whole (README: not O(delta)), cut anywhere."""
+    before the name is sent the record reads whole (docs/security.md: not O(delta)), cut anywhere."""
     for first in range(1, len(text), 3):
         for second in range(first + 1, len(text), 2):
             _same([text[:first], text[first:second], text[second:]])

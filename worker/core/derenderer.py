@@ -91,7 +91,7 @@ def pin_tool_call_ids(delta: JsonDict, pinned: list[str]) -> None:
     session was rebuilt); a new index's id is appended to ``pinned``.
 
     The index is read as a Python list index, as vLLM reads it: ``deepseek_v31`` can send a name
-    at index -1 (see the README's compatibility notes). An index before the first pinned id is
+    at index -1 (docs/compatibility.md, item 22). An index before the first pinned id is
     vLLM's ``IndexError``, which its endpoint answers with this 400.
     """
     calls = delta.get("tool_calls")

@@ -15,7 +15,8 @@ Topics (``topics create`` makes all four, idempotently):
             state partition ``p`` holds the open requests of input partition ``p``
 * dead letters -- ``DeadLetterRecord`` JSON for records that are not envelopes
 
-Exactly-once, checkpoints and restores: README, "The Kafka worker", and ``state_changelog``.
+Exactly-once, checkpoints and restores: docs/kafka-worker.md, docs/exactly-once.md, docs/state.md,
+and ``state_changelog``.
 
 Modules, in the order a record meets them:
 

@@ -1,7 +1,7 @@
 """Sinks: how one input partition's outputs, state updates and offsets reach Kafka.
 
-Why exactly-once works this way (transactions, fencing, restore): README, "Exactly-once, and why
-this design". Here, what each sink does:
+Why exactly-once works this way (transactions, fencing, restore): docs/exactly-once.md,
+"Exactly-once, and why this design". Here, what each sink does:
 
 * ``TransactionalSink`` (``--transactional-id-mode per-partition``): a transactional producer per
   input partition, id ``KafkaSettings.transactional_id``; one transaction per commit.

@@ -1,6 +1,6 @@
 """One input partition's changelog in the state topic: the one owner of what the topic holds.
 
-How the state topic is used, from writing to restoring (the README's "The Kafka worker" points here):
+How the state topic is used, from writing to restoring (docs/state.md points here):
 
 * **Records.** Per open request two keys, namespaced by consumer group (``StateKeys``): its
   *context record* (endpoint, inherited fields such as the prompt ids, the request, and the
@@ -20,8 +20,8 @@ How the state topic is used, from writing to restoring (the README's "The Kafka 
   again without emitting anything (``replay_after``). Derendering is deterministic given the state,
   so this rebuilds exactly the state the last owner committed. Only restored requests' records are
   replayed: a request without a checkpoint had closed (tombstoned), expired, or was refused.
-* **Exactly-once.** A commit's state records ride in its transaction: README, "Exactly-once, and
-  why this design".
+* **Exactly-once.** A commit's state records ride in its transaction: docs/exactly-once.md,
+  "Exactly-once, and why this design".
 
 The format is versioned (``FORMAT_VERSION``); format 1 records (no ``offset``, written at every
 commit) are read as checkpoints that nothing follows.

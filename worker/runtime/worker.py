@@ -639,8 +639,8 @@ class Worker:
         return replace(config, fetch_min_bytes=FETCH_BATCH_BYTES, fetch_max_wait_ms=wait_ms)
 
     def _batches_under_commit(self) -> bool:
-        """Whether to batch fetches and sends where the commit hides the wait (README, "When the
-        worker commits"): an output visible only at its commit, on librdkafka. Not on aiokafka: its
+        """Whether to batch fetches and sends where the commit hides the wait (docs/kafka-worker.md,
+        "When the worker commits"): an output visible only at its commit, on librdkafka. Not on aiokafka: its
         backend flushes before a commit (to learn which send failed), and that flush waits a linger
         out; and it fetches no partition whose records are still buffered, so a held fetch delays
         the next fetch of the partitions just handed over."""

@@ -7,7 +7,7 @@ those calls on its own one-thread executor (``loop.run_in_executor``), so the ev
 blocks and one client's calls keep their order; ``produce`` only enqueues and runs inline.
 ``confluent_kafka.aio``'s wrappers do the same per call with more overhead: measured on this
 project's benchmark machine, its ``AIOProducer``/``AIOConsumer`` pass-through reached 80.4k
-records/s against 119.6k for the blocking client on a thread (README, "Benchmarks").
+records/s against 119.6k for the blocking client on a thread (docs/benchmarks.md).
 
 Rebalance callbacks run on the consume thread, inside ``consume``. With an incremental protocol
 (cooperative-sticky, KIP-848) they add and remove only the partitions named (``incremental_assign``,
@@ -399,8 +399,8 @@ class ConfluentConsumer:
         ``incremental_assign``/``incremental_unassign``; a resume clears a flag but does not wake
         the broker thread that fetches the partition, and one left with nothing to fetch sleeps
         until a request, an answer or its one-second timer wakes it. In a cooperative scale-out
-        that held the kept partitions' records back 350-400 ms at each rebalance (README, "Kafka,
-        scale-out"). A request to the partitions' leaders wakes their threads: ListOffsets of their
+        that held the kept partitions' records back 350-400 ms at each rebalance (docs/benchmarks.md,
+        "Kafka, scale-out"). A request to the partitions' leaders wakes their threads: ListOffsets of their
         ends (one per leader, the answer unused), on a thread of its own, so that neither the
         consume thread nor a callback waits for it.
         """
@@ -534,7 +534,7 @@ def producer_config(config: ProducerConfig) -> dict[str, Any]:
         "delivery.report.only.error": True,
         # Keys hashed as Java clients and aiokafka hash them (librdkafka's default is CRC32): a
         # request keeps one output partition whichever backend writes it, the partition of its
-        # input when the counts match (README, "Output placement").
+        # input when the counts match (docs/kafka-worker.md, "Output placement").
         "partitioner": "murmur2_random",
     }
 
@@ -670,7 +670,7 @@ class ConfluentTransactionalProducer(_ProducerBase):
         t1 = _perf_ms()
         self._producer.commit_transaction(CALL_TIMEOUT_S)  # flushes first
         end_txn_ms = _perf_ms() - t1
-        # The next transaction begins here, off the loop (README, "The Kafka client layer"); a
+        # The next transaction begins here, off the loop (docs/kafka-worker.md, "The Kafka client layer"); a
         # failure is left for begin() to meet again and report.
         try:
             self._producer.begin_transaction()
