@@ -1,8 +1,11 @@
 """The engine's argument layer: a call's raw argument text → its arguments JSON.
 
 Two converters: raw JSON (configs without ``arguments``: the text streams as
-written, see the machine) and XML-to-JSON (:class:`XmlArguments`: GLM's
-``<arg_key>``/``<arg_value>`` pairs, Qwen3-Coder's ``<parameter=...>``).
+written, see the machine) and XML-to-JSON (:class:`XmlArguments`). A format's
+regular expressions and its one-pass :class:`ArgScanner` live in its family's
+module (``families/glm45.py``: ``<arg_key>``/``<arg_value>`` pairs,
+``families/qwen3.py``: ``<parameter=...>``); this layer only turns scanner
+events into the streamed JSON, so a new XML-style family never edits it.
 
 vLLM's engine rebuilds a call's arguments JSON from the whole raw argument
 text with regular expressions whenever a record is more than a plain
@@ -29,7 +32,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from worker.core.parsing.engine.schema import TypesOf, coerce
 
@@ -41,14 +44,14 @@ WS = r"[^\S\x1c-\x1f]"
 ArgEvent = tuple[str, ...]
 
 
-def _is_ws(ch: str) -> bool:
+def is_ws(ch: str) -> bool:
     """``\\s`` of the ``regex`` module vLLM compiles its patterns with."""
     return ch.isspace() and not "\x1c" <= ch <= "\x1f"
 
 
-def _lstrip_ws(text: str) -> str:
+def lstrip_ws(text: str) -> str:
     start = 0
-    while start < len(text) and _is_ws(text[start]):
+    while start < len(text) and is_ws(text[start]):
         start += 1
     return text[start:]
 
@@ -87,7 +90,7 @@ class GlmArgScanner:
                 self._state, self._value, self._open = "value", [], bool(key)
                 self._key = [key]
                 return [("open", key)] if key else []
-            if all(_is_ws(ch) for ch in piece):
+            if all(is_ws(ch) for ch in piece):
                 self._ws += piece
                 return []
             # Not followed by <arg_value>: the lazy key runs on past this </arg_key>.
@@ -104,110 +107,6 @@ class GlmArgScanner:
             return [("done", self._key[0], "".join(self._value))]
         self._value.append(piece)
         return [("grow", piece)] if self._open and piece else []
-
-
-_PARAMETER = "parameter"
-#: Positions of the value-end matcher (one live candidate: no pattern accepts "<" after its first char).
-_IDLE, _LT, _START_EQ, _SLASH, _END_GT = 0, 1, 10, 11, 20
-
-
-def _step(state: int, ch: str) -> int:
-    """One char through ``<\\s*parameter\\s*=`` | ``<\\s*/\\s*parameter\\s*>``; -1/-2 on a match."""
-    if ch == "<":
-        return _LT
-    if state == _IDLE:
-        return _IDLE
-    if state == _LT:
-        if _is_ws(ch):
-            return _LT
-        return _SLASH if ch == "/" else (2 if ch == "p" else _IDLE)
-    if state == _SLASH:
-        if _is_ws(ch):
-            return _SLASH
-        return 12 if ch == "p" else _IDLE
-    if state in (_START_EQ, _END_GT):
-        if _is_ws(ch):
-            return state
-        if state == _START_EQ:
-            return -1 if ch == "=" else _IDLE
-        return -2 if ch == ">" else _IDLE
-    matched = state - 1 if state < _SLASH else state - _SLASH  # chars of "parameter" seen
-    return state + 1 if ch == _PARAMETER[matched] else _IDLE
-
-
-class QwenArgScanner:
-    """``<parameter=NAME>VALUE</parameter>`` (or up to the next ``<parameter=``); tags may hold whitespace."""
-
-    def __init__(self) -> None:
-        self._state = "seek"
-        self._matcher = _IDLE
-        self._name: list[str] = []
-        self._value: list[str] = []
-        self._value_len = 0
-        self._candidate = 0  # where in the value a possible end tag starts
-        self._named = False  # the open value has a name (convert_args shows it)
-
-    def feed(self, text: str) -> list[ArgEvent]:
-        events: list[ArgEvent] = []
-        pos = 0
-        size = len(text)
-        while pos < size:
-            state = self._state
-            if state == "seek" and self._matcher == _IDLE:
-                found = text.find("<", pos)
-                if found < 0:
-                    return events
-                pos = found
-            if state == "name":
-                end = text.find(">", pos)
-                if end < 0:
-                    self._name.append(text[pos:])
-                    return events
-                self._name.append(text[pos:end])
-                pos = end + 1
-                self._open_value(events)
-                continue
-            if state == "value" and self._matcher == _IDLE:
-                found = text.find("<", pos)
-                chunk = text[pos:] if found < 0 else text[pos:found]
-                if chunk:
-                    self._grow(chunk, events)
-                if found < 0:
-                    return events
-                pos = found
-            ch = text[pos]
-            pos += 1
-            if state == "value":
-                if ch == "<":
-                    self._candidate = self._value_len
-                self._grow(ch, events)
-            self._matcher = _step(self._matcher, ch)
-            if self._matcher >= 0:
-                continue
-            matched, self._matcher = self._matcher, _IDLE
-            if state == "value":
-                value = "".join(self._value)[: self._candidate]
-                events.append(("done", _lstrip_ws("".join(self._name)), trim_newlines(value)))
-            if matched == -1:
-                self._state, self._name = "name", []
-            elif state == "value":
-                self._state = "seek"
-        return events
-
-    def _open_value(self, events: list[ArgEvent]) -> None:
-        segment = "".join(self._name)
-        self._name = [segment]
-        self._state, self._value, self._value_len, self._matcher = "value", [], 0, _IDLE
-        key = _lstrip_ws(segment) or segment[-1:]
-        self._named = bool(key)
-        if key:
-            events.append(("open", key))
-
-    def _grow(self, text: str, events: list[ArgEvent]) -> None:
-        self._value.append(text)
-        self._value_len += len(text)
-        if self._named:
-            events.append(("grow", text))
 
 
 def trim_newlines(value: str) -> str:
@@ -418,7 +317,12 @@ class ArgsStream:
         return self._piece(key, self._rendered[key])
 
 
-ArgScanner = GlmArgScanner | QwenArgScanner
+class ArgScanner(Protocol):
+    """A format's one-pass argument scanner (it lives in its family's module): raw text in, events out."""
+
+    def feed(self, text: str) -> list[ArgEvent]: ...
+
+
 ScannerFactory = Callable[[], ArgScanner]
 
 

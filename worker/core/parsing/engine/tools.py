@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import groupby
-from typing import Any
+from typing import Any, ClassVar
 
 from worker.core.parsing.base import ToolParser
 from worker.core.parsing.deltas import args_delta, coalesce, name_delta
@@ -27,6 +27,7 @@ from worker.core.parsing.engine.arguments import (
     name_and_args,
 )
 from worker.core.parsing.engine.config import EngineConfig, Event, State
+from worker.core.parsing.engine.family import EngineFamily
 from worker.core.parsing.engine.machine import EngineEvent, EventMachine
 from worker.core.parsing.engine.schema import ToolSchemas, fix_arg_types
 from worker.core.parsing.engine.shaping import ContentHold, hold_trailing_reasoning_ws
@@ -102,9 +103,10 @@ def joined(events: list[EngineEvent]) -> list[EngineEvent]:
 
 
 class EngineToolParser(ToolParser):
-    """The tool adapter; a family subclass picks its :class:`EngineConfig` in :meth:`make_config`."""
+    """The tool adapter; a family's subclass names its :class:`EngineFamily` in ``family``."""
 
     engine_based = True
+    family: ClassVar[type[EngineFamily]] = EngineFamily
     # vLLM's classes have a structural tag (strict tool calling by default):
     # ``required`` and named choices are parsed natively, like ``auto``.
     supports_required_and_named = False
@@ -123,7 +125,7 @@ class EngineToolParser(ToolParser):
 
     @classmethod
     def make_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
-        raise NotImplementedError
+        return cls.family.tool_config(tokenizer, chat_template_kwargs)
 
     def _reset(self) -> None:
         self._machine.reset(State.CONTENT)

@@ -14,12 +14,10 @@ from typing import Any
 
 from worker.core.parsing.engine.config import EngineConfig, thinking_requested
 from worker.core.parsing.engine.reasoning import EngineReasoningParser
-from worker.core.parsing.registry import reasoning_parser
 from worker.core.parsing.tools.glm45 import glm_config
 from worker.core.parsing.types import ParserTokenizer
 
 
-@reasoning_parser("glm45", "glm47")
 class Glm45ReasoningParser(EngineReasoningParser):
     @classmethod
     def make_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:

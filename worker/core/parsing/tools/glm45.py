@@ -39,7 +39,6 @@ from typing import Any, cast
 from worker.core.parsing.engine.arguments import WS, GlmArgScanner, XmlArguments
 from worker.core.parsing.engine.config import EngineConfig, Event, State, Transitions, thinking_requested
 from worker.core.parsing.engine.tools import EngineToolParser
-from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.types import ParserTokenizer
 
 #: vLLM's ``Glm47MoeParser`` markup (vllm/parser/glm47_moe.py); the think markers
@@ -203,7 +202,6 @@ def thinking_enabled(tokenizer: ParserTokenizer, chat_template_kwargs: dict[str,
     return thinking_requested(chat_template_kwargs)
 
 
-@tool_parser("glm45", "glm47")
 class Glm47MoeToolParser(EngineToolParser):
     @classmethod
     def make_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:

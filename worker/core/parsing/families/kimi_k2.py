@@ -23,8 +23,8 @@ import re
 from typing import Any
 
 from worker.core.parsing.engine.config import EngineConfig, Event, State, Transitions, thinking_requested
+from worker.core.parsing.engine.family import EngineFamily
 from worker.core.parsing.engine.tools import EngineToolParser
-from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.types import ParserTokenizer, ToolCallDeltaOut
 
 # -- Kimi K2 -------------------------------------------------------------------
@@ -92,13 +92,15 @@ def _kimi_header(header: str) -> tuple[str | None, str | None]:
     return call_id, call_id.split(":")[0].removeprefix("functions.")
 
 
-@tool_parser("kimi_k2")
-class KimiK2ToolParser(EngineToolParser):
-    supports_required_and_named = False  # xgrammar structural tag "kimi"
-
+class KimiK2(EngineFamily):
     @classmethod
-    def make_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
+    def config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
         return kimi_config(thinking_requested(chat_template_kwargs))
+
+
+class KimiK2ToolParser(EngineToolParser):
+    family = KimiK2
+    supports_required_and_named = False  # xgrammar structural tag "kimi"
 
     # Hooks: the name comes from the call header, which also gives the id.
 
