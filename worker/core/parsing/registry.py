@@ -20,8 +20,8 @@ _P = "worker.core.parsing"
 REASONING_PARSERS: dict[str, str] = {
     "deepseek_r1": f"{_P}.reasoning.deepseek_r1:DeepSeekR1ReasoningParser",
     "deepseek_v3": f"{_P}.reasoning.deepseek_v3:DeepSeekV3ReasoningParser",
-    "glm45": f"{_P}.reasoning.glm45:Glm45ReasoningParser",
-    "glm47": f"{_P}.reasoning.glm45:Glm45ReasoningParser",
+    "glm45": f"{_P}.families.glm45:Glm45ReasoningParser",
+    "glm47": f"{_P}.families.glm45:Glm45ReasoningParser",
     "mistral": f"{_P}.families.mistral:MistralReasoningParser",
     "qwen3": f"{_P}.families.qwen3:Qwen3ReasoningParser",
     "step5": f"{_P}.reasoning.deepseek_r1:DeepSeekR1ReasoningParser",
@@ -30,8 +30,8 @@ REASONING_PARSERS: dict[str, str] = {
 #: vLLM 0.33.0's tool parser names we serve (vllm/tool_parsers/__init__.py)
 TOOL_PARSERS: dict[str, str] = {
     "deepseek_v31": f"{_P}.tools.deepseek_v31:DeepSeekV31ToolParser",
-    "glm45": f"{_P}.tools.glm45:Glm47MoeToolParser",
-    "glm47": f"{_P}.tools.glm45:Glm47MoeToolParser",
+    "glm45": f"{_P}.families.glm45:Glm47MoeToolParser",
+    "glm47": f"{_P}.families.glm45:Glm47MoeToolParser",
     "hermes": f"{_P}.tools.hermes:HermesToolParser",
     "kimi_k2": f"{_P}.families.kimi_k2:KimiK2ToolParser",
     "llama3_json": f"{_P}.tools.llama3_json:Llama3JsonToolParser",

@@ -56,59 +56,6 @@ def lstrip_ws(text: str) -> str:
     return text[start:]
 
 
-class GlmArgScanner:
-    """``<arg_key>K</arg_key>\\s*<arg_value>V</arg_value>`` pairs, fed the parser's argument pieces.
-
-    The lexer hands every ``<arg_key>``-family marker over as a piece of its own, so the
-    scan works on pieces: a marker is one step, a text piece never holds one.
-    """
-
-    _KEY_START, _KEY_END, _VALUE_START, _VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
-
-    def __init__(self) -> None:
-        self._state = "seek"
-        self._key: list[str] = []
-        self._ws = ""
-        self._value: list[str] = []
-        self._open = False
-
-    def feed(self, piece: str) -> list[ArgEvent]:
-        state = self._state
-        if state == "seek":
-            if piece == self._KEY_START:
-                self._state, self._key = "key", []
-            return []
-        if state == "key":
-            if piece == self._KEY_END:
-                self._state, self._ws = "key_end", ""
-            else:
-                self._key.append(piece)
-            return []
-        if state == "key_end":
-            if piece == self._VALUE_START:
-                key = "".join(self._key).strip()
-                self._state, self._value, self._open = "value", [], bool(key)
-                self._key = [key]
-                return [("open", key)] if key else []
-            if all(is_ws(ch) for ch in piece):
-                self._ws += piece
-                return []
-            # Not followed by <arg_value>: the lazy key runs on past this </arg_key>.
-            self._key += [self._KEY_END, self._ws]
-            self._ws = ""
-            if piece == self._KEY_END:
-                return []
-            self._state = "key"
-            self._key.append(piece)
-            return []
-        if piece == self._VALUE_END:
-            self._state = "seek"
-            self._open = False
-            return [("done", self._key[0], "".join(self._value))]
-        self._value.append(piece)
-        return [("grow", piece)] if self._open and piece else []
-
-
 def trim_newlines(value: str) -> str:
     """One leading and one trailing newline dropped (template markup around values)."""
     if value.startswith("\n"):
