@@ -18,8 +18,6 @@ PENDING: dict[str, str] = {
     "gptoss": "Harmony (gpt-oss) is not served yet",
     "deepseek_v4": "deepseek_v4 reasoning and tools are not served yet",
     "deepseek_v32": "deepseek_v32 tools are not served yet",
-    "kimi_k2": "kimi_k2 reasoning is not served yet",
-    "nemotron_v3": "nemotron_v3 reasoning is not served yet",
 }
 
 

@@ -22,7 +22,9 @@ REASONING_PARSERS: dict[str, str] = {
     "deepseek_v3": f"{_P}.reasoning.deepseek_v3:DeepSeekV3ReasoningParser",
     "glm45": f"{_P}.families.glm45:Glm45ReasoningParser",
     "glm47": f"{_P}.families.glm45:Glm45ReasoningParser",
+    "kimi_k2": f"{_P}.families.kimi_k2:KimiK2ReasoningParser",
     "mistral": f"{_P}.families.mistral:MistralReasoningParser",
+    "nemotron_v3": f"{_P}.families.nemotron_v3:NemotronV3ReasoningParser",
     "qwen3": f"{_P}.families.qwen3:Qwen3ReasoningParser",
     "step5": f"{_P}.reasoning.deepseek_r1:DeepSeekR1ReasoningParser",
 }
