@@ -1,4 +1,4 @@
-"""The Nemotron 3 family: ``nemotron_v3`` reasoning (vLLM's ``NemotronV3Parser``), tools through ``qwen3_coder``.
+"""The Nemotron 3 family: ``nemotron_v3`` reasoning (vLLM's ``NemotronV3Parser``); tools are ``qwen3_coder``.
 
 Nemotron 3 (Nano/Super) writes the Qwen3 format (``<think>``/``</think>``,
 ``<tool_call>`` XML), so the config is Qwen3's with trailing reasoning
