@@ -20,6 +20,7 @@ _P = "worker.core.parsing"
 REASONING_PARSERS: dict[str, str] = {
     "deepseek_r1": f"{_P}.reasoning.deepseek_r1:DeepSeekR1ReasoningParser",
     "deepseek_v3": f"{_P}.reasoning.deepseek_v3:DeepSeekV3ReasoningParser",
+    "deepseek_v4": f"{_P}.families.deepseek_dsml:DeepSeekV4ReasoningParser",
     "glm45": f"{_P}.families.glm45:Glm45ReasoningParser",
     "glm47": f"{_P}.families.glm45:Glm45ReasoningParser",
     "kimi_k2": f"{_P}.families.kimi_k2:KimiK2ReasoningParser",
@@ -32,6 +33,8 @@ REASONING_PARSERS: dict[str, str] = {
 #: vLLM 0.33.0's tool parser names we serve (vllm/tool_parsers/__init__.py)
 TOOL_PARSERS: dict[str, str] = {
     "deepseek_v31": f"{_P}.tools.deepseek_v31:DeepSeekV31ToolParser",
+    "deepseek_v32": f"{_P}.families.deepseek_dsml:DeepSeekV32ToolParser",
+    "deepseek_v4": f"{_P}.families.deepseek_dsml:DeepSeekV4ToolParser",
     "glm45": f"{_P}.families.glm45:Glm47MoeToolParser",
     "glm47": f"{_P}.families.glm45:Glm47MoeToolParser",
     "hermes": f"{_P}.tools.hermes:HermesToolParser",

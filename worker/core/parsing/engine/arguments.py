@@ -34,14 +34,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from worker.core.parsing.engine.schema import TypesOf, coerce
+from worker.core.parsing.engine.schema import TypesOf, coerce, coerce_value
 
 #: ``\s`` of the ``regex`` module vLLM compiles its patterns with (Unicode
 #: White_Space); Python's ``re`` would also match U+001C..U+001F.
 WS = r"[^\S\x1c-\x1f]"
 
-#: ("done", key, value) | ("open", key) | ("grow", raw text added to the open value)
+#: ("done", key, value, *format fields) | ("open", key) | ("grow", raw text added to the open value)
 ArgEvent = tuple[str, ...]
+#: A done value and its format fields (DSML's ``string`` attribute) → the value before schema typing
+ValueDecoder = Callable[[str, tuple[str, ...]], Any]
 
 
 def is_ws(ch: str) -> bool:
@@ -77,8 +79,15 @@ class ArgsStream:
     """
 
     def __init__(
-        self, properties: dict[str, Any], string_keys: set[str] | None, types: TypesOf, *, trim_newlines: bool
+        self,
+        properties: dict[str, Any],
+        string_keys: set[str] | None,
+        types: TypesOf,
+        *,
+        trim_newlines: bool,
+        decode: ValueDecoder | None = None,
     ) -> None:
+        self._decode = decode
         self._properties = properties
         self._types = types  # the request's :class:`ToolSchemas` lookup: no schema walk per value
         self._string_keys = string_keys
@@ -125,7 +134,7 @@ class ArgsStream:
                     self._changed.add(self._position[key])
             else:
                 structural = True
-                self._done(event[1], event[2])
+                self._done(event[1], event[2], event[3:])
         return not structural
 
     def _grow(self, raw: str) -> None:
@@ -144,7 +153,7 @@ class ArgsStream:
         if text:
             self._open_text.append(_escape(text))
 
-    def _done(self, key: str, value: str) -> None:
+    def _done(self, key: str, value: str, extra: tuple[str, ...] = ()) -> None:
         open_key, self._open = self._open, None
         if self._open_new and open_key is not None and open_key != key:
             # The name read while open differs from the finished one (whitespace-only names).
@@ -153,7 +162,7 @@ class ArgsStream:
         if key not in self._position:
             self._position[key] = len(self._order)
             self._order.append(key)
-        rendered = self._render(key, value)
+        rendered = self._render(key, value, extra)
         self._rendered[key] = rendered
         index = self._position[key]
         if index < len(self._sent):
@@ -162,11 +171,15 @@ class ArgsStream:
             else:
                 self._changed.add(index)
 
-    def _render(self, key: str, value: str) -> str:
+    def _render(self, key: str, value: str, extra: tuple[str, ...] = ()) -> str:
+        decoded: Any = self._decode(value, extra) if self._decode is not None else value
         schema = self._properties.get(key)
         if isinstance(schema, dict):
-            return json.dumps(coerce(value, self._types(schema)), ensure_ascii=False)
-        return json.dumps(value, ensure_ascii=False)
+            if isinstance(decoded, str):
+                decoded = coerce(decoded, self._types(schema))
+            else:
+                decoded = coerce_value(decoded, schema, self._types)[0]
+        return json.dumps(decoded, ensure_ascii=False)
 
     @staticmethod
     def _piece(key: str, rendered: str) -> str:
@@ -284,6 +297,11 @@ class XmlArguments:
     scanner: ScannerFactory
     #: ``convert`` drops one leading and one trailing newline of each value
     trim_values: bool = False
+    #: how a done value is read before schema typing (None: the raw string)
+    decode: ValueDecoder | None = None
+    #: vLLM's ``arg_structural_chars``: a streamed record whose argument text has none of
+    #: these sends no argument delta (None: every record may)
+    structural_chars: frozenset[str] | None = None
 
 
 #: A call's name written into its arguments (when the markup gave none); ``\s`` as

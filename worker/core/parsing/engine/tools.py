@@ -257,6 +257,12 @@ class EngineToolParser(ToolParser):
         """One-shot arguments without a converter (or where it fails)."""
         return self._name_and_args(raw)[1] if raw.strip() else "{}"
 
+    def _convert_args(self, name: str, raw: str) -> str:
+        """One-shot: a finished call's raw arguments → its arguments JSON."""
+        arguments = self.config.arguments
+        assert arguments is not None
+        return arguments.convert(raw, False)
+
     def _announce(self, index: int, name: str | None, calls: list[ToolCallDeltaOut]) -> None:
         if name is not None and self.config.strip_names:
             name = name.strip()
@@ -325,7 +331,11 @@ class EngineToolParser(ToolParser):
             trim = arguments is not None and arguments.trim_values
             properties = self._schemas.properties(slot.name) if slot.name else {}
             slot.args_stream = ArgsStream(
-                properties, slot.string_keys, self._schemas.types, trim_newlines=trim
+                properties,
+                slot.string_keys,
+                self._schemas.types,
+                trim_newlines=trim,
+                decode=arguments.decode if arguments is not None else None,
             )
             slot.args_stream.apply(slot.arg_events)
             slot.arg_events = []
@@ -337,6 +347,9 @@ class EngineToolParser(ToolParser):
             return raw_delta
         if slot.scanner is None:
             return None  # one-shot reads the finished calls, never these diffs
+        structural = self.config.arguments.structural_chars
+        if structural is not None and structural.isdisjoint(raw_delta):
+            return None
         # value_streams holds whether this record's events only lengthened the open value.
         return self._args_stream(slot).diff(grew_only=slot.value_streams)
 
@@ -362,7 +375,7 @@ class EngineToolParser(ToolParser):
                 args = self._raw_args_json(raw)
             else:
                 try:
-                    args = arguments.convert(raw, False)
+                    args = self._convert_args(name, raw)
                 except (ValueError, TypeError):
                     args = self._raw_args_json(raw)
             if self._accept(name):
