@@ -6,6 +6,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tests.paths import REPO_ROOT
@@ -13,6 +14,7 @@ from worker.core.derenderer import Derenderer
 from worker.settings import ModelSettings
 
 GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
+FAMILIES_DIR = REPO_ROOT / "tests" / "golden_families"
 MODELS_DIR = REPO_ROOT / "samples" / "models"
 
 _RANDOM_ID_FORMATS = (
@@ -34,9 +36,10 @@ class GoldenCase:
         return bool(self.config.get("reasoning_parser") or self.config.get("tool_parser"))
 
 
-def load_cases() -> list[GoldenCase]:
+def load_cases(directory: Path = GOLDEN_DIR) -> list[GoldenCase]:
+    """The cases of every ``*.jsonl`` file in ``directory`` (the parser families' are in ``FAMILIES_DIR``)."""
     cases = []
-    for path in sorted(GOLDEN_DIR.glob("*.jsonl")):
+    for path in sorted(directory.glob("*.jsonl")):
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 raw = json.loads(line)
