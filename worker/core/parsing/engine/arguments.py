@@ -252,8 +252,11 @@ class ArgsStream:
     def final_diff(self) -> str | None:
         """The rest of the finished arguments JSON (open arguments dropped), or None."""
         final = [key for key in self._order if key in self._rendered]
-        changed = [i for i in self._changed if i >= len(final) or self._sent[i] != self._final(final[i])]
-        if changed or len(self._sent) > len(final):
+        # Every streamed piece is checked once here (a call ends once): an open repeat of an
+        # earlier name may have been streamed in that name's place and then dropped.
+        if len(self._sent) > len(final):
+            return None
+        if any(self._sent[i] != self._final(final[i]) for i in range(len(self._sent))):
             return None
         sent = len(self._sent)
         if sent == len(final):

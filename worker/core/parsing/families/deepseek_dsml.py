@@ -187,7 +187,11 @@ class DsmlArgScanner:
                 return events
             self._lookahead.append(piece)
             return events
-        # header
+        # header: a marker where "<" cannot continue it starts the next candidate (the
+        # regular expression's next match); inside a quoted name or string it is text
+        if piece == PARAM_START and state not in ("h_name", "h_string"):
+            self._start_header()
+            return events
         self._header_feed(piece, events)
         return events
 
