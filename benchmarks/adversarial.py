@@ -24,6 +24,10 @@ ratio <= 4):
   string, which the completion may still mend);
 * the parse budget (``--shapes budget``): shapes vLLM re-reads whole at every record, run to
   the end without the budget and until the request fails with it (CPU seconds, last decile);
+* the parser families' hostile shapes in 1-token records, last decile vs first: a DSML
+  block (``deepseek_v4``, ``deepseek_v32``) whose parameter never closes, a DSML block of
+  10,000 calls, and a ``<think>`` that never closes (``deepseek_v4``, ``kimi_k2``,
+  ``nemotron_v3`` reasoning);
 * one-shot (non-streaming) records whose tool markup never closes, at 1,000,
   2,000 and 4,000 tokens, vs ordinary text through the same parser: the call
   and argument patterns vLLM matches the whole output against
@@ -74,6 +78,9 @@ _GLM_CALL = "<tool_call>write_file\n<arg_key>content</arg_key>\n<arg_value>{}</a
 _ARGS = '{{"content": "{}"}}'
 _QWEN_CALL = "<tool_call>\n<function=write_file>\n"
 _DS = '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>{{"content": "{}"}}'
+_DSML = "｜DSML｜"
+_DSML_INVOKE = f'<{_DSML}invoke name="write_file">\n<{_DSML}parameter name="content" string="true">'
+_DSML_CALL = _DSML_INVOKE + "{}" + f"</{_DSML}parameter>\n</{_DSML}invoke>\n"
 PARSER_SHAPES: list[tuple[str, str, str]] = [
     ("hermes", "qwen3", '<tool_call>\n{{"name": "write_file", "arguments": ' + _ARGS + "}}\n</tool_call>"),
     ("llama3_json", "llama-3.1", '<|python_tag|>{{"name": "write_file", "parameters": ' + _ARGS + "}}"),
@@ -92,6 +99,59 @@ PARSER_SHAPES: list[tuple[str, str, str]] = [
         "qwen3_coder",
         "qwen3",
         "<tool_call>\n<function=write_file>\n<parameter=content>\n{}\n</parameter>\n</function>\n</tool_call>",
+    ),
+    ("deepseek_v4", "deepseek-v4", f"<{_DSML}tool_calls>\n" + _DSML_CALL + f"</{_DSML}tool_calls>"),
+    ("deepseek_v32", "deepseek-v3", f"<{_DSML}function_calls>\n" + _DSML_CALL + f"</{_DSML}function_calls>"),
+]
+#: The families' hostile shapes: (label, reasoning parser, tool parser, model, text prefix, repeated
+#: unit with {} for a counter, units). The text never closes what the prefix opens.
+FAMILY_SHAPES: list[tuple[str, str | None, str, str, str, str, int]] = [
+    (
+        "deepseek_v4, a DSML block that never closes",
+        None,
+        "deepseek_v4",
+        "deepseek-v4",
+        f"<{_DSML}tool_calls>\n" + _DSML_INVOKE,
+        "word{} ",
+        0,
+    ),
+    (
+        "deepseek_v32, a DSML block that never closes",
+        None,
+        "deepseek_v32",
+        "deepseek-v3",
+        f"<{_DSML}function_calls>\n" + _DSML_INVOKE,
+        "word{} ",
+        0,
+    ),
+    (
+        "deepseek_v4, 10,000 calls in one DSML block",
+        None,
+        "deepseek_v4",
+        "deepseek-v4",
+        f"<{_DSML}tool_calls>\n",
+        f'<{_DSML}invoke name="f">\n<{_DSML}parameter name="n" string="false">{{}}</{_DSML}parameter>\n'
+        f"</{_DSML}invoke>\n",
+        10_000,
+    ),
+    (
+        "deepseek_v4 reasoning, <think> never closes",
+        "deepseek_v4",
+        "deepseek_v4",
+        "deepseek-v4",
+        "",
+        "w{} ",
+        0,
+    ),
+    ("kimi_k2 reasoning, open <think>", "kimi_k2", "kimi_k2", "qwen3", "<think>", "w{} ", 0),
+    (
+        "nemotron_v3 reasoning, <think> never closes",
+        "nemotron_v3",
+        "qwen3_coder",
+        "qwen3",
+        "<think>",
+        "w{} ",
+        0,
     ),
 ]
 #: Argument shapes the XML parsers had to rescan: many short arguments, a key that never closes.
@@ -463,13 +523,14 @@ def _parser_stream_costs(
     *,
     reread_window: int | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    reasoning: str | None = None,
 ) -> list[float]:
     """Per-record seconds of one call in 1-token records through a live parser session, until the
     end or the record whose request fails on the parse budget (``reread_window``: see ChatParsing)."""
     loaded = load_tokenizer(MODELS / model)
     parsing = ChatParsing.create(
         adapter_for(loaded),
-        reasoning_parser=None,
+        reasoning_parser=reasoning,
         tool_parser=parser,
         enable_auto_tool_choice=True,
         reread_window=reread_window,
@@ -542,6 +603,17 @@ def _parser_rows(rounds: int, tokens: int, only: list[str]) -> list[tuple[str, l
         firsts, lasts = [], []
         for _ in range(rounds):
             costs = _parser_stream_costs("openai", "gpt-oss", shape.format(body), [_STRING_TOOL])
+            first, last = _deciles(costs)
+            firsts.append(first)
+            lasts.append(last)
+        rows.append((f"{label}: last vs first decile", lasts, firsts))
+    for label, reasoning, parser, model, prefix, unit, count in FAMILY_SHAPES:
+        if not _wanted(label, only):
+            continue
+        text = prefix + "".join(unit.format(i) for i in range(count or tokens // 2))
+        firsts, lasts = [], []
+        for _ in range(rounds):
+            costs = _parser_stream_costs(parser, model, text, [_STRING_TOOL], reasoning=reasoning)
             first, last = _deciles(costs)
             firsts.append(first)
             lasts.append(last)

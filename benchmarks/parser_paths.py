@@ -9,6 +9,10 @@ warm path of a 2,000-token gpt-oss (Harmony) generation: reasoning, then a call 
 Prints the total and the mean per-chunk cost per decile of the stream. vLLM
 0.33.0's own derender took 107 s for the same work on this machine, its per-chunk
 cost rising from 6 ms to 101 ms.
+
+Then one warm row per parser family (its reasoning, its tool call with a long
+string argument, about 2,000 tokens in 1-token records, on the family's own
+tokenizer): flat deciles (last/first near 1) mean O(delta) per record.
 """
 
 from __future__ import annotations
@@ -122,6 +126,93 @@ def _run(processor_for: Callable[[], EnvelopeProcessor], records: list[JsonDict]
     return costs
 
 
+_DSML = "｜DSML｜"
+_DSML_CALL = (
+    f'<{_DSML}invoke name="write_file">\n<{_DSML}parameter name="path" string="true">notes.txt'
+    f'</{_DSML}parameter>\n<{_DSML}parameter name="content" string="true">{{}}</{_DSML}parameter>\n'
+    f"</{_DSML}invoke>\n"
+)
+_QWEN_CALL = (
+    "<tool_call>\n<function=write_file>\n<parameter=path>\nnotes.txt\n</parameter>\n"
+    "<parameter=content>\n{}\n</parameter>\n</function>\n</tool_call>"
+)
+#: (family, model dir, reasoning parser, tool parser, output with {} for the long argument)
+FAMILIES: list[tuple[str, str, str | None, str, str]] = [
+    (
+        "hermes",
+        "qwen3",
+        "qwen3",
+        "hermes",
+        '<think>Plan.</think>\n<tool_call>\n{{"name": "write_file", "arguments": '
+        '{{"path": "notes.txt", "content": "{}"}}}}\n</tool_call>',
+    ),
+    ("qwen3_coder", "qwen3", "qwen3", "qwen3_coder", "<think>Plan.</think>\n" + _QWEN_CALL),
+    ("nemotron_v3", "qwen3", "nemotron_v3", "qwen3_coder", "<think>\nPlan.\n</think>\n" + _QWEN_CALL),
+    (
+        "kimi_k2",
+        "qwen3",
+        "kimi_k2",
+        "kimi_k2",
+        "<think>Plan.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.write_file:0"
+        '<|tool_call_argument_begin|>{{"path": "notes.txt", "content": "{}"}}<|tool_call_end|>'
+        "<|tool_calls_section_end|>",
+    ),
+    (
+        "deepseek_v4",
+        "deepseek-v4",
+        "deepseek_v4",
+        "deepseek_v4",
+        f"Plan.</think>\n\n<{_DSML}tool_calls>\n" + _DSML_CALL + f"</{_DSML}tool_calls>",
+    ),
+    (
+        "deepseek_v32",
+        "deepseek-v3",
+        None,
+        "deepseek_v32",
+        f"Let me write it.\n\n<{_DSML}function_calls>\n" + _DSML_CALL + f"</{_DSML}function_calls>",
+    ),
+]
+
+
+def _family_records(settings: ModelSettings, shape: str) -> list[JsonDict]:
+    """About TOKENS tokens of ``shape`` (its long argument grown to fit), prompted in the family's ids."""
+    backend = settings.build_derenderer().tokenizer.backend
+    unit = "Line of content with some words, numbers 12345 and punctuation; café, 北京, 🚀. "
+    head, tail = shape.split("{}")
+    head, tail = head.replace("{{", "{").replace("}}", "}"), tail.replace("{{", "{").replace("}}", "}")
+    fixed = len(backend.encode(head + tail, add_special_tokens=False).ids)
+    per_unit = len(backend.encode(unit * 10, add_special_tokens=False).ids) / 10
+    text = head + unit * max(int((TOKENS - fixed) / per_unit), 1) + tail
+    ids: list[int] = backend.encode(text, add_special_tokens=False).ids
+    records = _records(ids)
+    prompt: list[int] = backend.encode("hi", add_special_tokens=False).ids
+    records[0]["body"] |= {"prompt_token_ids": prompt, "prompt_tokens": len(prompt)}
+    return records
+
+
+def _family_rows() -> None:
+    print(f"\nparser families, warm: ~{TOKENS}-token outputs in 1-token chunks, each on its own tokenizer")
+    deciles_head = "per-decile mean µs per chunk (first → last)"
+    print(f"{'family':<14}{'records':>8}{'total s':>9}  {deciles_head}{'':>6}last/first")
+    for family, model, reasoning, tools, shape in FAMILIES:
+        settings = ModelSettings(
+            tokenizer=str(MODELS / model),
+            served_model_names=("bench",),
+            reasoning_parser=reasoning,
+            tool_parser=tools,
+            enable_auto_tool_choice=True,
+        )
+        derenderer = settings.build_derenderer()
+        records = _family_records(settings, shape)
+        costs = _run(lambda: settings.processor_for(derenderer), records, carry=False)  # noqa: B023
+        deciles = _deciles(costs)
+        print(
+            f"{family:<14}{len(records):>8}{sum(costs):>9.3f}  "
+            + " ".join(f"{d:>6.0f}" for d in deciles)
+            + f"{deciles[-1] / deciles[0]:>9.2f}"
+        )
+
+
 def _deciles(costs: list[float]) -> list[float]:
     size = len(costs) // 10
     return [sum(costs[i * size : (i + 1) * size]) / size * 1e6 for i in range(10)]
@@ -187,6 +278,7 @@ def main(argv: list[str]) -> None:
             }
         )
     )
+    _family_rows()
 
 
 if __name__ == "__main__":

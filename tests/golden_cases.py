@@ -19,6 +19,7 @@ GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
 GOLDEN_034_DIR = REPO_ROOT / "tests" / "golden_034"
 #: The release ``tests/golden/`` was recorded with: what the helpers below build unless told.
 GOLDEN_VERSION = VllmVersion.V0_33
+FAMILIES_DIR = REPO_ROOT / "tests" / "golden_families"
 MODELS_DIR = REPO_ROOT / "samples" / "models"
 
 _RANDOM_ID_FORMATS = (
@@ -41,6 +42,7 @@ class GoldenCase:
 
 
 def load_cases(directory: Path = GOLDEN_DIR) -> list[GoldenCase]:
+    """The cases of every ``*.jsonl`` file in ``directory`` (the parser families' are in ``FAMILIES_DIR``)."""
     cases = []
     for path in sorted(directory.glob("*.jsonl")):
         for line in path.read_text(encoding="utf-8").splitlines():

@@ -36,8 +36,8 @@ from tests.golden_cases import normalize as golden_normalize
 from tests.paths import REPO_ROOT
 from worker.audit import IdRenamer, Progress, first_difference, normalize
 from worker.cli import main
+from worker.core.parsing.families.mistral import mistral_tool_call_id
 from worker.core.parsing.ids import random_tool_call_id
-from worker.core.parsing.tools.mistral import mistral_tool_call_id
 from worker.settings import ModelSettings
 
 

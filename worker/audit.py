@@ -34,8 +34,8 @@ import orjson
 
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.parsing.families.mistral import MISTRAL_TOOL_CALL_ID
 from worker.core.parsing.ids import RANDOM_TOOL_CALL_ID
-from worker.core.parsing.tools.mistral import MISTRAL_TOOL_CALL_ID
 from worker.errors import AuditUsageError, ConfigurationError
 from worker.settings import ModelSettings, add_arguments, load
 

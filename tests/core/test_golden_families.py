@@ -6,25 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tests.core.test_golden import _compare, run_case
-from tests.golden_cases import GOLDEN_VERSION, GoldenCase, load_cases
-from tests.paths import REPO_ROOT
-
-FAMILIES_DIR = REPO_ROOT / "tests" / "golden_families"
-
-# Files whose family is not served yet: strict, so a family that starts passing must leave this table.
-PENDING: dict[str, str] = {
-    "deepseek_v4": "deepseek_v4 reasoning and tools are not served yet",
-    "deepseek_v32": "deepseek_v32 tools are not served yet",
-    "kimi_k2": "kimi_k2 reasoning is not served yet",
-    "nemotron_v3": "nemotron_v3 reasoning is not served yet",
-}
+from tests.golden_cases import FAMILIES_DIR, GOLDEN_VERSION, GoldenCase, load_cases
 
 
-def _param(case: GoldenCase) -> object:
-    marks = [pytest.mark.xfail(strict=True, reason=PENDING[case.file])] if case.file in PENDING else []
-    return pytest.param(case, id=f"{case.file}:{case.id}", marks=marks)
-
-
-@pytest.mark.parametrize("case", [_param(c) for c in load_cases(FAMILIES_DIR)])
+@pytest.mark.parametrize("case", load_cases(FAMILIES_DIR), ids=lambda c: f"{c.file}:{c.id}")
 def test_family_golden_case(case: GoldenCase) -> None:
     _compare(case, run_case(case, GOLDEN_VERSION))

@@ -16,17 +16,21 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize, sample_config
+from tests.golden_cases import FAMILIES_DIR, GoldenCase, derenderer_for, load_cases, normalize, sample_config
 from tests.stream_builders import split, written
 from worker.core.envelope_processor import EnvelopeProcessor
 
 JsonDict = dict[str, Any]
 
+#: The parser families' files: the cold path resumes each family's parser from its carried
+#: ``stream_state`` at every record boundary of every streamed case.
+FAMILY_FILES = {"deepseek_v4", "deepseek_v32", "kimi_k2", "nemotron_v3"}
 STREAM_PARSER_CASES = [
     c
-    for c in load_cases()
+    for c in load_cases() + load_cases(FAMILIES_DIR)
     if c.uses_parser
-    and c.file in {"reasoning", "tools", "parsers_reasoning_deepseek_v3", "parsers_reasoning_glm45"}
+    and c.file
+    in {"reasoning", "tools", "parsers_reasoning_deepseek_v3", "parsers_reasoning_glm45", *FAMILY_FILES}
     and all(e["body"].get("stream") for e in c.input)
     and all("error" not in e for e in c.expected)
 ]

@@ -19,7 +19,7 @@ import pytest
 
 from tests.parsing_helpers import MistralV11StubTokenizer, SampleHarness, create_parsing, splits
 from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
-from worker.core.parsing.tools.mistral import MistralToolParser, _JsonEvents, _JsonSyntaxError
+from worker.core.parsing.families.mistral import MistralToolParser, _JsonEvents, _JsonSyntaxError
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from worker.core.parsing.tools import deepseek_v31, glm45, mistral
+from worker.core.parsing.families import glm45, mistral
+from worker.core.parsing.tools import deepseek_v31
 from worker.core.parsing.tools.deepseek_v31 import CALL_BEGIN, CALL_END, CALLS_BEGIN, SEP
 
 #: Blanks of every kind the patterns tell apart: ASCII, Unicode, and U+001C..U+001F,

@@ -20,7 +20,7 @@ from tests.parsing_helpers import MistralV11StubTokenizer, qwen3_encode, qwen3_m
 from tests.parsing_helpers import qwen3 as qwen3_tokenizer
 from worker.core.parsing import DeltaOut, ParseRequest
 from worker.core.parsing.engine.schema import ToolSchemas, find_tool_properties, schema_types
-from worker.core.parsing.tools.mistral import MistralToolParser
+from worker.core.parsing.families.mistral import MistralToolParser
 
 N_TOOLS = 40
 ARG_NAMES = ("path", "count", "mode")

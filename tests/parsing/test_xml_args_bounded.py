@@ -21,14 +21,14 @@ import pytest
 
 from tests.parsing_helpers import qwen3, qwen3_encode, records
 from worker.core.parsing import ParseRequest
-from worker.core.parsing.engine import arguments
 from worker.core.parsing.engine.arguments import NAME_IN_ARGS_RE, WS, NameProbe, ScannerFactory
 from worker.core.parsing.engine.config import EngineConfig
 from worker.core.parsing.engine.schema import fix_arg_types
 from worker.core.parsing.engine.tools import CallSlot, EngineToolParser
-from worker.core.parsing.tools import glm45, qwen3_coder
-from worker.core.parsing.tools.glm45 import Glm47MoeToolParser
-from worker.core.parsing.tools.qwen3_coder import Qwen3EngineToolParser
+from worker.core.parsing.families import glm45
+from worker.core.parsing.families import qwen3 as qwen3_coder
+from worker.core.parsing.families.glm45 import Glm47MoeToolParser
+from worker.core.parsing.families.qwen3 import Qwen3EngineToolParser
 from worker.core.parsing.types import DeltaOut, ParserTokenizer
 
 TOOLS: list[dict[str, Any]] = [
@@ -436,10 +436,10 @@ class _Counting:
 @pytest.mark.parametrize(
     ("parser_class", "scanner", "unit"),
     [
-        (Glm47MoeToolParser, arguments.GlmArgScanner, "<arg_key>n</arg_key><arg_value>1</arg_value>\n"),
-        (Glm47MoeToolParser, arguments.GlmArgScanner, "<arg_key>a key that never closes "),
-        (Qwen3EngineToolParser, arguments.QwenArgScanner, "<parameter=n>\n1\n</parameter>\n"),
-        (Qwen3EngineToolParser, arguments.QwenArgScanner, "<parameter=content>\nlong value text "),
+        (Glm47MoeToolParser, glm45.GlmArgScanner, "<arg_key>n</arg_key><arg_value>1</arg_value>\n"),
+        (Glm47MoeToolParser, glm45.GlmArgScanner, "<arg_key>a key that never closes "),
+        (Qwen3EngineToolParser, qwen3_coder.QwenArgScanner, "<parameter=n>\n1\n</parameter>\n"),
+        (Qwen3EngineToolParser, qwen3_coder.QwenArgScanner, "<parameter=content>\nlong value text "),
     ],
 )
 def test_each_record_scans_only_its_own_text(

@@ -7,20 +7,26 @@ choice, kept alive across records; ``step`` once per record).
 
 Adding a parser
 ---------------
-Drop one module into ``reasoning/`` or ``tools/``; nothing else changes
-(modules there are imported on first use):
+Write its module and add one line per name to the tables in
+:mod:`~worker.core.parsing.registry` (``"module:Class"``, imported on first use):
 
-* reasoning: subclass :class:`~worker.core.parsing.base.ReasoningParser`
-  and decorate it with ``@reasoning_parser("name", ...)``.
-* tools: subclass :class:`~worker.core.parsing.base.ToolParser`, set
-  ``supports_required_and_named = False`` when vLLM's class has a
-  ``structural_tag_model`` (strict tool calling then parses ``required`` and
-  named choices natively), and decorate with ``@tool_parser("name", ...)``.
-* a vLLM "parser engine" family: subclass
-  :class:`~worker.core.parsing.engine.reasoning.EngineReasoningParser` or
-  :class:`~worker.core.parsing.engine.tools.EngineToolParser` and return the
-  family's :class:`~worker.core.parsing.engine.config.EngineConfig` from
-  ``make_config``; override a hook only where vLLM's own class does.
+* a vLLM "parser engine" family: one module in ``families/`` holding its
+  markers, :class:`~worker.core.parsing.engine.config.EngineConfig`, argument
+  converter and streaming argument scanner, one
+  :class:`~worker.core.parsing.engine.family.EngineFamily` subclass, and its
+  reasoning and tool adapters (subclasses of
+  :class:`~worker.core.parsing.engine.reasoning.EngineReasoningParser` and
+  :class:`~worker.core.parsing.engine.tools.EngineToolParser` naming that
+  family); override a hook only where vLLM's own class does;
+* other reasoning parsers: subclass :class:`~worker.core.parsing.base.ReasoningParser`
+  in ``reasoning/``;
+* other tool parsers: subclass :class:`~worker.core.parsing.base.ToolParser` in
+  ``tools/``, and set ``supports_required_and_named = False`` when vLLM's class
+  has a ``structural_tag_model`` (strict tool calling then parses ``required``
+  and named choices natively).
+
+The checklist (golden cases, cost rows, compatibility notes) is in
+``docs/parser-families.md``.
 
 Constructors take ``(tokenizer, chat_template_kwargs)`` (reasoning) or
 ``(tokenizer, tools, chat_template_kwargs)`` (tools) and raise
@@ -40,7 +46,7 @@ from typing import Any
 from worker.core.parsing.base import ReasoningParser, ToolParser
 from worker.core.parsing.composite import CompositeParser
 from worker.core.parsing.families import harmony
-from worker.core.parsing.registry import reasoning_parser, reasoning_parsers, tool_parser, tool_parsers
+from worker.core.parsing.registry import reasoning_parsers, tool_parsers
 from worker.core.parsing.stream import ChatStreamSession
 from worker.core.parsing.tokenizer import TokenizerAdapter, adapter_for
 from worker.core.parsing.tool_choice import (
@@ -79,9 +85,7 @@ __all__ = [
     "filter_parallel_calls",
     "filter_parallel_delta",
     "keeps_tool_calls",
-    "reasoning_parser",
     "resolve_finish_reason",
-    "tool_parser",
 ]
 
 

@@ -59,6 +59,11 @@ class ReasoningParser(ABC):
         """Flush text held back for markup (engine parsers only)."""
         return None
 
+    def fallback_content(self) -> str | None:
+        """Content added to a stream's last chunk when reasoning never ended (vLLM's
+        ``get_streaming_fallback_content``; default: none)."""
+        return None
+
 
 class ToolParser(ABC):
     """Extracts tool calls from content (reasoning already removed)."""

@@ -238,4 +238,10 @@ class CompositeParser:
                 delta.reasoning = (delta.reasoning or "") + flushed.reasoning
             if flushed.tool_calls:
                 delta.tool_calls = delta.tool_calls + flushed.tool_calls
+        if self.reasoning is not None and not self._reasoning_ended:
+            promoted = self.reasoning.fallback_content()
+            if promoted:
+                if delta is None:
+                    delta = DeltaOut()
+                delta.content = (delta.content or "") + promoted
         return delta

@@ -1,8 +1,11 @@
 """The engine's argument layer: a call's raw argument text → its arguments JSON.
 
 Two converters: raw JSON (configs without ``arguments``: the text streams as
-written, see the machine) and XML-to-JSON (:class:`XmlArguments`: GLM's
-``<arg_key>``/``<arg_value>`` pairs, Qwen3-Coder's ``<parameter=...>``).
+written, see the machine) and XML-to-JSON (:class:`XmlArguments`). A format's
+regular expressions and its one-pass :class:`ArgScanner` live in its family's
+module (``families/glm45.py``: ``<arg_key>``/``<arg_value>`` pairs,
+``families/qwen3.py``: ``<parameter=...>``); this layer only turns scanner
+events into the streamed JSON, so a new XML-style family never edits it.
 
 vLLM's engine rebuilds a call's arguments JSON from the whole raw argument
 text with regular expressions whenever a record is more than a plain
@@ -29,185 +32,30 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from worker.core.parsing.engine.schema import TypesOf, coerce
+from worker.core.parsing.engine.schema import TypesOf, coerce, coerce_value
 
 #: ``\s`` of the ``regex`` module vLLM compiles its patterns with (Unicode
 #: White_Space); Python's ``re`` would also match U+001C..U+001F.
 WS = r"[^\S\x1c-\x1f]"
 
-#: ("done", key, value) | ("open", key) | ("grow", raw text added to the open value)
+#: ("done", key, value, *format fields) | ("open", key) | ("grow", raw text added to the open value)
 ArgEvent = tuple[str, ...]
+#: A done value and its format fields (DSML's ``string`` attribute) → the value before schema typing
+ValueDecoder = Callable[[str, tuple[str, ...]], Any]
 
 
-def _is_ws(ch: str) -> bool:
+def is_ws(ch: str) -> bool:
     """``\\s`` of the ``regex`` module vLLM compiles its patterns with."""
     return ch.isspace() and not "\x1c" <= ch <= "\x1f"
 
 
-def _lstrip_ws(text: str) -> str:
+def lstrip_ws(text: str) -> str:
     start = 0
-    while start < len(text) and _is_ws(text[start]):
+    while start < len(text) and is_ws(text[start]):
         start += 1
     return text[start:]
-
-
-class GlmArgScanner:
-    """``<arg_key>K</arg_key>\\s*<arg_value>V</arg_value>`` pairs, fed the parser's argument pieces.
-
-    The lexer hands every ``<arg_key>``-family marker over as a piece of its own, so the
-    scan works on pieces: a marker is one step, a text piece never holds one.
-    """
-
-    _KEY_START, _KEY_END, _VALUE_START, _VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
-
-    def __init__(self) -> None:
-        self._state = "seek"
-        self._key: list[str] = []
-        self._ws = ""
-        self._value: list[str] = []
-        self._open = False
-
-    def feed(self, piece: str) -> list[ArgEvent]:
-        state = self._state
-        if state == "seek":
-            if piece == self._KEY_START:
-                self._state, self._key = "key", []
-            return []
-        if state == "key":
-            if piece == self._KEY_END:
-                self._state, self._ws = "key_end", ""
-            else:
-                self._key.append(piece)
-            return []
-        if state == "key_end":
-            if piece == self._VALUE_START:
-                key = "".join(self._key).strip()
-                self._state, self._value, self._open = "value", [], bool(key)
-                self._key = [key]
-                return [("open", key)] if key else []
-            if all(_is_ws(ch) for ch in piece):
-                self._ws += piece
-                return []
-            # Not followed by <arg_value>: the lazy key runs on past this </arg_key>.
-            self._key += [self._KEY_END, self._ws]
-            self._ws = ""
-            if piece == self._KEY_END:
-                return []
-            self._state = "key"
-            self._key.append(piece)
-            return []
-        if piece == self._VALUE_END:
-            self._state = "seek"
-            self._open = False
-            return [("done", self._key[0], "".join(self._value))]
-        self._value.append(piece)
-        return [("grow", piece)] if self._open and piece else []
-
-
-_PARAMETER = "parameter"
-#: Positions of the value-end matcher (one live candidate: no pattern accepts "<" after its first char).
-_IDLE, _LT, _START_EQ, _SLASH, _END_GT = 0, 1, 10, 11, 20
-
-
-def _step(state: int, ch: str) -> int:
-    """One char through ``<\\s*parameter\\s*=`` | ``<\\s*/\\s*parameter\\s*>``; -1/-2 on a match."""
-    if ch == "<":
-        return _LT
-    if state == _IDLE:
-        return _IDLE
-    if state == _LT:
-        if _is_ws(ch):
-            return _LT
-        return _SLASH if ch == "/" else (2 if ch == "p" else _IDLE)
-    if state == _SLASH:
-        if _is_ws(ch):
-            return _SLASH
-        return 12 if ch == "p" else _IDLE
-    if state in (_START_EQ, _END_GT):
-        if _is_ws(ch):
-            return state
-        if state == _START_EQ:
-            return -1 if ch == "=" else _IDLE
-        return -2 if ch == ">" else _IDLE
-    matched = state - 1 if state < _SLASH else state - _SLASH  # chars of "parameter" seen
-    return state + 1 if ch == _PARAMETER[matched] else _IDLE
-
-
-class QwenArgScanner:
-    """``<parameter=NAME>VALUE</parameter>`` (or up to the next ``<parameter=``); tags may hold whitespace."""
-
-    def __init__(self) -> None:
-        self._state = "seek"
-        self._matcher = _IDLE
-        self._name: list[str] = []
-        self._value: list[str] = []
-        self._value_len = 0
-        self._candidate = 0  # where in the value a possible end tag starts
-        self._named = False  # the open value has a name (convert_args shows it)
-
-    def feed(self, text: str) -> list[ArgEvent]:
-        events: list[ArgEvent] = []
-        pos = 0
-        size = len(text)
-        while pos < size:
-            state = self._state
-            if state == "seek" and self._matcher == _IDLE:
-                found = text.find("<", pos)
-                if found < 0:
-                    return events
-                pos = found
-            if state == "name":
-                end = text.find(">", pos)
-                if end < 0:
-                    self._name.append(text[pos:])
-                    return events
-                self._name.append(text[pos:end])
-                pos = end + 1
-                self._open_value(events)
-                continue
-            if state == "value" and self._matcher == _IDLE:
-                found = text.find("<", pos)
-                chunk = text[pos:] if found < 0 else text[pos:found]
-                if chunk:
-                    self._grow(chunk, events)
-                if found < 0:
-                    return events
-                pos = found
-            ch = text[pos]
-            pos += 1
-            if state == "value":
-                if ch == "<":
-                    self._candidate = self._value_len
-                self._grow(ch, events)
-            self._matcher = _step(self._matcher, ch)
-            if self._matcher >= 0:
-                continue
-            matched, self._matcher = self._matcher, _IDLE
-            if state == "value":
-                value = "".join(self._value)[: self._candidate]
-                events.append(("done", _lstrip_ws("".join(self._name)), trim_newlines(value)))
-            if matched == -1:
-                self._state, self._name = "name", []
-            elif state == "value":
-                self._state = "seek"
-        return events
-
-    def _open_value(self, events: list[ArgEvent]) -> None:
-        segment = "".join(self._name)
-        self._name = [segment]
-        self._state, self._value, self._value_len, self._matcher = "value", [], 0, _IDLE
-        key = _lstrip_ws(segment) or segment[-1:]
-        self._named = bool(key)
-        if key:
-            events.append(("open", key))
-
-    def _grow(self, text: str, events: list[ArgEvent]) -> None:
-        self._value.append(text)
-        self._value_len += len(text)
-        if self._named:
-            events.append(("grow", text))
 
 
 def trim_newlines(value: str) -> str:
@@ -231,8 +79,15 @@ class ArgsStream:
     """
 
     def __init__(
-        self, properties: dict[str, Any], string_keys: set[str] | None, types: TypesOf, *, trim_newlines: bool
+        self,
+        properties: dict[str, Any],
+        string_keys: set[str] | None,
+        types: TypesOf,
+        *,
+        trim_newlines: bool,
+        decode: ValueDecoder | None = None,
     ) -> None:
+        self._decode = decode
         self._properties = properties
         self._types = types  # the request's :class:`ToolSchemas` lookup: no schema walk per value
         self._string_keys = string_keys
@@ -279,7 +134,7 @@ class ArgsStream:
                     self._changed.add(self._position[key])
             else:
                 structural = True
-                self._done(event[1], event[2])
+                self._done(event[1], event[2], event[3:])
         return not structural
 
     def _grow(self, raw: str) -> None:
@@ -298,7 +153,7 @@ class ArgsStream:
         if text:
             self._open_text.append(_escape(text))
 
-    def _done(self, key: str, value: str) -> None:
+    def _done(self, key: str, value: str, extra: tuple[str, ...] = ()) -> None:
         open_key, self._open = self._open, None
         if self._open_new and open_key is not None and open_key != key:
             # The name read while open differs from the finished one (whitespace-only names).
@@ -307,7 +162,7 @@ class ArgsStream:
         if key not in self._position:
             self._position[key] = len(self._order)
             self._order.append(key)
-        rendered = self._render(key, value)
+        rendered = self._render(key, value, extra)
         self._rendered[key] = rendered
         index = self._position[key]
         if index < len(self._sent):
@@ -316,11 +171,15 @@ class ArgsStream:
             else:
                 self._changed.add(index)
 
-    def _render(self, key: str, value: str) -> str:
+    def _render(self, key: str, value: str, extra: tuple[str, ...] = ()) -> str:
+        decoded: Any = self._decode(value, extra) if self._decode is not None else value
         schema = self._properties.get(key)
         if isinstance(schema, dict):
-            return json.dumps(coerce(value, self._types(schema)), ensure_ascii=False)
-        return json.dumps(value, ensure_ascii=False)
+            if isinstance(decoded, str):
+                decoded = coerce(decoded, self._types(schema))
+            else:
+                decoded = coerce_value(decoded, schema, self._types)[0]
+        return json.dumps(decoded, ensure_ascii=False)
 
     @staticmethod
     def _piece(key: str, rendered: str) -> str:
@@ -393,8 +252,11 @@ class ArgsStream:
     def final_diff(self) -> str | None:
         """The rest of the finished arguments JSON (open arguments dropped), or None."""
         final = [key for key in self._order if key in self._rendered]
-        changed = [i for i in self._changed if i >= len(final) or self._sent[i] != self._final(final[i])]
-        if changed or len(self._sent) > len(final):
+        # Every streamed piece is checked once here (a call ends once): an open repeat of an
+        # earlier name may have been streamed in that name's place and then dropped.
+        if len(self._sent) > len(final):
+            return None
+        if any(self._sent[i] != self._final(final[i]) for i in range(len(self._sent))):
             return None
         sent = len(self._sent)
         if sent == len(final):
@@ -418,7 +280,12 @@ class ArgsStream:
         return self._piece(key, self._rendered[key])
 
 
-ArgScanner = GlmArgScanner | QwenArgScanner
+class ArgScanner(Protocol):
+    """A format's one-pass argument scanner (it lives in its family's module): raw text in, events out."""
+
+    def feed(self, text: str) -> list[ArgEvent]: ...
+
+
 ScannerFactory = Callable[[], ArgScanner]
 
 
@@ -433,6 +300,11 @@ class XmlArguments:
     scanner: ScannerFactory
     #: ``convert`` drops one leading and one trailing newline of each value
     trim_values: bool = False
+    #: how a done value is read before schema typing (None: the raw string)
+    decode: ValueDecoder | None = None
+    #: vLLM's ``arg_structural_chars``: a streamed record whose argument text has none of
+    #: these sends no argument delta (None: every record may)
+    structural_chars: frozenset[str] | None = None
 
 
 #: A call's name written into its arguments (when the markup gave none); ``\s`` as

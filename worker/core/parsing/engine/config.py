@@ -83,6 +83,8 @@ class EngineConfig:
     #: the chunk that announces a name is also sent as arguments (vLLM's Kimi and
     #: Mistral override ``_handle_arg_chunk`` so: vllm/parser/kimi_k2.py, mistral.py)
     resend_announcing_chunk: bool = False
+    #: more spellings of a terminal, matched by text only (vLLM's tuple-valued terminals)
+    variants: dict[str, tuple[str, ...]] = field(default_factory=dict)
     reasoning_markup: frozenset[str] = field(init=False)
     #: terminals of any transition into or out of a tool state
     tool_terminals: frozenset[str] = field(init=False)

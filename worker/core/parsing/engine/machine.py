@@ -35,7 +35,8 @@ class EventMachine:
         id_map, drops = engine_id_markers(tokenizer, config.terminals, config.id_terminals)
         self._id_names = frozenset(id_map.values())
         self._scanner = TokenIdScanner(tokenizer, id_map)
-        self._lexer = MarkerLexer([*config.terminals.items(), *drops])
+        variants = [(name, literal) for name, literals in config.variants.items() for literal in literals]
+        self._lexer = MarkerLexer([*config.terminals.items(), *variants, *drops])
         self._json_args = config.arguments is None
         #: markers purely about reasoning are text (set when no reasoning parser runs)
         self.skip_reasoning = False

@@ -9,19 +9,21 @@ stays as content.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from worker.core.parsing.base import ReasoningParser
 from worker.core.parsing.engine.config import EngineConfig, Event, State
+from worker.core.parsing.engine.family import EngineFamily
 from worker.core.parsing.engine.machine import EngineEvent, EventMachine
 from worker.core.parsing.engine.shaping import ContentHold, hold_trailing_reasoning_ws
 from worker.core.parsing.types import DeltaOut, ParserTokenizer
 
 
 class EngineReasoningParser(ReasoningParser):
-    """The reasoning adapter; a family subclass picks its :class:`EngineConfig` in :meth:`make_config`."""
+    """The reasoning adapter; a family's subclass names its :class:`EngineFamily` in ``family``."""
 
     engine_based = True
+    family: ClassVar[type[EngineFamily]] = EngineFamily
 
     def __init__(self, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> None:
         super().__init__(tokenizer, chat_template_kwargs)
@@ -43,11 +45,11 @@ class EngineReasoningParser(ReasoningParser):
 
     @classmethod
     def make_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
-        raise NotImplementedError
+        return cls.family.config(tokenizer, chat_template_kwargs)
 
     def thinking_enabled(self) -> bool:
         """False when a request switch turns reasoning extraction off one-shot."""
-        return True
+        return self.family.reasoning_enabled(self.tokenizer, self.chat_template_kwargs, self.config)
 
     @property
     def opens_reasoning_in_content(self) -> bool:

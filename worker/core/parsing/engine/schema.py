@@ -208,7 +208,7 @@ def coerce(value: str, types: list[str]) -> Any:
 TypesOf = Callable[[Any], list[str]]
 
 
-def _coerce_value(value: Any, schema: dict[str, Any], types: TypesOf) -> tuple[Any, bool]:
+def coerce_value(value: Any, schema: dict[str, Any], types: TypesOf) -> tuple[Any, bool]:
     if isinstance(value, str):
         converted = coerce(value, types(schema))
         return converted, converted is not value
@@ -220,7 +220,7 @@ def _coerce_value(value: Any, schema: dict[str, Any], types: TypesOf) -> tuple[A
         changed = False
         if isinstance(items, dict):
             for i, item in enumerate(value):
-                converted, item_changed = _coerce_value(item, items, types)
+                converted, item_changed = coerce_value(item, items, types)
                 if item_changed:
                     value[i] = converted
                     changed = True
@@ -238,7 +238,7 @@ def coerce_dict(args: dict[str, Any], properties: dict[str, Any], types: TypesOf
         schema = properties.get(key)
         if not isinstance(schema, dict):
             continue
-        converted, value_changed = _coerce_value(value, schema, types)
+        converted, value_changed = coerce_value(value, schema, types)
         if value_changed:
             args[key] = converted
             changed = True

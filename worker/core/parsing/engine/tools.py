@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import groupby
-from typing import Any
+from typing import Any, ClassVar
 
 from worker.core.parsing.base import ToolParser
 from worker.core.parsing.deltas import args_delta, coalesce, name_delta
@@ -27,6 +27,7 @@ from worker.core.parsing.engine.arguments import (
     name_and_args,
 )
 from worker.core.parsing.engine.config import EngineConfig, Event, State
+from worker.core.parsing.engine.family import EngineFamily
 from worker.core.parsing.engine.machine import EngineEvent, EventMachine
 from worker.core.parsing.engine.schema import ToolSchemas, fix_arg_types
 from worker.core.parsing.engine.shaping import ContentHold, hold_trailing_reasoning_ws
@@ -102,9 +103,10 @@ def joined(events: list[EngineEvent]) -> list[EngineEvent]:
 
 
 class EngineToolParser(ToolParser):
-    """The tool adapter; a family subclass picks its :class:`EngineConfig` in :meth:`make_config`."""
+    """The tool adapter; a family's subclass names its :class:`EngineFamily` in ``family``."""
 
     engine_based = True
+    family: ClassVar[type[EngineFamily]] = EngineFamily
     # vLLM's classes have a structural tag (strict tool calling by default):
     # ``required`` and named choices are parsed natively, like ``auto``.
     supports_required_and_named = False
@@ -123,7 +125,7 @@ class EngineToolParser(ToolParser):
 
     @classmethod
     def make_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
-        raise NotImplementedError
+        return cls.family.tool_config(tokenizer, chat_template_kwargs)
 
     def _reset(self) -> None:
         self._machine.reset(State.CONTENT)
@@ -255,6 +257,12 @@ class EngineToolParser(ToolParser):
         """One-shot arguments without a converter (or where it fails)."""
         return self._name_and_args(raw)[1] if raw.strip() else "{}"
 
+    def _convert_args(self, name: str, raw: str) -> str:
+        """One-shot: a finished call's raw arguments → its arguments JSON."""
+        arguments = self.config.arguments
+        assert arguments is not None
+        return arguments.convert(raw, False)
+
     def _announce(self, index: int, name: str | None, calls: list[ToolCallDeltaOut]) -> None:
         if name is not None and self.config.strip_names:
             name = name.strip()
@@ -323,7 +331,11 @@ class EngineToolParser(ToolParser):
             trim = arguments is not None and arguments.trim_values
             properties = self._schemas.properties(slot.name) if slot.name else {}
             slot.args_stream = ArgsStream(
-                properties, slot.string_keys, self._schemas.types, trim_newlines=trim
+                properties,
+                slot.string_keys,
+                self._schemas.types,
+                trim_newlines=trim,
+                decode=arguments.decode if arguments is not None else None,
             )
             slot.args_stream.apply(slot.arg_events)
             slot.arg_events = []
@@ -335,6 +347,9 @@ class EngineToolParser(ToolParser):
             return raw_delta
         if slot.scanner is None:
             return None  # one-shot reads the finished calls, never these diffs
+        structural = self.config.arguments.structural_chars
+        if structural is not None and structural.isdisjoint(raw_delta):
+            return None
         # value_streams holds whether this record's events only lengthened the open value.
         return self._args_stream(slot).diff(grew_only=slot.value_streams)
 
@@ -360,7 +375,7 @@ class EngineToolParser(ToolParser):
                 args = self._raw_args_json(raw)
             else:
                 try:
-                    args = arguments.convert(raw, False)
+                    args = self._convert_args(name, raw)
                 except (ValueError, TypeError):
                     args = self._raw_args_json(raw)
             if self._accept(name):

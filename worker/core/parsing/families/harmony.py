@@ -43,7 +43,6 @@ from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
 
 from worker.core.parsing.base import ReasoningParser, ToolParser
 from worker.core.parsing.ids import random_tool_call_id
-from worker.core.parsing.registry import reasoning_parser, tool_parser
 from worker.core.parsing.types import (
     DeltaOut,
     ExtractedCalls,
@@ -180,7 +179,6 @@ def _require_harmony(tokenizer: ParserTokenizer, name: str) -> None:
 _STUB = "Harmony parses by token id in HarmonyChoiceParser; this class only says the part is on"
 
 
-@reasoning_parser(REASONING_NAME)
 class GptOssReasoning(ReasoningParser):
     """``openai_gptoss``: Harmony's reasoning (the ``analysis`` channel) is on."""
 
@@ -204,7 +202,6 @@ class GptOssReasoning(ReasoningParser):
         raise NotImplementedError(_STUB)
 
 
-@tool_parser(TOOL_NAME)
 class GptOssTools(ToolParser):
     """``openai``: Harmony's tool calls (``functions.NAME`` recipients) are on."""
 

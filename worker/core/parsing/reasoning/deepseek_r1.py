@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from worker.core.parsing.base import ReasoningParser
-from worker.core.parsing.registry import reasoning_parser
 from worker.core.parsing.types import DeltaOut, ParserTokenizer
 from worker.errors import ParserSetupError
 
@@ -97,6 +96,5 @@ class ThinkTagReasoningParser(ReasoningParser):
         return DeltaOut(reasoning=delta_text)
 
 
-@reasoning_parser("deepseek_r1", "step5")
 class DeepSeekR1ReasoningParser(ThinkTagReasoningParser):
     pass

@@ -12,7 +12,6 @@ from typing import Any
 
 from worker.core.parsing.base import ReasoningParser
 from worker.core.parsing.reasoning.deepseek_r1 import DeepSeekR1ReasoningParser
-from worker.core.parsing.registry import reasoning_parser
 from worker.core.parsing.types import DeltaOut, ParserTokenizer
 
 
@@ -35,7 +34,6 @@ class IdentityReasoningParser(ReasoningParser):
         return DeltaOut(content=delta_text) if delta_text else None
 
 
-@reasoning_parser("deepseek_v3")
 class DeepSeekV3ReasoningParser(ReasoningParser):
     def __init__(self, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> None:
         super().__init__(tokenizer, chat_template_kwargs)

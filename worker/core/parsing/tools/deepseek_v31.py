@@ -33,7 +33,6 @@ from collections.abc import Sequence
 from worker.core.parsing.base import ToolParser
 from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
-from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.types import (
     DeltaOut,
     ExtractedCalls,
@@ -98,7 +97,6 @@ def _after_last(text: str, marker: str) -> str:
     return text if pos < 0 else text[pos + len(marker) :]
 
 
-@tool_parser("deepseek_v31")
 class DeepSeekV31ToolParser(ToolParser):
     supports_required_and_named = False
 

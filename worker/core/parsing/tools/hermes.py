@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from worker.core.parsing.base import ToolParser
 from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
-from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.tools._json_document import JsonDocument
 from worker.core.parsing.tools._partial_json import is_json
 from worker.core.parsing.types import (
@@ -215,7 +214,6 @@ class _OpenBody:
         return self._complete[1]
 
 
-@tool_parser("hermes", "qwen3_json")
 class HermesToolParser(ToolParser):
     supports_required_and_named = False
     #: False: re-read the open call whole at every record, as vLLM does (the tests' reference).

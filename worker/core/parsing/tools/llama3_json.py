@@ -57,7 +57,6 @@ from typing import Any
 from worker.core.parsing.base import ToolParser
 from worker.core.parsing.deltas import args_delta, name_delta
 from worker.core.parsing.ids import random_tool_call_id
-from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.tools._json_call_reader import FAILED, Broken, CallReader, Frozen, Unsupported, View
 from worker.core.parsing.tools._partial_json import common_prefix_len, dump, is_json, reads_no_container
 from worker.core.parsing.tools._partial_json import partial_loads as partial_loads  # tests patch it here
@@ -153,7 +152,6 @@ class _Frozen:
         return before
 
 
-@tool_parser("llama3_json", "llama4_json")
 class Llama3JsonToolParser(ToolParser):
     supports_required_and_named = False
     #: False re-reads the call in progress at every record (the reference the tests compare with).

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from worker.core.parsing.base import ToolParser
-from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.tools._pythonic_common import PYTHONIC_REREAD_WINDOW, PythonicStream, extract_calls
 from worker.core.parsing.types import DeltaOut, ExtractedCalls, ParseRequest
 
@@ -22,7 +21,6 @@ START = "<|python_start|>"
 END = "<|python_end|>"
 
 
-@tool_parser("llama4_pythonic")
 class Llama4PythonicToolParser(ToolParser):
     reread_window = PYTHONIC_REREAD_WINDOW
 

@@ -14,12 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from worker.core.parsing.base import ToolParser
-from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.tools._pythonic_common import PYTHONIC_REREAD_WINDOW, PythonicStream, extract_calls
 from worker.core.parsing.types import DeltaOut, ExtractedCalls, ParseRequest
 
 
-@tool_parser("pythonic")
 class PythonicToolParser(ToolParser):
     reread_window = PYTHONIC_REREAD_WINDOW
 

@@ -1,4 +1,13 @@
-"""``mistral``: vLLM's ``MistralToolParser`` (an adapter over its ``MistralParser`` engine).
+"""The Mistral family: ``mistral`` reasoning and tools (vLLM's ``MistralParser`` and ``MistralToolParser``).
+
+Reasoning (vLLM's ``MistralParserReasoningAdapter``, the engine config with
+tools off) uses ``[THINK]``/``[/THINK]`` when the vocabulary has them. vLLM's
+plain-text ``<think>`` variant needs a mistral-common tokenizer
+(``supports_grammar``), which a ``tokenizer.json`` model never is, so such
+models get no reasoning at all: everything is content. vLLM builds the whole
+Mistral parser for reasoning too, which insists on the ``[TOOL_CALLS]`` token.
+
+Tools: vLLM's ``MistralToolParser`` (an adapter over its ``MistralParser`` engine).
 
 Tokenizers without ``[ARGS]`` (pre-v11, e.g. Mistral-7B-v0.3) take vLLM's
 legacy path: ``[TOOL_CALLS]`` followed by a JSON array (or one bare object) of
@@ -45,8 +54,9 @@ from typing import Any
 
 from worker.core.parsing.base import ToolParser
 from worker.core.parsing.engine.config import EngineConfig, Event, State, Transitions
+from worker.core.parsing.engine.family import EngineFamily
+from worker.core.parsing.engine.reasoning import EngineReasoningParser
 from worker.core.parsing.engine.tools import CallSlot, EngineToolParser
-from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.types import (
     DeltaOut,
     ExtractedCalls,
@@ -399,14 +409,33 @@ def mistral_config(special_think: bool) -> EngineConfig:
     )
 
 
-class MistralEngineToolParser(EngineToolParser):
-    """vLLM's ``MistralParser`` engine path (tokenizers with ``[ARGS]``); not registered itself."""
-
+class Mistral(EngineFamily):
     @classmethod
-    def make_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
+    def config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
         # Hugging Face tokenizers have no Mistral grammar support: reasoning is
         # only recognised through [THINK] special tokens.
         return mistral_config(MISTRAL_THINK_START in tokenizer.get_vocab())
+
+    @classmethod
+    def reasoning_enabled(
+        cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any], config: EngineConfig
+    ) -> bool:
+        return "THINK_START" in config.terminals
+
+
+class MistralReasoningParser(EngineReasoningParser):
+    family = Mistral
+
+    def __init__(self, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> None:
+        if tokenizer.token_to_id(TOOL_CALLS) is None:
+            raise ParserSetupError("Mistral parser could not locate the tool call token in the tokenizer!")
+        super().__init__(tokenizer, chat_template_kwargs)
+
+
+class MistralEngineToolParser(EngineToolParser):
+    """vLLM's ``MistralParser`` engine path (tokenizers with ``[ARGS]``); not registered itself."""
+
+    family = Mistral
 
     # Hooks, as vLLM's MistralParser overrides them.
 
@@ -437,7 +466,6 @@ class MistralEngineToolParser(EngineToolParser):
         return stripped[:end]
 
 
-@tool_parser("mistral")
 class MistralToolParser(ToolParser):
     engine_based = True
     supports_required_and_named = False

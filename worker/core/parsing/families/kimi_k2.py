@@ -1,4 +1,12 @@
-"""``kimi_k2``: vLLM's ``KimiK2ToolParser`` (an adapter over its ``KimiK2Parser`` engine).
+"""The Kimi K2 family: ``kimi_k2`` reasoning and tools (vLLM's ``KimiK2Parser`` and its two adapters).
+
+Reasoning (vLLM's ``KimiK2ParserReasoningAdapter``): thinking is on unless
+``thinking``/``enable_thinking`` say otherwise; then the output starts in
+reasoning even without a ``<think>``, ``</think>`` ends it, and a tool-call
+section opened before ``</think>`` ends it too (and is content for the
+reasoning parser). With thinking off the parser is the identity.
+
+Tools: vLLM's ``KimiK2ToolParser`` (an adapter over its ``KimiK2Parser`` engine).
 
 Format::
 
@@ -23,8 +31,9 @@ import re
 from typing import Any
 
 from worker.core.parsing.engine.config import EngineConfig, Event, State, Transitions, thinking_requested
+from worker.core.parsing.engine.family import EngineFamily
+from worker.core.parsing.engine.reasoning import EngineReasoningParser
 from worker.core.parsing.engine.tools import EngineToolParser
-from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.types import ParserTokenizer, ToolCallDeltaOut
 
 # -- Kimi K2 -------------------------------------------------------------------
@@ -78,6 +87,8 @@ def kimi_config(thinking: bool) -> EngineConfig:
         id_terminals=tuple(markers),
         transitions=transitions,
         initial=REASONING if thinking else CONTENT,
+        wait_for_reasoning=thinking,
+        end_markers=("THINK_END", "SECTION_START") if thinking else (),
         strip_content_ws_with_tools=False,
         resend_announcing_chunk=True,
     )
@@ -92,13 +103,39 @@ def _kimi_header(header: str) -> tuple[str | None, str | None]:
     return call_id, call_id.split(":")[0].removeprefix("functions.")
 
 
-@tool_parser("kimi_k2")
-class KimiK2ToolParser(EngineToolParser):
-    supports_required_and_named = False  # xgrammar structural tag "kimi"
+class KimiK2(EngineFamily):
+    @classmethod
+    def config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
+        return kimi_config(thinking_requested(chat_template_kwargs))
 
     @classmethod
-    def make_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
-        return kimi_config(thinking_requested(chat_template_kwargs))
+    def reasoning_enabled(
+        cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any], config: EngineConfig
+    ) -> bool:
+        return thinking_requested(chat_template_kwargs)
+
+
+class KimiK2ReasoningParser(EngineReasoningParser):
+    family = KimiK2
+
+    def content_ids(self, delta_ids: list[int]) -> list[int]:
+        # vLLM's KimiK2Parser.extract_content_ids: after the last </think>, else from the
+        # last section start, else nothing.
+        if not self.thinking_enabled():
+            return delta_ids
+        for marker, keep_marker in (("THINK_END", False), ("SECTION_START", True)):
+            token_id = self.tokenizer.token_to_id(self.config.terminals[marker])
+            if token_id is None:
+                continue
+            for i in range(len(delta_ids) - 1, -1, -1):
+                if delta_ids[i] == token_id:
+                    return delta_ids[i:] if keep_marker else delta_ids[i + 1 :]
+        return []
+
+
+class KimiK2ToolParser(EngineToolParser):
+    family = KimiK2
+    supports_required_and_named = False  # xgrammar structural tag "kimi"
 
     # Hooks: the name comes from the call header, which also gives the id.
 

@@ -1,7 +1,14 @@
-"""``glm45`` (and ``glm47``): vLLM's ``Glm47MoeModelToolParser`` (GLM-4.5/4.6/4.7).
+"""The GLM family: ``glm45``/``glm47`` reasoning and tools (vLLM's ``Glm47MoeParser``).
 
-Format, served in vLLM 0.33.0 by the GLM-4.7 parser engine
-(``Glm47MoeParserToolAdapter``)::
+Reasoning (vLLM's ``Glm47MoeParserReasoningAdapter``, the config with tools
+off): unlike qwen3, ``<think>`` in content reopens reasoning, a
+``<tool_call>`` in content is plain text (only inside reasoning does it end
+it), trailing reasoning whitespace is held back (and lost at the end of
+reasoning), and ``thinking``/``enable_thinking`` false removes reasoning
+markers entirely.
+
+Tools: vLLM's ``Glm47MoeModelToolParser`` (GLM-4.5/4.6/4.7). Format, served
+in vLLM 0.33.0 by the GLM-4.7 parser engine (``Glm47MoeParserToolAdapter``)::
 
     <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...</tool_call>
 
@@ -36,10 +43,11 @@ import json
 import re
 from typing import Any, cast
 
-from worker.core.parsing.engine.arguments import WS, GlmArgScanner, XmlArguments
+from worker.core.parsing.engine.arguments import WS, ArgEvent, XmlArguments, is_ws
 from worker.core.parsing.engine.config import EngineConfig, Event, State, Transitions, thinking_requested
+from worker.core.parsing.engine.family import EngineFamily
+from worker.core.parsing.engine.reasoning import EngineReasoningParser
 from worker.core.parsing.engine.tools import EngineToolParser
-from worker.core.parsing.registry import tool_parser
 from worker.core.parsing.types import ParserTokenizer
 
 #: vLLM's ``Glm47MoeParser`` markup (vllm/parser/glm47_moe.py); the think markers
@@ -138,6 +146,62 @@ def convert_args(raw: str, partial: bool) -> str:
     return json.dumps(_parse_args(raw, partial)[0], ensure_ascii=False)
 
 
+# -- the streaming argument scanner: ``convert_args`` in one pass ----------------------
+
+
+class GlmArgScanner:
+    """``<arg_key>K</arg_key>\\s*<arg_value>V</arg_value>`` pairs, fed the parser's argument pieces.
+
+    The lexer hands every ``<arg_key>``-family marker over as a piece of its own, so the
+    scan works on pieces: a marker is one step, a text piece never holds one.
+    """
+
+    _KEY_START, _KEY_END, _VALUE_START, _VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+
+    def __init__(self) -> None:
+        self._state = "seek"
+        self._key: list[str] = []
+        self._ws = ""
+        self._value: list[str] = []
+        self._open = False
+
+    def feed(self, piece: str) -> list[ArgEvent]:
+        state = self._state
+        if state == "seek":
+            if piece == self._KEY_START:
+                self._state, self._key = "key", []
+            return []
+        if state == "key":
+            if piece == self._KEY_END:
+                self._state, self._ws = "key_end", ""
+            else:
+                self._key.append(piece)
+            return []
+        if state == "key_end":
+            if piece == self._VALUE_START:
+                key = "".join(self._key).strip()
+                self._state, self._value, self._open = "value", [], bool(key)
+                self._key = [key]
+                return [("open", key)] if key else []
+            if all(is_ws(ch) for ch in piece):
+                self._ws += piece
+                return []
+            # Not followed by <arg_value>: the lazy key runs on past this </arg_key>.
+            self._key += [self._KEY_END, self._ws]
+            self._ws = ""
+            if piece == self._KEY_END:
+                return []
+            self._state = "key"
+            self._key.append(piece)
+            return []
+        if piece == self._VALUE_END:
+            self._state = "seek"
+            self._open = False
+            return [("done", self._key[0], "".join(self._value))]
+        self._value.append(piece)
+        return [("grow", piece)] if self._open and piece else []
+
+
 R, C = State.REASONING, State.CONTENT
 NAME, ARGS = State.TOOL_NAME, State.TOOL_ARGS
 GLM_ARGUMENTS = XmlArguments(convert_args, GlmArgScanner)
@@ -203,8 +267,26 @@ def thinking_enabled(tokenizer: ParserTokenizer, chat_template_kwargs: dict[str,
     return thinking_requested(chat_template_kwargs)
 
 
-@tool_parser("glm45", "glm47")
-class Glm47MoeToolParser(EngineToolParser):
+class Glm47(EngineFamily):
     @classmethod
-    def make_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
+    def config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
+        return glm_config(thinking_requested(chat_template_kwargs))
+
+    @classmethod
+    def tool_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
         return glm_config(thinking_enabled(tokenizer, chat_template_kwargs))
+
+    @classmethod
+    def reasoning_enabled(
+        cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any], config: EngineConfig
+    ) -> bool:
+        # Unlike the tool side, no "template always thinks" override here.
+        return thinking_requested(chat_template_kwargs)
+
+
+class Glm45ReasoningParser(EngineReasoningParser):
+    family = Glm47
+
+
+class Glm47MoeToolParser(EngineToolParser):
+    family = Glm47
