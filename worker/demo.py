@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 
 from worker.assembly import Assembler, render_text
-from worker.core.parsing.families import harmony
+from worker.core.parsing import harmony_switch
 from worker.demo_setup import (
     DEMO_MODEL_NAME,
     DEMO_STREAM,
@@ -82,8 +82,8 @@ def _demo_parsers(model_dir: str) -> tuple[str, str]:
     """(reasoning, tool) parsers for the demo's model: Harmony's for a gpt-oss folder, else Qwen3's."""
     config = Path(model_dir) / "config.json"
     model_type = orjson.loads(config.read_bytes()).get("model_type") if config.is_file() else None
-    if model_type in harmony.HARMONY_MODEL_TYPES:
-        return harmony.REASONING_NAME, harmony.TOOL_NAME
+    if model_type in harmony_switch.HARMONY_MODEL_TYPES:
+        return harmony_switch.REASONING_NAME, harmony_switch.TOOL_NAME
     return "qwen3", "hermes"
 
 

@@ -41,11 +41,11 @@ flags say, instead of the composite of a reasoning and a tool parser.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from worker.core.parsing import harmony_switch
 from worker.core.parsing.base import ReasoningParser, ToolParser
 from worker.core.parsing.composite import CompositeParser
-from worker.core.parsing.families import harmony
 from worker.core.parsing.registry import reasoning_parsers, tool_parsers
 from worker.core.parsing.stream import ChatStreamSession
 from worker.core.parsing.tokenizer import TokenizerAdapter, adapter_for
@@ -66,6 +66,9 @@ from worker.core.parsing.types import (
     ToolCallOut,
 )
 from worker.errors import ConfigurationError, ParserSetupError
+
+if TYPE_CHECKING:
+    from worker.core.parsing.families.harmony import HarmonyChoiceParser
 
 __all__ = [
     "ChatParsing",
@@ -108,7 +111,7 @@ class ChatParsing:
         self.reread_window = reread_window
         self.reasoning_streams_all = reasoning_streams_all
         #: vLLM's ``use_harmony``: the model's output is Harmony, parsed by token id.
-        self.harmony = harmony.serves(tokenizer)
+        self.harmony = harmony_switch.serves(tokenizer)
 
     @classmethod
     def create(
@@ -131,7 +134,7 @@ class ChatParsing:
         (its name is not even checked otherwise). A gpt-oss model (``model_type: gpt_oss``) is parsed
         with Harmony, and its reasoning parser defaults to ``openai_gptoss`` as in vLLM.
         """
-        reasoning_parser, tool_parser = harmony.harmony_names(tokenizer, reasoning_parser, tool_parser)
+        reasoning_parser, tool_parser = harmony_switch.harmony_names(tokenizer, reasoning_parser, tool_parser)
         if not reasoning_parser and not tool_parser:
             return None
         reasoning_cls: type[ReasoningParser] | None = None
@@ -152,7 +155,9 @@ class ChatParsing:
             tool_cls = known_tools[tool_parser]
         if reasoning_cls is None and tool_cls is None:
             return None
-        if harmony.serves(tokenizer):
+        if harmony_switch.serves(tokenizer):
+            from worker.core.parsing.families import harmony  # the library: only for a gpt-oss model
+
             # vLLM's HarmonyParser takes only its own two parsers (a ValueError at startup there).
             for cls_, name, own in (
                 (reasoning_cls, reasoning_parser, harmony.GptOssReasoning),
@@ -161,8 +166,8 @@ class ChatParsing:
                 if cls_ is not None and cls_ is not own:
                     raise ConfigurationError(
                         f"parser {name} cannot parse a gpt-oss model: its output is Harmony "
-                        f"(--reasoning-parser {harmony.REASONING_NAME}, "
-                        f"--tool-call-parser {harmony.TOOL_NAME})"
+                        f"(--reasoning-parser {harmony_switch.REASONING_NAME}, "
+                        f"--tool-call-parser {harmony_switch.TOOL_NAME})"
                     )
         # Startup check with default settings, like vLLM's tokenizer validation.
         try:
@@ -186,10 +191,12 @@ class ChatParsing:
     def auto_tools(self) -> bool:
         return self.enable_auto_tool_choice and self.tool_cls is not None
 
-    def _parser(self, request: ParseRequest) -> CompositeParser | harmony.HarmonyChoiceParser:
+    def _parser(self, request: ParseRequest) -> CompositeParser | HarmonyChoiceParser:
         """Per-request parser; raises :class:`ParserSetupError` (vLLM: 500 one-shot, 400 streaming)."""
         if self.harmony:
-            return harmony.HarmonyChoiceParser(
+            from worker.core.parsing.families.harmony import HarmonyChoiceParser
+
+            return HarmonyChoiceParser(
                 self.tokenizer,
                 request,
                 reasoning=self.reasoning_cls is not None,
@@ -215,7 +222,7 @@ class ChatParsing:
     ) -> ParsedMessage:
         """One-shot: parse the whole output and assemble the message fields."""
         parser = self._parser(request)
-        if isinstance(parser, harmony.HarmonyChoiceParser):
+        if not isinstance(parser, CompositeParser):
             reasoning, content, calls = parser.parse(token_ids)
             return assemble_message(request, reasoning, content, calls, auto_tools=self.auto_tools)
         if prompt_token_ids is not None:

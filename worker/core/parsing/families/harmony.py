@@ -42,6 +42,11 @@ from typing import Any, Final, NamedTuple
 from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser, load_harmony_encoding
 
 from worker.core.parsing.base import ReasoningParser, ToolParser
+from worker.core.parsing.harmony_switch import (
+    REASONING_NAME,
+    TOOL_NAME,
+    serves,
+)
 from worker.core.parsing.ids import random_tool_call_id
 from worker.core.parsing.types import (
     DeltaOut,
@@ -54,11 +59,6 @@ from worker.core.parsing.types import (
 )
 from worker.errors import ParserSetupError
 
-#: ``config.json`` model types vLLM serves with Harmony (``OnlineDerenderer.use_harmony``).
-HARMONY_MODEL_TYPES: Final = frozenset({"gpt_oss"})
-REASONING_NAME: Final = "openai_gptoss"
-TOOL_NAME: Final = "openai"
-
 #: OpenAI's published digest of ``o200k_base.tiktoken``, which the library checks too.
 O200K_SHA256: Final = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 O200K_RANKS: Final = 199_998
@@ -67,22 +67,6 @@ _ENCODINGS_BASE_VAR: Final = "TIKTOKEN_ENCODINGS_BASE"
 # Recipients of the built-in tools: not function calls (vLLM's ``BUILTIN_TOOL_TO_MCP_SERVER_LABEL``).
 _BUILTIN_RECIPIENTS: Final = frozenset({"python", "browser", "container"})
 _CONSTRAIN: Final = "<|constrain|>"
-
-
-def serves(tokenizer: ParserTokenizer) -> bool:
-    """Whether vLLM parses this model's output with Harmony."""
-    return tokenizer.model_type in HARMONY_MODEL_TYPES
-
-
-def harmony_names(
-    tokenizer: ParserTokenizer, reasoning: str | None, tools: str | None
-) -> tuple[str | None, str | None]:
-    """The parser names vLLM ends up with: on a gpt-oss model an unset reasoning parser is
-    ``openai_gptoss`` (``GptOssForCausalLMConfig.verify_and_update_config``), so Harmony parses even
-    with no flags at all."""
-    if serves(tokenizer) and not reasoning:
-        reasoning = REASONING_NAME
-    return reasoning, tools
 
 
 # --- the vocabulary ---------------------------------------------------------------------------
