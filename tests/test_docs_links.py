@@ -21,14 +21,6 @@ from tests.paths import REPO_ROOT
 DOCS = REPO_ROOT / "docs"
 README = REPO_ROOT / "README.md"
 
-# Pages other branches add; links to them may dangle until those branches are merged. Delete each
-# entry once its page exists.
-EXPECTED_ELSEWHERE = frozenset(
-    {
-        "docs/parser-families.md",
-    }
-)
-
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t]*#*[ \t]*$")
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
@@ -99,11 +91,9 @@ def _relative(path: Path, root: Path = REPO_ROOT) -> str:
     return path.relative_to(root).as_posix()
 
 
-def problems_of(
-    path: Path, root: Path = REPO_ROOT, expected_elsewhere: frozenset[str] = EXPECTED_ELSEWHERE
-) -> list[str]:
+def problems_of(path: Path, root: Path = REPO_ROOT) -> list[str]:
     """Why the relative links of ``path`` (in the repository at ``root``) do not resolve: empty when
-    they all do. A missing file named in ``expected_elsewhere`` is not a problem."""
+    they all do."""
     problems = []
     for target in links(path):
         if EXTERNAL.match(target):
@@ -114,8 +104,7 @@ def problems_of(
             problems.append(f"{target}: outside the repository")
             continue
         if not linked.exists():
-            if _relative(linked, root.resolve()) not in expected_elsewhere:
-                problems.append(f"{target}: no such file")
+            problems.append(f"{target}: no such file")
             continue
         if anchor and linked.suffix == ".md" and unquote(anchor) not in anchors(linked):
             problems.append(f"{target}: no heading #{anchor} in {_relative(linked, root.resolve())}")
@@ -152,14 +141,6 @@ def test_every_docs_page_is_reachable_from_the_readme() -> None:
     assert unreached == []
 
 
-def test_the_expected_pages_are_linked_from_the_readme() -> None:
-    """The pages other branches bring are listed in the README's "where to read next" table."""
-    readme_links = {t.partition("#")[0] for t in links(README)}
-    assert {name.removeprefix("docs/") for name in EXPECTED_ELSEWHERE} <= {
-        t.removeprefix("docs/") for t in readme_links
-    }
-
-
 # ---- the checker itself -----------------------------------------------------------------------------
 
 
@@ -193,11 +174,10 @@ def test_the_checker_finds_a_broken_file_a_broken_anchor_and_skips_code(tmp_path
         "[ok](#a-heading) [ok](#a-heading-1) [ok](state.md#keys) [ok](https://example.com/x.md)\n"
         "[missing file](nowhere.md) [missing anchor](state.md#nowhere) [bad](#nowhere)\n"
         "[outside](../../elsewhere.md)\n"
-        "`[in code](also-nowhere.md)`\n\n```md\n[in a fence](fenced-nowhere.md)\n```\n"
-        "[expected elsewhere](gateway.md)\n",
+        "`[in code](also-nowhere.md)`\n\n```md\n[in a fence](fenced-nowhere.md)\n```\n",
         "utf-8",
     )
-    assert problems_of(page, tmp_path, frozenset({"docs/gateway.md"})) == [
+    assert problems_of(page, tmp_path) == [
         "nowhere.md: no such file",
         "state.md#nowhere: no heading #nowhere in docs/state.md",
         "#nowhere: no heading #nowhere in docs/probe.md",
