@@ -16,12 +16,11 @@ from worker.pipeline.apis import messages, responses
 from worker.pipeline.apis.batch import add_batch_routes
 from worker.pipeline.apis.chat_source import BadRequest, ChatSource, JsonDict
 from worker.pipeline.apis.responses_store import FINAL_STATUSES, ResponsesStore
+from worker.pipeline.gateway_delivery import SseWriter
 from worker.pipeline.gateway_edge import ANONYMOUS, API_KEY_NAME
 from worker.runtime.tracing import Headers
 
 log = logging.getLogger(__name__)
-
-SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
 def json_response(body: Any, status: int = 200) -> web.Response:
@@ -43,8 +42,13 @@ async def read_json(http: web.Request, source: ChatSource) -> JsonDict | str:
     return body if isinstance(body, dict) else "the request body must be a JSON object"
 
 
-def sse_event(name: str, data: JsonDict) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+def abandoned(http: web.Request, writer: SseWriter | None, what: str, timeout_s: float) -> web.StreamResponse:
+    """A stream whose client took no write within ``timeout_s``: the connection is closed (leaving the
+    handler closes its chat, which cancels the generation upstream)."""
+    log.info("%s: a write waited over %gs; ended", what, timeout_s)
+    if http.transport is not None:
+        http.transport.close()
+    return writer.response if writer is not None else web.StreamResponse()
 
 
 class MessagesApi:
@@ -78,23 +82,27 @@ class MessagesApi:
                 except (KeyError, IndexError, TypeError, ValueError) as exc:
                     log.warning("a chat answer could not be made a message: %r", exc)
                     return json_response(messages.error_body(500, f"unconvertible answer: {exc}"), 500)
-            response = web.StreamResponse(headers=SSE_HEADERS)
-            await response.prepare(http)
-            stream = messages.MessageStream()
-            chunk: JsonDict | None = first
-            while chunk is not None:
-                if "error" in chunk:
-                    events = stream.error(chunk["error"])
-                    break
-                for name, data in stream.feed(chunk):
-                    await response.write(sse_event(name, data))
-                chunk = await anext(answers, None)
-            else:
-                events = stream.end()
-            for name, data in events:
-                await response.write(sse_event(name, data))
-            await response.write_eof()
-            return response
+            timeout_s = self.source.settings.write_timeout_s
+            writer = None
+            try:
+                writer = await SseWriter.open(http, timeout_s)
+                stream = messages.MessageStream()
+                chunk: JsonDict | None = first
+                while chunk is not None:
+                    if "error" in chunk:
+                        events = stream.error(chunk["error"])
+                        break
+                    for name, data in stream.feed(chunk):
+                        await writer.named(name, data)
+                    chunk = await anext(answers, None)
+                else:
+                    events = stream.end()
+                for name, data in events:
+                    await writer.named(name, data)
+                await writer.end()
+            except TimeoutError:
+                return abandoned(http, writer, f"message {request_id}", timeout_s)
+            return writer.response
 
 
 SNAPSHOT_EVERY_S = 0.2  # a background response's record is rewritten at most this often while it runs
@@ -171,16 +179,20 @@ class ResponsesApi:
         chat_messages: list[JsonDict],
         store: ResponsesStore | None,
     ) -> web.StreamResponse:
-        out = web.StreamResponse(headers=SSE_HEADERS)
-        await out.prepare(http)
-        converter = responses.ResponseStream(response)
-        async for event in _converted(converter, first, answers):
-            await out.write(sse_event(event["type"], event))
-        if store is not None:
-            record = {"response": converter.response, "messages": chat_messages, "events": None}
-            await store.put(response["id"], record)
-        await out.write_eof()
-        return out
+        timeout_s = self.source.settings.write_timeout_s
+        writer = None
+        try:
+            writer = await SseWriter.open(http, timeout_s)
+            converter = responses.ResponseStream(response)
+            async for event in _converted(converter, first, answers):
+                await writer.named(event["type"], event)
+            if store is not None:
+                record = {"response": converter.response, "messages": chat_messages, "events": None}
+                await store.put(response["id"], record)
+            await writer.end()
+        except TimeoutError:
+            return abandoned(http, writer, f"response {response['id']}", timeout_s)
+        return writer.response
 
     async def _background_start(
         self,
@@ -255,25 +267,29 @@ class ResponsesApi:
         """The stored events after ``after``, then each new one as the record is rewritten, to the end
         (or until nothing new came for ``--request-timeout-s``: the replica running it may be gone)."""
         assert self.store is not None
-        out = web.StreamResponse(headers=SSE_HEADERS)
-        await out.prepare(http)
-        sent = -1 if after is None else after
-        loop = asyncio.get_running_loop()
-        last_new = loop.time()
-        while loop.time() - last_new < self.source.settings.request_timeout_s:
-            record = self.store.records.get(response_id) or await self.store.get(response_id)
-            if record is None:
-                break
-            for event in record.get("events") or []:
-                if event["sequence_number"] > sent:
-                    await out.write(sse_event(event["type"], event))
-                    sent = event["sequence_number"]
-                    last_new = loop.time()
-            if record["response"].get("status") in FINAL_STATUSES:
-                break
-            await self.store.changed(1.0)
-        await out.write_eof()
-        return out
+        timeout_s = self.source.settings.write_timeout_s
+        writer = None
+        try:
+            writer = await SseWriter.open(http, timeout_s)
+            sent = -1 if after is None else after
+            loop = asyncio.get_running_loop()
+            last_new = loop.time()
+            while loop.time() - last_new < self.source.settings.request_timeout_s:
+                record = self.store.records.get(response_id) or await self.store.get(response_id)
+                if record is None:
+                    break
+                for event in record.get("events") or []:
+                    if event["sequence_number"] > sent:
+                        await writer.named(event["type"], event)
+                        sent = event["sequence_number"]
+                        last_new = loop.time()
+                if record["response"].get("status") in FINAL_STATUSES:
+                    break
+                await self.store.changed(1.0)
+            await writer.end()
+        except TimeoutError:
+            return abandoned(http, writer, f"response {response_id} (followed)", timeout_s)
+        return writer.response
 
     async def cancel(self, http: web.Request) -> web.StreamResponse:
         response_id = http.match_info["response_id"]
