@@ -151,7 +151,9 @@ class ResponsesApi:
         client = http.get(API_KEY_NAME, ANONYMOUS)
         if body.get("background"):
             assert store is not None
-            return await self._background_start(http, body, chat, chat_messages, response_id, store, trace)
+            return await self._background_start(
+                http, body, chat, chat_messages, response_id, store, trace, client
+            )
         response = responses.response_object(body, response_id, responses.now(), "in_progress")
         answers = self.source.chat(chat, trace, request_id=response_id, client=client)
         async with contextlib.aclosing(answers):
@@ -203,10 +205,12 @@ class ResponsesApi:
         response_id: str,
         store: ResponsesStore,
         trace: Headers,
+        client: str,
     ) -> web.StreamResponse:
         queued = responses.response_object(body, response_id, responses.now(), "queued")
         await store.put(response_id, {"response": queued, "messages": chat_messages, "events": []})
-        task = asyncio.create_task(self._run_background(chat, chat_messages, queued, store, trace))
+        # Admitted against the client's own share, as its other requests are.
+        task = asyncio.create_task(self._run_background(chat, chat_messages, queued, store, trace, client))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         if body.get("stream"):
@@ -220,6 +224,7 @@ class ResponsesApi:
         queued: JsonDict,
         store: ResponsesStore,
         trace: Headers,
+        client: str,
     ) -> None:
         """Run a background response to its end, its record rewritten as its events come."""
         response_id = queued["id"]
@@ -227,7 +232,7 @@ class ResponsesApi:
         events: list[JsonDict] = []
         written_at = 0.0
         loop = asyncio.get_running_loop()
-        answers = self.source.chat(chat, trace, request_id=response_id)
+        answers = self.source.chat(chat, trace, request_id=response_id, client=client)
         try:
             async with contextlib.aclosing(answers):
                 first = await anext(answers, None)
