@@ -33,6 +33,8 @@ CHUNK_BYTES = 512 * 1024
 CATCH_UP_S = 5.0
 CONCURRENCY = 32
 MAX_LINES = 50_000
+# A longer window is refused: its expires_at must fit the batch record (orjson's 64-bit integers).
+MAX_WINDOW_S = 30 * 24 * 3600
 FINAL = ("completed", "failed", "expired", "cancelled")
 _WINDOW = re.compile(r"^(\d+)(h|m|s)$")
 
@@ -47,11 +49,13 @@ def _json(body: Any) -> web.Response:
 
 
 def window_seconds(window: Any) -> int | None:
-    """``completion_window`` (``24h``, ``90m``, ``600s``) in seconds; None when it is not one."""
+    """``completion_window`` (``24h``, ``90m``, ``600s``) in seconds; None when it is not one or is
+    over ``MAX_WINDOW_S``."""
     match = _WINDOW.match(window) if isinstance(window, str) else None
     if match is None:
         return None
-    return int(match[1]) * {"h": 3600, "m": 60, "s": 1}[match[2]]
+    seconds = int(match[1]) * {"h": 3600, "m": 60, "s": 1}[match[2]]
+    return seconds if seconds <= MAX_WINDOW_S else None
 
 
 def output_line(custom_id: Any, line: int, answer: JsonDict) -> tuple[bytes, bool]:
@@ -227,7 +231,8 @@ class BatchApi:
             return _error(400, "only the /v1/chat/completions endpoint is supported", "endpoint")
         window = window_seconds(body.get("completion_window"))
         if window is None:
-            return _error(400, "completion_window must be like '24h'", "completion_window")
+            message = f"completion_window must be like '24h', at most {MAX_WINDOW_S // 3600}h"
+            return _error(400, message, "completion_window")
         input_id = str(body.get("input_file_id"))
         content = await self.store.read_file(input_id)
         if content is None:
