@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from worker.pipeline.apis.chat_source import ChatSource, JsonDict
 from worker.pipeline.connection import Connection, topic_partitions
+from worker.pipeline.gateway_edge import ANONYMOUS, API_KEY_NAME
 from worker.runtime.tracing import NO_HEADERS
 
 log = logging.getLogger(__name__)
@@ -264,12 +265,13 @@ class BatchApi:
             "metadata": body.get("metadata"),
         }
         await self.store.put_meta(f"batch:{batch['id']}", batch)
-        task = asyncio.create_task(self._run(batch, lines))
+        # Its lines are admitted against the client's own share, as its other requests are.
+        task = asyncio.create_task(self._run(batch, lines, http.get(API_KEY_NAME, ANONYMOUS)))
         self._running[batch["id"]] = task
         task.add_done_callback(lambda _: self._running.pop(batch["id"], None))
         return _json(batch)
 
-    async def _answer(self, batch_id: str, index: int, line: bytes) -> JsonDict:
+    async def _answer(self, batch_id: str, index: int, line: bytes, client: str) -> JsonDict:
         try:
             request = orjson.loads(line)
             body = request["body"]
@@ -278,12 +280,12 @@ class BatchApi:
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             return {"error": {"message": f"line {index + 1}: {exc}", "code": 400}}
         chat = {**body, "stream": False}
-        answers = self.source.chat(chat, NO_HEADERS, request_id=f"{batch_id}-{index}")
+        answers = self.source.chat(chat, NO_HEADERS, request_id=f"{batch_id}-{index}", client=client)
         async with contextlib.aclosing(answers):
             answer = await anext(answers, None)
         return answer or {"error": {"message": "no answer", "code": 500}}
 
-    async def _run(self, batch: JsonDict, lines: list[bytes]) -> None:
+    async def _run(self, batch: JsonDict, lines: list[bytes], client: str) -> None:
         key = f"batch:{batch['id']}"
         answers: list[JsonDict | None] = [None] * len(lines)
         slots = asyncio.Semaphore(CONCURRENCY)
@@ -296,7 +298,7 @@ class BatchApi:
             async with slots:
                 if cancelled():
                     return
-                answer = answers[index] = await self._answer(batch["id"], index, lines[index])
+                answer = answers[index] = await self._answer(batch["id"], index, lines[index], client)
                 counts["completed" if "error" not in answer else "failed"] += 1
 
         async def progress() -> None:
