@@ -264,9 +264,11 @@ class ResponsesApi:
         if record.get("events") is None:
             return self._error(400, f"Response '{response_id}' has no stored events to stream", "stream")
         after = http.query.get("starting_after")
-        if after is not None and not after.lstrip("-").isdigit():
+        try:  # int() itself: isdigit() passed '²' and '--5', which int() refused with a 500
+            starting_after = None if after is None else int(after)
+        except ValueError:
             return self._error(400, "starting_after must be an integer", "starting_after")
-        return await self._follow(http, response_id, None if after is None else int(after))
+        return await self._follow(http, response_id, starting_after)
 
     async def _follow(self, http: web.Request, response_id: str, after: int | None) -> web.StreamResponse:
         """The stored events after ``after``, then each new one as the record is rewritten, to the end
