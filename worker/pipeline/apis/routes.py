@@ -42,6 +42,21 @@ async def read_json(http: web.Request, source: ChatSource) -> JsonDict | str:
     return body if isinstance(body, dict) else "the request body must be a JSON object"
 
 
+async def answered(http: web.Request, body: Any, what: str, timeout_s: float) -> web.StreamResponse:
+    """A JSON answer written here within ``timeout_s`` (as the chat path's one-shot): returned to
+    aiohttp, an answer of many MiB waited with no bound for a client that never reads it."""
+    response = json_response(body)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.prepare(http)
+            await response.write_eof()
+    except TimeoutError:
+        log.info("%s: the answer waited over %gs for its client; ended", what, timeout_s)
+        if http.transport is not None:
+            http.transport.close()
+    return response
+
+
 def abandoned(http: web.Request, writer: SseWriter | None, what: str, timeout_s: float) -> web.StreamResponse:
     """A stream whose client took no write within ``timeout_s``: the connection is closed (leaving the
     handler closes its chat, which cancels the generation upstream)."""
@@ -78,10 +93,12 @@ class MessagesApi:
                 )
             if not chat.get("stream"):
                 try:
-                    return json_response(messages.to_message(first))
+                    message = messages.to_message(first)
                 except (KeyError, IndexError, TypeError, ValueError) as exc:
                     log.warning("a chat answer could not be made a message: %r", exc)
                     return json_response(messages.error_body(500, f"unconvertible answer: {exc}"), 500)
+                timeout_s = self.source.settings.write_timeout_s
+                return await answered(http, message, f"message {request_id}", timeout_s)
             timeout_s = self.source.settings.write_timeout_s
             writer = None
             try:
@@ -170,7 +187,9 @@ class ResponsesApi:
             final = responses.finished(response, items, finish, first.get("usage"))
             if store is not None:
                 await store.put(response_id, {"response": final, "messages": chat_messages, "events": None})
-            return json_response(final)
+            return await answered(
+                http, final, f"response {response_id}", self.source.settings.write_timeout_s
+            )
 
     async def _stream(
         self,
@@ -260,7 +279,8 @@ class ResponsesApi:
         if record is None:
             return self._not_found(response_id)
         if http.query.get("stream", "").lower() != "true":
-            return json_response(record["response"])
+            timeout_s = self.source.settings.write_timeout_s
+            return await answered(http, record["response"], f"response {response_id}", timeout_s)
         if record.get("events") is None:
             return self._error(400, f"Response '{response_id}' has no stored events to stream", "stream")
         after = http.query.get("starting_after")
