@@ -9,7 +9,18 @@ from worker.pipeline.apis.batch import output_line, window_seconds
 
 
 @pytest.mark.parametrize(
-    ("window", "seconds"), [("24h", 86400), ("90m", 5400), ("600s", 600), ("1d", None), (24, None)]
+    ("window", "seconds"),
+    [
+        ("24h", 86400),
+        ("90m", 5400),
+        ("600s", 600),
+        ("1d", None),
+        (24, None),
+        ("720h", 2592000),
+        ("721h", None),
+        # Its expires_at did not fit the batch record: the create was a text/plain 500.
+        ("99999999999999999999h", None),
+    ],
 )
 def test_the_completion_window_is_a_deadline_in_seconds(window: object, seconds: int | None) -> None:
     assert window_seconds(window) == seconds

@@ -25,7 +25,7 @@ from tests.api_cases import (
     stream_recording,
 )
 from tests.kafka_broker import TopicFactory
-from tests.kafka_helpers import wait_for_http
+from tests.kafka_helpers import TopicReader, wait_for_http
 from tests.pipeline_helpers import Pipeline
 from worker.pipeline.fake_vllm import Recording
 
@@ -192,6 +192,27 @@ def test_responses_create_answers_one_response(pipeline: Pipeline) -> None:
     )
     assert call.type == "function_call" and call.arguments == want["tool_calls"][0]["function"]["arguments"]
     assert response.output_text == ""
+
+
+def test_a_one_shot_response_answered_whole_writes_no_cancel(pipeline: Pipeline) -> None:
+    """The handler closes the chat once it has the one answer; that wrote a cancel record for every
+    successful one-shot (and Batch line), which ingest keeps as an early cancel of a request long gone."""
+    ids = [
+        oai(pipeline).responses.create(model="test-model", input=QUESTION, tools=RESPONSES_TOOLS).id
+        for _ in range(2)
+    ]
+
+    async def records_of() -> list[Any]:
+        reader = await TopicReader(pipeline.bootstrap, pipeline.requests_topic).start()
+        try:
+            await asyncio.sleep(5)  # a cancel is written right after its answer: long past by now
+            return [r for r in reader.records if r.key is not None and r.key.decode() in ids]
+        finally:
+            await reader.stop()
+
+    mine = asyncio.run(records_of())
+    assert sorted(r.key.decode() for r in mine if b'"endpoint"' in r.value) == sorted(ids)
+    assert [r.value for r in mine if b'"cancel":true' in r.value] == []
 
 
 def test_previous_response_id_carries_the_conversation_to_the_next_turn(pipeline: Pipeline) -> None:

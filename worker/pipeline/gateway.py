@@ -259,9 +259,12 @@ class Gateway:
                             return
                 else:
                     answer = await exchange.delivery.result()
+                    if "error" not in answer:
+                        # Whole already: a caller closes this after the answer, which is no cancel (ingest
+                        # would keep a cancel of an ended request among its early cancels, bounded).
+                        exchange.succeeded()
                     yield answer
-                    if "error" in answer:
-                        return
+                    return
                 exchange.succeeded()
         except Refused as refused:
             yield {"error": refused.body["error"]}

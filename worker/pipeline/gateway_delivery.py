@@ -271,7 +271,18 @@ class SseWriter:
     async def event(self, event: JsonDict) -> None:
         await self.data(orjson.dumps(event))
 
-    async def close(self) -> None:
-        await self.data(b"[DONE]")
+    async def named(self, name: str, event: JsonDict) -> None:
+        """An event with an ``event:`` line, as the Responses and Messages streams send them."""
+        async with asyncio.timeout(self.timeout_s):
+            await self.response.write(
+                b"event: " + name.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+            )
+
+    async def end(self) -> None:
+        """The stream's end without chat's ``[DONE]``."""
         async with asyncio.timeout(self.timeout_s):
             await self.response.write_eof()
+
+    async def close(self) -> None:
+        await self.data(b"[DONE]")
+        await self.end()

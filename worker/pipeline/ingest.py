@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 JsonDict = dict[str, Any]
 CANCELLED_CODE = 499  # nginx's "client closed request": nobody waits for this answer any more
 # Bounded memory of cancels for requests not seen yet (a cancel may overtake nothing, but is cheap).
+# Most are cancels of requests that already ended (an error answer is cancelled too): the oldest
+# goes, so the set never fills with those and refuses the one whose request is still to come.
 MAX_EARLY_CANCELS = 10_000
 
 
@@ -151,7 +153,7 @@ class _Partition:
         self.restored = restored
         self.running: dict[int, _Request] = {}  # by offset
         self.by_id: dict[str, _Request] = {}
-        self.early_cancels: set[str] = set()
+        self.early_cancels: dict[str, None] = {}  # in arrival order, oldest first
         self.pending: list[_Outgoing] = []
         self.next_offset: int | None = None  # past the last record read
         self.committed: int | None = None
@@ -398,7 +400,7 @@ class Ingest:
                 partition.emit(self.settings.input_topic, sid, close_record(sid), headers=trace)
             return
         if rid in restored.cancelled or rid in partition.early_cancels:
-            partition.early_cancels.discard(rid)
+            partition.early_cancels.pop(rid, None)
             cancelled = _error(CANCELLED_CODE, "the request was cancelled", "CancelledError")
             self._finish_with_error(partition, envelope, 0, cancelled, trace)
             return
@@ -415,8 +417,11 @@ class Ingest:
     def _cancel(self, partition: _Partition, request_id: str) -> None:
         request = partition.by_id.get(request_id)
         if request is None:
-            if len(partition.early_cancels) < MAX_EARLY_CANCELS:
-                partition.early_cancels.add(request_id)
+            early = partition.early_cancels
+            early.pop(request_id, None)
+            early[request_id] = None
+            if len(early) > MAX_EARLY_CANCELS:
+                del early[next(iter(early))]
             return
         log.info("request %s: cancelled", request_id)
         request.cancelled.set()

@@ -25,6 +25,7 @@ from aiohttp import web
 from worker.pipeline.apis.chat_source import ChatSource, JsonDict
 from worker.pipeline.apis.compacted_table import CompactedTable
 from worker.pipeline.connection import Connection
+from worker.pipeline.gateway_edge import ANONYMOUS, API_KEY_NAME
 from worker.runtime.tracing import NO_HEADERS
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 512 * 1024
 CONCURRENCY = 32
 MAX_LINES = 50_000
+# A longer window is refused: its expires_at must fit the batch record (orjson's 64-bit integers).
+MAX_WINDOW_S = 30 * 24 * 3600
 FINAL = ("completed", "failed", "expired", "cancelled")
 _WINDOW = re.compile(r"^(\d+)(h|m|s)$")
 
@@ -46,11 +49,13 @@ def _json(body: Any) -> web.Response:
 
 
 def window_seconds(window: Any) -> int | None:
-    """``completion_window`` (``24h``, ``90m``, ``600s``) in seconds; None when it is not one."""
+    """``completion_window`` (``24h``, ``90m``, ``600s``) in seconds; None when it is not one or is
+    over ``MAX_WINDOW_S``."""
     match = _WINDOW.match(window) if isinstance(window, str) else None
     if match is None:
         return None
-    return int(match[1]) * {"h": 3600, "m": 60, "s": 1}[match[2]]
+    seconds = int(match[1]) * {"h": 3600, "m": 60, "s": 1}[match[2]]
+    return seconds if seconds <= MAX_WINDOW_S else None
 
 
 def output_line(custom_id: Any, line: int, answer: JsonDict) -> tuple[bytes, bool]:
@@ -184,7 +189,8 @@ class BatchApi:
             return _error(400, "only the /v1/chat/completions endpoint is supported", "endpoint")
         window = window_seconds(body.get("completion_window"))
         if window is None:
-            return _error(400, "completion_window must be like '24h'", "completion_window")
+            message = f"completion_window must be like '24h', at most {MAX_WINDOW_S // 3600}h"
+            return _error(400, message, "completion_window")
         input_id = str(body.get("input_file_id"))
         content = await self.store.read_file(input_id)
         if content is None:
@@ -216,12 +222,13 @@ class BatchApi:
             "metadata": body.get("metadata"),
         }
         await self.store.put_meta(f"batch:{batch['id']}", batch)
-        task = asyncio.create_task(self._run(batch, lines))
+        # Its lines are admitted against the client's own share, as its other requests are.
+        task = asyncio.create_task(self._run(batch, lines, http.get(API_KEY_NAME, ANONYMOUS)))
         self._running[batch["id"]] = task
         task.add_done_callback(lambda _: self._running.pop(batch["id"], None))
         return _json(batch)
 
-    async def _answer(self, batch_id: str, index: int, line: bytes) -> JsonDict:
+    async def _answer(self, batch_id: str, index: int, line: bytes, client: str) -> JsonDict:
         try:
             request = orjson.loads(line)
             body = request["body"]
@@ -230,12 +237,12 @@ class BatchApi:
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             return {"error": {"message": f"line {index + 1}: {exc}", "code": 400}}
         chat = {**body, "stream": False}
-        answers = self.source.chat(chat, NO_HEADERS, request_id=f"{batch_id}-{index}")
+        answers = self.source.chat(chat, NO_HEADERS, request_id=f"{batch_id}-{index}", client=client)
         async with contextlib.aclosing(answers):
             answer = await anext(answers, None)
         return answer or {"error": {"message": "no answer", "code": 500}}
 
-    async def _run(self, batch: JsonDict, lines: list[bytes]) -> None:
+    async def _run(self, batch: JsonDict, lines: list[bytes], client: str) -> None:
         key = f"batch:{batch['id']}"
         answers: list[JsonDict | None] = [None] * len(lines)
         slots = asyncio.Semaphore(CONCURRENCY)
@@ -248,7 +255,7 @@ class BatchApi:
             async with slots:
                 if cancelled():
                     return
-                answer = answers[index] = await self._answer(batch["id"], index, lines[index])
+                answer = answers[index] = await self._answer(batch["id"], index, lines[index], client)
                 counts["completed" if "error" not in answer else "failed"] += 1
 
         async def progress() -> None:

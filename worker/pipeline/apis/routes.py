@@ -16,12 +16,11 @@ from worker.pipeline.apis import messages, responses
 from worker.pipeline.apis.batch import add_batch_routes
 from worker.pipeline.apis.chat_source import BadRequest, ChatSource, JsonDict
 from worker.pipeline.apis.responses_store import FINAL_STATUSES, ResponsesStore
+from worker.pipeline.gateway_delivery import SseWriter
 from worker.pipeline.gateway_edge import ANONYMOUS, API_KEY_NAME
 from worker.runtime.tracing import Headers
 
 log = logging.getLogger(__name__)
-
-SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
 def json_response(body: Any, status: int = 200) -> web.Response:
@@ -43,8 +42,28 @@ async def read_json(http: web.Request, source: ChatSource) -> JsonDict | str:
     return body if isinstance(body, dict) else "the request body must be a JSON object"
 
 
-def sse_event(name: str, data: JsonDict) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+async def answered(http: web.Request, body: Any, what: str, timeout_s: float) -> web.StreamResponse:
+    """A JSON answer written here within ``timeout_s`` (as the chat path's one-shot): returned to
+    aiohttp, an answer of many MiB waited with no bound for a client that never reads it."""
+    response = json_response(body)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.prepare(http)
+            await response.write_eof()
+    except TimeoutError:
+        log.info("%s: the answer waited over %gs for its client; ended", what, timeout_s)
+        if http.transport is not None:
+            http.transport.close()
+    return response
+
+
+def abandoned(http: web.Request, writer: SseWriter | None, what: str, timeout_s: float) -> web.StreamResponse:
+    """A stream whose client took no write within ``timeout_s``: the connection is closed (leaving the
+    handler closes its chat, which cancels the generation upstream)."""
+    log.info("%s: a write waited over %gs; ended", what, timeout_s)
+    if http.transport is not None:
+        http.transport.close()
+    return writer.response if writer is not None else web.StreamResponse()
 
 
 class MessagesApi:
@@ -74,27 +93,33 @@ class MessagesApi:
                 )
             if not chat.get("stream"):
                 try:
-                    return json_response(messages.to_message(first))
+                    message = messages.to_message(first)
                 except (KeyError, IndexError, TypeError, ValueError) as exc:
                     log.warning("a chat answer could not be made a message: %r", exc)
                     return json_response(messages.error_body(500, f"unconvertible answer: {exc}"), 500)
-            response = web.StreamResponse(headers=SSE_HEADERS)
-            await response.prepare(http)
-            stream = messages.MessageStream()
-            chunk: JsonDict | None = first
-            while chunk is not None:
-                if "error" in chunk:
-                    events = stream.error(chunk["error"])
-                    break
-                for name, data in stream.feed(chunk):
-                    await response.write(sse_event(name, data))
-                chunk = await anext(answers, None)
-            else:
-                events = stream.end()
-            for name, data in events:
-                await response.write(sse_event(name, data))
-            await response.write_eof()
-            return response
+                timeout_s = self.source.settings.write_timeout_s
+                return await answered(http, message, f"message {request_id}", timeout_s)
+            timeout_s = self.source.settings.write_timeout_s
+            writer = None
+            try:
+                writer = await SseWriter.open(http, timeout_s)
+                stream = messages.MessageStream()
+                chunk: JsonDict | None = first
+                while chunk is not None:
+                    if "error" in chunk:
+                        events = stream.error(chunk["error"])
+                        break
+                    for name, data in stream.feed(chunk):
+                        await writer.named(name, data)
+                    chunk = await anext(answers, None)
+                else:
+                    events = stream.end()
+                for name, data in events:
+                    await writer.named(name, data)
+                await writer.end()
+            except TimeoutError:
+                return abandoned(http, writer, f"message {request_id}", timeout_s)
+            return writer.response
 
 
 SNAPSHOT_EVERY_S = 0.2  # a background response's record is rewritten at most this often while it runs
@@ -143,7 +168,9 @@ class ResponsesApi:
         client = http.get(API_KEY_NAME, ANONYMOUS)
         if body.get("background"):
             assert store is not None
-            return await self._background_start(http, body, chat, chat_messages, response_id, store, trace)
+            return await self._background_start(
+                http, body, chat, chat_messages, response_id, store, trace, client
+            )
         response = responses.response_object(body, response_id, responses.now(), "in_progress")
         answers = self.source.chat(chat, trace, request_id=response_id, client=client)
         async with contextlib.aclosing(answers):
@@ -160,7 +187,9 @@ class ResponsesApi:
             final = responses.finished(response, items, finish, first.get("usage"))
             if store is not None:
                 await store.put(response_id, {"response": final, "messages": chat_messages, "events": None})
-            return json_response(final)
+            return await answered(
+                http, final, f"response {response_id}", self.source.settings.write_timeout_s
+            )
 
     async def _stream(
         self,
@@ -171,16 +200,20 @@ class ResponsesApi:
         chat_messages: list[JsonDict],
         store: ResponsesStore | None,
     ) -> web.StreamResponse:
-        out = web.StreamResponse(headers=SSE_HEADERS)
-        await out.prepare(http)
-        converter = responses.ResponseStream(response)
-        async for event in _converted(converter, first, answers):
-            await out.write(sse_event(event["type"], event))
-        if store is not None:
-            record = {"response": converter.response, "messages": chat_messages, "events": None}
-            await store.put(response["id"], record)
-        await out.write_eof()
-        return out
+        timeout_s = self.source.settings.write_timeout_s
+        writer = None
+        try:
+            writer = await SseWriter.open(http, timeout_s)
+            converter = responses.ResponseStream(response)
+            async for event in _converted(converter, first, answers):
+                await writer.named(event["type"], event)
+            if store is not None:
+                record = {"response": converter.response, "messages": chat_messages, "events": None}
+                await store.put(response["id"], record)
+            await writer.end()
+        except TimeoutError:
+            return abandoned(http, writer, f"response {response['id']}", timeout_s)
+        return writer.response
 
     async def _background_start(
         self,
@@ -191,10 +224,12 @@ class ResponsesApi:
         response_id: str,
         store: ResponsesStore,
         trace: Headers,
+        client: str,
     ) -> web.StreamResponse:
         queued = responses.response_object(body, response_id, responses.now(), "queued")
         await store.put(response_id, {"response": queued, "messages": chat_messages, "events": []})
-        task = asyncio.create_task(self._run_background(chat, chat_messages, queued, store, trace))
+        # Admitted against the client's own share, as its other requests are.
+        task = asyncio.create_task(self._run_background(chat, chat_messages, queued, store, trace, client))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         if body.get("stream"):
@@ -208,6 +243,7 @@ class ResponsesApi:
         queued: JsonDict,
         store: ResponsesStore,
         trace: Headers,
+        client: str,
     ) -> None:
         """Run a background response to its end, its record rewritten as its events come."""
         response_id = queued["id"]
@@ -215,7 +251,7 @@ class ResponsesApi:
         events: list[JsonDict] = []
         written_at = 0.0
         loop = asyncio.get_running_loop()
-        answers = self.source.chat(chat, trace, request_id=response_id)
+        answers = self.source.chat(chat, trace, request_id=response_id, client=client)
         try:
             async with contextlib.aclosing(answers):
                 first = await anext(answers, None)
@@ -243,37 +279,44 @@ class ResponsesApi:
         if record is None:
             return self._not_found(response_id)
         if http.query.get("stream", "").lower() != "true":
-            return json_response(record["response"])
+            timeout_s = self.source.settings.write_timeout_s
+            return await answered(http, record["response"], f"response {response_id}", timeout_s)
         if record.get("events") is None:
             return self._error(400, f"Response '{response_id}' has no stored events to stream", "stream")
         after = http.query.get("starting_after")
-        if after is not None and not after.lstrip("-").isdigit():
+        try:  # int() itself: isdigit() passed '²' and '--5', which int() refused with a 500
+            starting_after = None if after is None else int(after)
+        except ValueError:
             return self._error(400, "starting_after must be an integer", "starting_after")
-        return await self._follow(http, response_id, None if after is None else int(after))
+        return await self._follow(http, response_id, starting_after)
 
     async def _follow(self, http: web.Request, response_id: str, after: int | None) -> web.StreamResponse:
         """The stored events after ``after``, then each new one as the record is rewritten, to the end
         (or until nothing new came for ``--request-timeout-s``: the replica running it may be gone)."""
         assert self.store is not None
-        out = web.StreamResponse(headers=SSE_HEADERS)
-        await out.prepare(http)
-        sent = -1 if after is None else after
-        loop = asyncio.get_running_loop()
-        last_new = loop.time()
-        while loop.time() - last_new < self.source.settings.request_timeout_s:
-            record = self.store.records.get(response_id) or await self.store.get(response_id)
-            if record is None:
-                break
-            for event in record.get("events") or []:
-                if event["sequence_number"] > sent:
-                    await out.write(sse_event(event["type"], event))
-                    sent = event["sequence_number"]
-                    last_new = loop.time()
-            if record["response"].get("status") in FINAL_STATUSES:
-                break
-            await self.store.changed(1.0)
-        await out.write_eof()
-        return out
+        timeout_s = self.source.settings.write_timeout_s
+        writer = None
+        try:
+            writer = await SseWriter.open(http, timeout_s)
+            sent = -1 if after is None else after
+            loop = asyncio.get_running_loop()
+            last_new = loop.time()
+            while loop.time() - last_new < self.source.settings.request_timeout_s:
+                record = self.store.records.get(response_id) or await self.store.get(response_id)
+                if record is None:
+                    break
+                for event in record.get("events") or []:
+                    if event["sequence_number"] > sent:
+                        await writer.named(event["type"], event)
+                        sent = event["sequence_number"]
+                        last_new = loop.time()
+                if record["response"].get("status") in FINAL_STATUSES:
+                    break
+                await self.store.changed(1.0)
+            await writer.end()
+        except TimeoutError:
+            return abandoned(http, writer, f"response {response_id} (followed)", timeout_s)
+        return writer.response
 
     async def cancel(self, http: web.Request) -> web.StreamResponse:
         response_id = http.match_info["response_id"]

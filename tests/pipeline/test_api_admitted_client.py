@@ -1,0 +1,129 @@
+"""A background response and a batch's lines are admitted against their client's API key, as every
+other request is: they ran under the anonymous share, past the key's limits and eating the share of
+key-less clients. Without Kafka: the handlers run on a chat source that records who asked, with the
+stores held in memory."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import cast
+
+import aiohttp
+from aiohttp import web
+
+from worker.pipeline.apis.batch import BatchApi, BatchStore
+from worker.pipeline.apis.chat_source import JsonDict
+from worker.pipeline.apis.responses_store import ResponsesStore
+from worker.pipeline.apis.routes import ResponsesApi
+from worker.pipeline.connection import Connection
+from worker.pipeline.gateway_edge import API_KEY_NAME
+from worker.runtime.tracing import NO_HEADERS, Headers
+from worker.settings import GatewayOptions
+
+
+class RecordingChat:
+    """Answers every chat with one error (as a refusal would) and notes the client it was asked for."""
+
+    def __init__(self) -> None:
+        self.settings = GatewayOptions(allow_no_api_key=True)
+        self.connection: Connection = None  # type: ignore[assignment]  # never used by these handlers
+        self.clients: asyncio.Queue[str] = asyncio.Queue()
+
+    async def chat(
+        self, body: JsonDict, trace: Headers, request_id: str | None = None, client: str = "-"
+    ) -> AsyncGenerator[JsonDict, None]:
+        self.clients.put_nowait(client)
+        yield {"error": {"message": "refused", "code": 429}}
+
+    def cancel(self, request_id: str) -> None:
+        pass
+
+    async def read_body(self, http: web.Request) -> bytes:
+        return await http.read()
+
+    def trace(self, http: web.Request) -> Headers:
+        return NO_HEADERS
+
+
+class MemoryStore:
+    """The part of ``ResponsesStore`` the handlers use, in memory."""
+
+    def __init__(self) -> None:
+        self.records: OrderedDict[str, JsonDict] = OrderedDict()
+
+    async def put(self, response_id: str, record: JsonDict) -> None:
+        self.records[response_id] = record
+
+    async def get(self, response_id: str) -> JsonDict | None:
+        return self.records.get(response_id)
+
+    async def changed(self, within_s: float) -> None:
+        await asyncio.sleep(min(within_s, 0.05))
+
+
+class MemoryBatchStore:
+    """The part of ``BatchStore`` the batch handlers use, in memory."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+        self.meta: dict[str, JsonDict] = {}
+
+    async def put_meta(self, key: str, value: JsonDict) -> None:
+        self.meta[key] = value
+
+    async def get_meta(self, key: str) -> JsonDict | None:
+        return self.meta.get(key)
+
+    async def read_file(self, file_id: str) -> bytes | None:
+        return self.files.get(file_id)
+
+    async def write_file(self, purpose: str, filename: str, content: bytes) -> JsonDict:
+        file_id = f"file-{len(self.files)}"
+        self.files[file_id] = content
+        return {"id": file_id}
+
+
+@web.middleware
+async def as_alice(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    request[API_KEY_NAME] = "alice"  # what the gateway's auth middleware sets for a known key
+    return await handler(request)
+
+
+async def first_client(path: str, body: JsonDict) -> tuple[int, str]:
+    """The status of ``body`` posted to ``path`` as alice, and the client its first chat was asked for."""
+    source = RecordingChat()
+    app = web.Application(middlewares=[as_alice])
+    if path == "/v1/responses":
+        app.router.add_post(path, ResponsesApi(source, cast(ResponsesStore, MemoryStore())).create)
+    else:
+        lines = b'{"custom_id": "a", "body": {"model": "m", "messages": []}}\n'
+        store = MemoryBatchStore({"file-in": lines})
+        app.router.add_post(path, BatchApi(source, cast(BatchStore, store)).create_batch)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        url = f"http://127.0.0.1:{port}{path}"
+        async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
+            status = response.status
+        async with asyncio.timeout(10):
+            client = await source.clients.get()
+        return status, client
+    finally:
+        await runner.cleanup()
+
+
+def test_a_background_response_is_admitted_against_its_clients_key() -> None:
+    body = {"model": "m", "input": "hi", "background": True}
+    assert asyncio.run(first_client("/v1/responses", body)) == (200, "alice")
+
+
+def test_a_batchs_lines_are_admitted_against_their_clients_key() -> None:
+    body = {"input_file_id": "file-in", "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    assert asyncio.run(first_client("/v1/batches", body)) == (200, "alice")
