@@ -233,7 +233,7 @@ def _special_token_texts(config: dict[str, Any], defaults: dict[str, str]) -> li
         texts.append(text)
     for key in ("additional_special_tokens", "extra_special_tokens"):
         extra = config.get(key)
-        if extra is None:
+        if extra is None or extra == {}:  # an empty dict names no attribute (gpt-oss writes one)
             continue
         if not isinstance(extra, list):  # a dict names model-specific attributes: transformers' own logic
             return None
