@@ -771,7 +771,14 @@ class ConfluentReader:
         return {tp: (await self._watermarks(tp))[1] for tp in tps}
 
     async def _watermarks(self, tp: TopicPartition) -> tuple[int, int]:
-        low, high = await _call(self._thread, self._consumer.get_watermark_offsets, _lib(tp), CALL_TIMEOUT_S)
+        watermarks = self._consumer.get_watermark_offsets
+        try:
+            low, high = await _call(self._thread, watermarks, _lib(tp), CALL_TIMEOUT_S)
+        except KafkaClientError:
+            # A partition added since this client last read the topic's metadata is unknown to it
+            # until its next refresh (minutes): refresh the topic now and ask once more.
+            await _call(self._thread, self._consumer.list_topics, tp.topic, CALL_TIMEOUT_S)
+            low, high = await _call(self._thread, watermarks, _lib(tp), CALL_TIMEOUT_S)
         return int(low), int(high)
 
     async def offsets_for_time(
