@@ -122,7 +122,7 @@ def test_a_gateway_started_before_its_topics_waits_for_them(kafka_bootstrap: str
     port = free_port()
     command = [sys.executable, "-m", "worker.cli", "gateway", "--bootstrap-servers", kafka_bootstrap]
     command += ["--requests-topic", requests, "--output-topic", output, "--host", "127.0.0.1"]
-    command += ["--port", str(port)]
+    command += ["--port", str(port), "--api-key", "k"]
     gateway = WorkerProcess("gateway", command, tmp_path / "gateway.log").start()
     try:
         deadline = time.monotonic() + 60
