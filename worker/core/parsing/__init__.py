@@ -50,6 +50,7 @@ from worker.core.parsing.tool_choice import (
     keeps_tool_calls,
     resolve_finish_reason,
 )
+from worker.core.parsing.tools import llama3_json_engine
 from worker.core.parsing.types import (
     DeltaOut,
     FunctionDeltaOut,
@@ -116,12 +117,14 @@ class ChatParsing:
         enable_auto_tool_choice: bool,
         reread_window: int | None = None,
         reasoning_streams_all: bool = False,
+        llama3_json_on_engine: bool = False,
     ) -> ChatParsing | None:
         """None when no parser applies; ``ConfigurationError`` for unknown names or unusable tokenizers.
 
         ``reread_window``: the parse budget's characters per record (None: the tool family's own;
         0: none; see ``CompositeParser``). ``reasoning_streams_all``: vLLM 0.34's streaming rule
         for an engine reasoning parser without a tool parser (see ``CompositeParser``).
+        ``llama3_json_on_engine``: vLLM 0.34's ``llama3_json`` reader (``tools/llama3_json_engine``).
 
         As in vLLM, a tool parser only counts with ``enable_auto_tool_choice``
         (its name is not even checked otherwise). A gpt-oss model (``model_type: gpt_oss``) is parsed
@@ -145,7 +148,7 @@ class ChatParsing:
                 raise ConfigurationError(
                     f"unknown tool parser {tool_parser!r}; known: {', '.join(sorted(known_tools))}"
                 )
-            tool_cls = known_tools[tool_parser]
+            tool_cls = llama3_json_engine.reader_for(known_tools[tool_parser], llama3_json_on_engine)
         if reasoning_cls is None and tool_cls is None:
             return None
         if harmony.serves(tokenizer):
