@@ -33,7 +33,7 @@ from worker.core.parsing.engine.machine import EngineEvent, EventMachine
 from worker.core.parsing.engine.schema import fix_arg_types
 from worker.core.parsing.engine.tools import CallSlot, EngineToolParser
 from worker.core.parsing.tools.llama3_json import Llama3JsonToolParser
-from worker.core.parsing.types import ExtractedCalls, ParseRequest, ParserTokenizer
+from worker.core.parsing.types import ExtractedCalls, ParseRequest, ParserTokenizer, ToolCallDeltaOut
 
 TOOL_START = "<|python_tag|>"
 #: Tokens that may follow the last call of a valid one-shot output (vLLM's list).
@@ -45,8 +45,8 @@ _DECODER = json.JSONDecoder()
 def valid_call_sequence(text: str) -> bool | None:
     """Whether a whole output is a call sequence: None when it does not start like one.
 
-    Blanks here are ``str.isspace`` (as vLLM's check), wider than JSON's. JSON nested
-    too deep for the decoder is not a call sequence (vLLM would fail the request).
+    Blanks here are ``str.isspace`` (as vLLM's check), wider than JSON's. JSON nested past
+    the decoder's limit raises ``RecursionError``.
     """
     if text.startswith(TOOL_START):
         text = text[len(TOOL_START) :]
@@ -62,7 +62,7 @@ def valid_call_sequence(text: str) -> bool | None:
             return found
         try:
             value, pos = _DECODER.raw_decode(text, pos)
-        except (ValueError, RecursionError):
+        except ValueError:
             return False
         if not isinstance(value, dict) or "name" not in value:
             return False
@@ -275,9 +275,12 @@ class Llama3JsonEngineParser(EngineToolParser):
             machine.no_start_marker = self._suppress
 
     def extract_tool_calls(self, text: str, request: ParseRequest) -> ExtractedCalls:
-        if valid_call_sequence(text) is False:
-            return ExtractedCalls(False, [], text or None)
-        return super().extract_tool_calls(text, request)
+        try:
+            if valid_call_sequence(text) is not False:
+                return super().extract_tool_calls(text, request)
+        except RecursionError:
+            pass  # nested past what json reads: vLLM fails the request, 0.33's reader keeps content
+        return ExtractedCalls(False, [], text or None)
 
     def _arg_delta(self, slot: CallSlot, raw_delta: str) -> str | None:
         return None  # arguments go whole, when the call closes
@@ -288,6 +291,11 @@ class Llama3JsonEngineParser(EngineToolParser):
         except ValueError:
             return None
         return fix_arg_types(args, self._schemas, slot.name) or None
+
+    def _on_call_end(self, index: int, calls: list[ToolCallDeltaOut]) -> None:
+        super()._on_call_end(index, calls)
+        if self._streaming and index < len(self._slots):
+            self._slots[index] = CallSlot(None)  # sent: its text is not read again
 
     def _raw_args_json(self, raw: str) -> str:
         try:
