@@ -224,3 +224,21 @@ def test_hostile_output_streams_in_time_per_record() -> None:
 def test_one_shot_nesting_past_json_stays_content(text: str) -> None:
     """vLLM's json raises there (a failed request); the whole output is content, as 0.33's reader gives."""
     assert oneshot(text) == {"content": text, "calls": []}
+
+
+def test_a_tokenizer_without_the_python_tag_still_reads_a_leading_object() -> None:
+    """vLLM 0.34 starts without ``<|python_tag|>`` in the vocabulary (0.33's reader refuses)."""
+    tokenizer = sample_tokenizer("llama-3")
+    made = ChatParsing.create(
+        adapter_for(tokenizer),
+        reasoning_parser=None,
+        tool_parser="llama3_json",
+        enable_auto_tool_choice=True,
+        llama3_json_on_engine=True,
+    )
+    assert made is not None
+    message = made.parse_full(TIME, [], WEATHER_REQUEST, [1])
+    assert [(c.name, c.arguments) for c in message.tool_calls] == CALLS[1:]
+    session = made.new_stream(WEATHER_REQUEST, [1])
+    chunks = [[i] for i in encode("llama-3", TIME)]
+    assert stream_summary(session, records(tokenizer, chunks), names_once=True).calls == CALLS[1:]
