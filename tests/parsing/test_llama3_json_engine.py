@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.golden_cases import derenderer_for, sample_config
 from tests.parsing_helpers import (
     WEATHER_REQUEST,
     records,
@@ -21,14 +22,9 @@ from tests.parsing_helpers import (
 )
 from tests.parsing_helpers import sample_encode as encode
 from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
+from worker.core.parsing.families.llama_json import Llama3JsonEngineParser, member_object, valid_call_sequence
 from worker.core.parsing.tools.llama3_json import Llama3JsonToolParser
-from worker.core.parsing.tools.llama3_json_engine import (
-    Llama3JsonEngineParser,
-    member_object,
-    reader_for,
-    valid_call_sequence,
-)
-from worker.core.vllm_version import VllmBehaviour, VllmVersion
+from worker.core.vllm_version import VllmVersion
 
 M = "llama-3.1"
 WEATHER = '{"name": "get_weather", "parameters": {"city": "São Paulo", "days": [1, 2.5]}}'
@@ -62,16 +58,16 @@ def stream(
     return {"content": got.content, "calls": got.calls, "finish": got.finish}
 
 
-def test_the_version_profile_picks_the_reader() -> None:
+@pytest.mark.parametrize("name", ["llama3_json", "llama4_json"])
+def test_the_version_profile_picks_the_reader(name: str) -> None:
+    config = sample_config(model_dir=M, tool_parser=name, reasoning_parser=None, enable_auto_tool_choice=True)
     for version, expected in (
         (VllmVersion.V0_33, Llama3JsonToolParser),
         (VllmVersion.V0_34, Llama3JsonEngineParser),
     ):
-        on_engine = VllmBehaviour.of(version).llama3_json_on_engine
-        assert reader_for(Llama3JsonToolParser, on_engine) is expected
-    for name in ("llama3_json", "llama4_json"):
-        assert parsing(name).tool_cls is Llama3JsonEngineParser
-    # Other parsers are not touched.
+        parsing = derenderer_for(config, version).parsing
+        assert parsing is not None and parsing.tool_cls is expected
+    # Other parsers keep their class.
     hermes = ChatParsing.create(
         adapter_for(sample_tokenizer(M)),
         reasoning_parser=None,

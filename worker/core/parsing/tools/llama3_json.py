@@ -1,5 +1,5 @@
 """``llama3_json`` / ``llama4_json``: vLLM 0.33's ``Llama3JsonToolParser`` (0.34 reads them on the
-parser engine: :mod:`.llama3_json_engine`, picked by version there).
+parser engine: ``families/llama_json.py``, picked by version in ``ChatParsing.create``).
 
 Llama 3.x writes ``{"name": ..., "parameters": {...}}`` objects, optionally
 after ``<|python_tag|>``, several joined by ``; ``. The tokenizer must know

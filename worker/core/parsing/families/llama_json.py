@@ -27,12 +27,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from worker.core.parsing.base import ToolParser
 from worker.core.parsing.engine.config import TOOL_STATES, EngineConfig, Event, State
 from worker.core.parsing.engine.machine import EngineEvent, EventMachine
 from worker.core.parsing.engine.schema import fix_arg_types
 from worker.core.parsing.engine.tools import CallSlot, EngineToolParser
-from worker.core.parsing.tools.llama3_json import Llama3JsonToolParser
 from worker.core.parsing.types import ExtractedCalls, ParseRequest, ParserTokenizer, ToolCallDeltaOut
 
 TOOL_START = "<|python_tag|>"
@@ -251,8 +249,8 @@ class _LlamaMachine(EventMachine):
 
 
 class Llama3JsonEngineParser(EngineToolParser):
-    """vLLM 0.34's ``LlamaJsonEngineToolParser``; chosen by version, never by name
-    (``tools/llama3_json.py`` holds the names and 0.33's reader)."""
+    """vLLM 0.34's ``LlamaJsonEngineToolParser``; chosen by version (``ChatParsing.create``), never by
+    name (the names stay with 0.33's reader, ``tools/llama3_json.py``)."""
 
     @classmethod
     def make_config(cls, tokenizer: ParserTokenizer, chat_template_kwargs: dict[str, Any]) -> EngineConfig:
@@ -302,11 +300,3 @@ class Llama3JsonEngineParser(EngineToolParser):
             return call_arguments(raw)
         except ValueError:
             return super()._raw_args_json(raw)
-
-
-def reader_for(tool_cls: type[ToolParser], on_engine: bool) -> type[ToolParser]:
-    """The class that reads a configured tool parser under a vLLM version: the one place where
-    ``VllmBehaviour.llama3_json_on_engine`` picks between 0.33's Llama reader and the engine's."""
-    if on_engine and tool_cls is Llama3JsonToolParser:
-        return Llama3JsonEngineParser
-    return tool_cls
