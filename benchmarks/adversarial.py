@@ -21,7 +21,8 @@ ratio <= 4):
   arguments, duplicate keys, both argument keys, a syntax error, a number
   ending in a point before a delimiter; pythonic
   list and dict arguments) or still do (a syntax error in an array's tail after a
-  string, which the completion may still mend);
+  string, which the completion may still mend); vLLM 0.34's ``llama3_json`` reader (the parser
+  engine) on the long argument and the same ``llama3_json`` shapes;
 * the parse budget (``--shapes budget``): shapes vLLM re-reads whole at every record, run to
   the end without the budget and until the request fails with it (CPU seconds, last decile);
 * the parser families' hostile shapes in 1-token records, last decile vs first: a DSML
@@ -522,11 +523,13 @@ def _parser_stream_costs(
     tools: list[JsonDict],
     *,
     reread_window: int | None = None,
+    llama3_json_on_engine: bool = False,
     clock: Callable[[], float] = time.perf_counter,
     reasoning: str | None = None,
 ) -> list[float]:
     """Per-record seconds of one call in 1-token records through a live parser session, until the
-    end or the record whose request fails on the parse budget (``reread_window``: see ChatParsing)."""
+    end or the record whose request fails on the parse budget (``reread_window``: see ChatParsing;
+    ``llama3_json_on_engine``: vLLM 0.34's ``llama3_json`` reader)."""
     loaded = load_tokenizer(MODELS / model)
     parsing = ChatParsing.create(
         adapter_for(loaded),
@@ -534,6 +537,7 @@ def _parser_stream_costs(
         tool_parser=parser,
         enable_auto_tool_choice=True,
         reread_window=reread_window,
+        llama3_json_on_engine=llama3_json_on_engine,
     )
     assert parsing is not None
     request = ParseRequest(tools=tools, tool_choice="auto", parallel_tool_calls=None)
@@ -631,6 +635,29 @@ def _parser_rows(rounds: int, tokens: int, only: list[str]) -> list[tuple[str, l
             firsts.append(first)
             lasts.append(last)
         rows.append((f"{parser}, {label}: last vs first decile", lasts, firsts))
+    # vLLM 0.34's llama3_json reader (the parser engine) on the same shapes.
+    engine_shapes = [("long argument", PARSER_SHAPES[1][2], "{}")]
+    engine_shapes += [
+        (label, shape, unit) for label, parser, _, shape, unit in STRUCTURED_SHAPES if parser == "llama3_json"
+    ]
+    for label, shape, unit in engine_shapes:
+        if not _wanted(f"llama3_json (0.34 engine), {label}", only):
+            continue
+        if label == "long argument":
+            body = (words + " ") * (tokens // 8)
+        elif label == "deep nesting":
+            body = "".join(unit.format(i) for i in range(200)) + ", ".join(map(str, range(tokens // 3)))
+        else:
+            body = "".join(unit.format(i) for i in range(tokens // 6))[:-2]
+        firsts, lasts = [], []
+        for _ in range(rounds):
+            costs = _parser_stream_costs(
+                "llama3_json", "llama-3.1", shape.format(body), [_STRING_TOOL], llama3_json_on_engine=True
+            )
+            first, last = _deciles(costs)
+            firsts.append(first)
+            lasts.append(last)
+        rows.append((f"llama3_json (0.34 engine), {label}: last vs first decile", lasts, firsts))
     return rows
 
 

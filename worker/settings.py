@@ -415,6 +415,7 @@ class ModelSettings(Section):
             enable_auto_tool_choice=self.enable_auto_tool_choice,
             reread_window=self.parse_budget_window,
             reasoning_streams_all=VllmBehaviour.of(self.vllm_version).reasoning_engine_streams_all,
+            llama3_json_on_engine=VllmBehaviour.of(self.vllm_version).llama3_json_on_engine,
         )
         return Derenderer(tokenizer, options, parsing)
 

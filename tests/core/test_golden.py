@@ -52,17 +52,8 @@ def test_parser_golden_case(case: GoldenCase) -> None:
     _compare(case, run_case(case, VllmVersion.V0_33))
 
 
-_LLAMA3_JSON_ENGINE = "vLLM 0.34 runs llama3_json on its parser engine; not built yet"
-
 #: The vLLM 0.34 cases that still differ, each with why (strict: one that passes fails the run).
-KNOWN_034_DIFFERENCES: dict[str, str] = {
-    "llama3_json-two-calls-stream-1tok": _LLAMA3_JSON_ENGINE,
-    "llama3_json-two-calls-stream-mixed": _LLAMA3_JSON_ENGINE,
-    "llama3_json-python_tag-eom-stream": _LLAMA3_JSON_ENGINE,
-    "llama3_json-length-mid-call-stream": _LLAMA3_JSON_ENGINE,
-    "llama3_json-prose-with-json-example-stream": _LLAMA3_JSON_ENGINE,
-    "llama3_json-prose-with-json-example-oneshot": _LLAMA3_JSON_ENGINE,
-}
+KNOWN_034_DIFFERENCES: dict[str, str] = {}
 
 
 def _034_param(case: GoldenCase) -> Any:

@@ -92,6 +92,11 @@ __all__ = [
 ]
 
 
+#: Tool parser names vLLM 0.34 reads on its parser engine (``VllmBehaviour.llama3_json_on_engine``),
+#: where 0.33 used the class the registry names.
+ENGINE_READ_AT_034 = frozenset({"llama3_json", "llama4_json"})
+
+
 class ChatParsing:
     """The parser configuration of one server (vLLM's composed ``Parser`` class)."""
 
@@ -123,12 +128,15 @@ class ChatParsing:
         enable_auto_tool_choice: bool,
         reread_window: int | None = None,
         reasoning_streams_all: bool = False,
+        llama3_json_on_engine: bool = False,
     ) -> ChatParsing | None:
         """None when no parser applies; ``ConfigurationError`` for unknown names or unusable tokenizers.
 
         ``reread_window``: the parse budget's characters per record (None: the tool family's own;
         0: none; see ``CompositeParser``). ``reasoning_streams_all``: vLLM 0.34's streaming rule
         for an engine reasoning parser without a tool parser (see ``CompositeParser``).
+        ``llama3_json_on_engine``: vLLM 0.34's reader for ``ENGINE_READ_AT_034`` (``families/llama_json``);
+        this is the one place a version picks a tool parser's reader.
 
         As in vLLM, a tool parser only counts with ``enable_auto_tool_choice``
         (its name is not even checked otherwise). A gpt-oss model (``model_type: gpt_oss``) is parsed
@@ -153,6 +161,11 @@ class ChatParsing:
                     f"unknown tool parser {tool_parser!r}; known: {', '.join(sorted(known_tools))}"
                 )
             tool_cls = known_tools[tool_parser]
+            if llama3_json_on_engine and tool_parser in ENGINE_READ_AT_034:
+                # Imported here, as the registry imports a family: only a server that reads it loads it.
+                from worker.core.parsing.families.llama_json import Llama3JsonEngineParser
+
+                tool_cls = Llama3JsonEngineParser
         if reasoning_cls is None and tool_cls is None:
             return None
         if harmony_switch.serves(tokenizer):

@@ -1,4 +1,5 @@
-"""``llama3_json`` / ``llama4_json``: vLLM's ``Llama3JsonToolParser``.
+"""``llama3_json`` / ``llama4_json``: vLLM 0.33's ``Llama3JsonToolParser`` (0.34 reads them on the
+parser engine: ``families/llama_json.py``, picked by version in ``ChatParsing.create``).
 
 Llama 3.x writes ``{"name": ..., "parameters": {...}}`` objects, optionally
 after ``<|python_tag|>``, several joined by ``; ``. The tokenizer must know
