@@ -448,37 +448,30 @@ class ResponseStream:
 
     def _close(self, status: str) -> list[JsonDict]:
         index = len(self.output)
-        if self.state == "reasoning":
-            part = {"text": self.text, "type": "reasoning_text"}
-            item = _reasoning_item(self.item_id, self.text, status)
-            events = [
-                self._event(
+        if self.state in ("reasoning", "message"):
+            if self.state == "reasoning":
+                part: JsonDict = {"text": self.text, "type": "reasoning_text"}
+                item = _reasoning_item(self.item_id, self.text, status)
+                text_done = self._event(
                     "response.reasoning_text.done",
                     item_id=self.item_id,
                     output_index=index,
                     content_index=0,
                     text=self.text,
-                ),
-                self._event(
-                    "response.content_part.done",
-                    item_id=self.item_id,
-                    output_index=index,
-                    content_index=0,
-                    part=part,
-                ),
-            ]
-        elif self.state == "message":
-            part = _text_part(self.text)
-            item = _message_item(self.item_id, self.text, status)
-            events = [
-                self._event(
+                )
+            else:
+                part = _text_part(self.text)
+                item = _message_item(self.item_id, self.text, status)
+                text_done = self._event(
                     "response.output_text.done",
                     output_index=index,
                     content_index=0,
                     text=self.text,
                     logprobs=[],
                     item_id=self.item_id,
-                ),
+                )
+            events = [
+                text_done,
                 self._event(
                     "response.content_part.done",
                     item_id=self.item_id,
