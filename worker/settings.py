@@ -959,6 +959,13 @@ class GatewayOptions(RequestsTopic, OutputTopic):
     GROUP: ClassVar[str] = "http"
 
     host: str = Field("0.0.0.0", description="address to bind")
+    vllm_version: Annotated[
+        VllmVersion, Cli(default_text=f"{DEFAULT_VLLM_VERSION.value}, the newest supported")
+    ] = Field(
+        DEFAULT_VLLM_VERSION,
+        description="whose request rules a request is checked by before it is queued (0.34: "
+        "'tools: []' means no tools, 0.33: a 400); give it the workers' --vllm-version",
+    )
     port: int = Field(8000, ge=0, le=65535, description="port to serve on")
     api_keys: Annotated[tuple[str, ...], NoDecode, Cli(flags=("--api-key",))] = Field(
         (),

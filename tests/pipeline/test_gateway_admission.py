@@ -11,6 +11,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from worker.core.vllm_version import VllmVersion
 from worker.errors import ConfigurationError
 from worker.pipeline.gateway_admission import Admitted, Budget, Refused, admit_body
 from worker.pipeline.gateway_delivery import Delivery, Mailbox, SseWriter
@@ -58,6 +59,14 @@ def test_a_malformed_stream_options_is_vllms_400() -> None:
     # Worded as the worker (and vLLM's handler) word a broken request rule.
     assert "Stream options can only be defined when `stream=True`." in rule.body["error"]["message"]
     assert rule.body["error"]["param"] == "stream_options"
+
+
+def test_empty_tools_follow_the_configured_vllm_version() -> None:
+    """vLLM 0.34 reads ``tools: []`` as no tools; 0.33 refuses it. The gateway checks a request by the
+    rules of the version its workers derender as, or it would refuse what they accept."""
+    body = {**CHAT, "tools": [], "tool_choice": "auto"}
+    assert admit(body, vllm_version=VllmVersion.V0_34).endpoint == "chat"
+    assert refused(body, vllm_version=VllmVersion.V0_33).status == 400
 
 
 def test_a_string_stream_flag_is_the_boolean_vllm_reads() -> None:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from schemas.openai import ChatCompletionRequest, CompletionRequest
 from worker.core.envelope_processor import _validation_message
+from worker.core.vllm_version import VllmBehaviour
 from worker.settings import GatewayOptions
 
 JsonDict = dict[str, Any]
@@ -84,7 +85,8 @@ def admit_body(raw: bytes, endpoint: Endpoint, limits: GatewayOptions) -> Admitt
     if not isinstance(body, dict):
         raise Refused.bad_request("the request body must be a JSON object")
     try:
-        request = _MODELS[endpoint].model_validate(body)
+        context = VllmBehaviour.of(limits.vllm_version).request_context
+        request = _MODELS[endpoint].model_validate(body, context=context)
     except ValidationError as exc:
         message, param = _validation_message(exc)
         raise Refused.bad_request(message, param) from None
