@@ -32,12 +32,10 @@ from typing import Any, BinaryIO, TextIO
 
 import orjson
 
-from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.parsing.families.mistral import MISTRAL_TOOL_CALL_ID
 from worker.core.parsing.ids import RANDOM_TOOL_CALL_ID
-from worker.errors import AuditUsageError, ConfigurationError
-from worker.settings import ModelSettings, add_arguments, load
+from worker.errors import AuditUsageError
 
 JsonDict = dict[str, Any]
 Position = tuple[str, int, int]  # input topic, partition, offset
@@ -695,68 +693,3 @@ def audit_files(
             emit_file.close()
     feed_output_file(auditor, args.output_file, progress)
     return finish(auditor.finish(), args, err)
-
-
-# --- the command --------------------------------------------------------------------------------
-
-DESCRIPTION = """\
-Re-derender recorded inputs with this worker's core and configuration and compare the result,
-record for record, with the recorded outputs. Exit status: 0 everything compared is identical,
-1 a difference was found, 2 usage or connection error, or an empty or inverted range, 3 no difference
-but some requests could not be compared (status "error" in the report).
-"""
-
-
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    audit = commands.add_parser(
-        "audit",
-        help="re-derender an input range and compare it with the recorded outputs",
-        description=DESCRIPTION,
-    )
-    files = audit.add_argument_group("files (instead of topics)")
-    files.add_argument("--input-file", default=None, help="input envelopes, JSON Lines")
-    files.add_argument(
-        "--output-file",
-        default=None,
-        help="recorded output envelopes, JSON Lines (e.g. a dump of the output topic)",
-    )
-    result = audit.add_argument_group("results")
-    result.add_argument("--report", default=None, help="write one JSON line per non-identical request here")
-    result.add_argument(
-        "--emit-file",
-        default=None,
-        help="write the re-derendered outputs here, as output envelopes (JSON Lines)",
-    )
-    # Imported here: audit_source imports this module. No ImportError guard: aiokafka is required.
-    from worker.runtime.audit_source import add_kafka_arguments
-
-    add_kafka_arguments(audit)
-    add_arguments(audit, ModelSettings)
-    audit.set_defaults(handler=_audit)
-
-
-def _audit(args: argparse.Namespace) -> int:
-    err = sys.stderr
-    try:
-        check_args(args)
-        model = load(ModelSettings, args)
-        loaded: list[Derenderer] = []
-
-        def factory() -> EnvelopeProcessor:
-            # Loaded at the first record, after Kafka answered: a bad address fails in seconds.
-            if not loaded:
-                loaded.append(model.build_derenderer())
-            processor = model.processor_for(loaded[0])
-            # Records read from the input topic follow the worker's placement rule (keyed by
-            # request_id); JSON Lines files have no keys, as for replay.
-            processor.require_key = args.input_file is None
-            return processor
-
-        if not needs_kafka(args):
-            return audit_files(args, factory, err)
-        from worker.runtime.audit_source import audit_with_kafka
-
-        return audit_with_kafka(args, factory, err)
-    except (AuditUsageError, ConfigurationError, OSError) as exc:
-        print(f"derender-worker audit: {exc}", file=err)
-        return EXIT_USAGE

@@ -23,7 +23,7 @@ Handler = Callable[[argparse.Namespace], int]
 # be imported by every command, and more than double ``replay``'s start-up.
 _REGISTRARS = {
     "demo": "worker.demo",
-    "audit": "worker.audit",  # files here, topics through worker.runtime.audit_source
+    "audit": "worker.audit_command",
     "run": "worker.runtime.commands",
     "topics": "worker.runtime.commands",
     "dlq": "worker.runtime.commands",
