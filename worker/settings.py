@@ -64,7 +64,6 @@ from worker.runtime.dead_letter_policy import (
     DEFAULT_WINDOW,
     DeadLetterLimits,
 )
-from worker.runtime.delivery import MAX_RECORD_BYTES
 from worker.runtime.health_server import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from worker.runtime.kafka_client.base import (
     AssignmentStrategy,
@@ -72,6 +71,12 @@ from worker.runtime.kafka_client.base import (
     CompressionType,
     GroupProtocol,
     TransactionalIdMode,
+)
+from worker.runtime.kafka_limits import (
+    COMMIT_BUDGET_MS,
+    MAX_RECORD_BYTES,
+    RECORD_BUDGET_MS,
+    transaction_timeout_ms,
 )
 from worker.runtime.kafka_oauth import OidcClientCredentials
 from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
@@ -720,9 +725,20 @@ class KafkaSettings(ProducingTopics):
                     "--group-protocol consumer assigns on the broker, always incrementally: drop "
                     f"--partition-assignment-strategy {self.partition_assignment_strategy.value}"
                 )
-        from worker.runtime.preflight import check_settings  # it reads delivery's limits
-
-        check_settings(self)
+        timeout = transaction_timeout_ms(self.transactional_id_mode)
+        if self.exactly_once and self.commit_interval_ms + COMMIT_BUDGET_MS > timeout:
+            raise ConfigurationError(
+                f"--commit-interval-ms {self.commit_interval_ms} leaves no room for the commit within the "
+                f"transaction timeout of {timeout} ms (--transactional-id-mode "
+                f"{self.transactional_id_mode.value}): use at most {timeout - COMMIT_BUDGET_MS}"
+            )
+        needed = self.max_poll_records * RECORD_BUDGET_MS + COMMIT_BUDGET_MS
+        if self.rebalance_timeout_ms < needed:
+            raise ConfigurationError(
+                f"--rebalance-timeout-ms {self.rebalance_timeout_ms} is shorter than a batch of "
+                f"--max-poll-records {self.max_poll_records} plus a commit ({needed} ms): raise it or "
+                "lower --max-poll-records"
+            )
         return self
 
     @property

@@ -25,9 +25,9 @@ from tests.partition_fakes import (
 from worker.core.envelope_processor import ProcessResult
 from worker.errors import ConfigurationError, DeliveryFailedError, KafkaClientError, RecordTooLargeError
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
-from worker.runtime.delivery import MAX_RECORD_BYTES
 from worker.runtime.kafka_client.aiokafka_backend import parse_max_message_bytes
 from worker.runtime.kafka_client.base import OutgoingRecord, TopicPartition
+from worker.runtime.kafka_limits import MAX_RECORD_BYTES
 from worker.runtime.observer import RecordObserver
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.poison import ResetTracker

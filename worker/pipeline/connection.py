@@ -18,9 +18,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from worker.errors import ConfigurationError
-from worker.runtime.delivery import MAX_RECORD_BYTES
 from worker.runtime.kafka_client.aiokafka_backend import compression_type
 from worker.runtime.kafka_client.base import CompressionType
+from worker.runtime.kafka_limits import MAX_RECORD_BYTES
 from worker.runtime.kafka_security import KafkaSecurity
 from worker.runtime.topics import LARGE_RECORDS
 from worker.settings import (

@@ -32,9 +32,9 @@ from worker.runtime.kafka_client.base import (
     Producer,
     ProducerConfig,
     TopicPartition,
-    TransactionalIdMode,
     TransactionalProducer,
 )
+from worker.runtime.kafka_limits import MAX_RECORD_BYTES, TRANSACTION_TIMEOUT_MS
 from worker.runtime.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -50,14 +50,6 @@ PRODUCER_LINGER_MS = 2
 COMMIT_LINGER_MS = 20
 PRODUCER_REQUEST_TIMEOUT_MS = 30_000
 PRODUCER_RETRY_BACKOFF_MS = 10
-# Snapshots carry the request and its prompt ids and can pass Kafka's 1 MiB default; the topics
-# made by `topics create` allow this much (max.message.bytes).
-MAX_RECORD_BYTES = 16 * 1024 * 1024
-TRANSACTION_TIMEOUT_MS = 60_000
-# Per worker, a crashed worker's transactional id is not taken over by the partitions' next owner:
-# its open transaction holds back read_committed readers of every partition it wrote until the
-# broker times it out (Kafka Streams' exactly-once v2 uses 10 s for the same reason).
-PER_WORKER_TRANSACTION_TIMEOUT_MS = 15_000
 CLOSE_TIMEOUT_S = 10.0
 
 CommitOffsets = Callable[[Offsets], Awaitable[None]]
@@ -85,12 +77,6 @@ def producer_config(
         compression=settings.compression_type,
         security=settings.security,
     )
-
-
-def transaction_timeout_ms(mode: TransactionalIdMode) -> int:
-    if mode is TransactionalIdMode.PER_WORKER:
-        return PER_WORKER_TRANSACTION_TIMEOUT_MS
-    return TRANSACTION_TIMEOUT_MS
 
 
 class Sink(Protocol):

@@ -28,15 +28,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from worker.errors import ConfigurationError, KafkaUnreachableError
-from worker.runtime.delivery import MAX_RECORD_BYTES, transaction_timeout_ms
 from worker.runtime.kafka_client.base import MAX_MESSAGE_BYTES
+from worker.runtime.kafka_limits import MAX_RECORD_BYTES
 from worker.runtime.topics import TopicNames, partition_counts
 
-if TYPE_CHECKING:  # the settings call check_settings while they are checked
+if TYPE_CHECKING:
     from worker.settings import KafkaSettings
-
-RECORD_BUDGET_MS = 10
-COMMIT_BUDGET_MS = 10_000
 
 
 def unreachable(address: str) -> ConfigurationError:
@@ -61,24 +58,6 @@ async def check_reachable(settings: KafkaSettings) -> None:
         raise unreachable(settings.bootstrap_servers) from exc
     finally:
         library_log.setLevel(level)
-
-
-def check_settings(settings: KafkaSettings) -> None:
-    """Raise ``ConfigurationError`` for flag combinations that cannot work."""
-    timeout = transaction_timeout_ms(settings.transactional_id_mode)
-    if settings.exactly_once and settings.commit_interval_ms + COMMIT_BUDGET_MS > timeout:
-        raise ConfigurationError(
-            f"--commit-interval-ms {settings.commit_interval_ms} leaves no room for the commit within the "
-            f"transaction timeout of {timeout} ms (--transactional-id-mode "
-            f"{settings.transactional_id_mode.value}): use at most {timeout - COMMIT_BUDGET_MS}"
-        )
-    needed = settings.max_poll_records * RECORD_BUDGET_MS + COMMIT_BUDGET_MS
-    if settings.rebalance_timeout_ms < needed:
-        raise ConfigurationError(
-            f"--rebalance-timeout-ms {settings.rebalance_timeout_ms} is shorter than a batch of "
-            f"--max-poll-records {settings.max_poll_records} plus a commit ({needed} ms): raise it or "
-            "lower --max-poll-records"
-        )
 
 
 def check_record_limits(topics: TopicNames, limits: Mapping[str, int | None]) -> None:

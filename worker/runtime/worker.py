@@ -51,7 +51,6 @@ from worker.runtime.delivery import (
     Transaction,
     TransactionalSink,
     producer_config,
-    transaction_timeout_ms,
 )
 from worker.runtime.health_server import ReadinessState
 from worker.runtime.kafka_client import make_client
@@ -65,6 +64,7 @@ from worker.runtime.kafka_client.base import (
     ProducerConfig,
     TopicPartition,
 )
+from worker.runtime.kafka_limits import transaction_timeout_ms
 from worker.runtime.lifecycle import Lifecycle, WorkerState
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
