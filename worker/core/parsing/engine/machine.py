@@ -67,6 +67,10 @@ class EventMachine:
             self._item(item, out)
         return out
 
+    def _call_open(self) -> bool:
+        """Whether the output ended inside a call that has not sent its end (a family may know more)."""
+        return self.tool_index >= 0
+
     def finish(self) -> list[EngineEvent]:
         out: list[EngineEvent] = []
         for item in self._scanner.flush():
@@ -76,7 +80,7 @@ class EventMachine:
             out.append((Event.ARG, self._args, self.tool_index))
             self._args = ""
         if self.state in TOOL_STATES:
-            if self.tool_index >= 0:
+            if self._call_open():
                 out.append((Event.CALL_END, "", self.tool_index))
             self.state = State.CONTENT
         elif self.state is State.REASONING:

@@ -27,7 +27,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from worker.core.parsing.engine.config import TOOL_STATES, EngineConfig, Event, State
+from worker.core.parsing.engine.config import EngineConfig, Event, State
 from worker.core.parsing.engine.machine import EngineEvent, EventMachine
 from worker.core.parsing.engine.schema import fix_arg_types
 from worker.core.parsing.engine.tools import CallSlot, EngineToolParser
@@ -185,20 +185,9 @@ class _LlamaMachine(EventMachine):
                     ids = [] if self._start_id is None else [self._start_id, *ids]
         return super().feed(text, ids)
 
-    def finish(self) -> list[EngineEvent]:
-        out: list[EngineEvent] = []
-        for item in self._scanner.flush():
-            self._item(item, out)
-        self._lexed(self._lexer.flush(), out)
-        if self._args:
-            out.append((Event.ARG, self._args, self.tool_index))
-            self._args = ""
-        if self.state in TOOL_STATES:
-            # A closed call has sent its end already; only one cut short needs it.
-            if self._in_call and self.tool_index >= 0:
-                out.append((Event.CALL_END, "", self.tool_index))
-            self.state = State.CONTENT
-        return out
+    def _call_open(self) -> bool:
+        # A closed call has sent its end already; only one cut short needs it.
+        return self._in_call and self.tool_index >= 0
 
     def _terminal(self, name: str, text: str, out: list[EngineEvent]) -> None:
         before = self.state
