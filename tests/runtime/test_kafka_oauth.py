@@ -428,9 +428,11 @@ def test_topics_run_and_dlq_replay_authenticate_with_oauthbearer(
     }
     topic_args = [a for pair in topics.items() for a in pair]
     connect = ["--bootstrap-servers", oauth_broker.sasl]
-    created = _cli("topics", "create", "--partitions", "2", *connect, *topic_args, env=env)
+    # `topics create` makes the pipeline's requests topic too: a name of its own, not the default's.
+    requests = ["--requests-topic", f"oauth-req-{suffix}"]
+    created = _cli("topics", "create", "--partitions", "2", *connect, *topic_args, *requests, env=env)
     assert created.returncode == 0, created.stderr
-    assert created.stdout.count("created ") == 4
+    assert created.stdout.count("created ") == 5
     fetched = len(token_endpoint.requests)
     assert fetched >= 1
 
