@@ -9,10 +9,10 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
-import orjson
 import pytest
 from aiohttp import web
 
+from tests.async_helpers import post_json, serving_app
 from worker.pipeline.apis.chat_source import JsonDict
 from worker.pipeline.apis.routes import MessagesApi, ResponsesApi
 from worker.pipeline.connection import Connection
@@ -68,16 +68,8 @@ async def ended_after_a_silent_client(
     source = EndlessChat()
     app = web.Application()
     app.router.add_post(path, make(source))
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        payload = orjson.dumps(body)
-        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        writer.write(head.encode() + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    async with serving_app(app) as port:
+        _reader, writer = await post_json(port, path, body)
         started = time.monotonic()
         try:
             async with asyncio.timeout(30):
@@ -85,8 +77,6 @@ async def ended_after_a_silent_client(
         finally:
             writer.close()
         return time.monotonic() - started
-    finally:
-        await runner.cleanup()
 
 
 @pytest.mark.parametrize(
@@ -136,16 +126,8 @@ async def connection_closed_after_a_silent_client(
     source = OneLargeAnswer()
     app = web.Application()
     app.router.add_post(path, make(source))
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        payload = orjson.dumps(body)
-        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        writer.write(head.encode() + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    async with serving_app(app) as port:
+        reader, writer = await post_json(port, path, body)
         await asyncio.sleep(WRITE_TIMEOUT_S + 3)
         try:
             async with asyncio.timeout(15):
@@ -156,8 +138,6 @@ async def connection_closed_after_a_silent_client(
             return False
         finally:
             writer.close()
-    finally:
-        await runner.cleanup()
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from tests.async_helpers import serving_app
 from worker.core.vllm_version import VllmVersion
 from worker.errors import ConfigurationError
 from worker.pipeline.gateway_admission import Admitted, Budget, Refused, admit_body
@@ -303,12 +304,7 @@ def test_a_client_that_reads_nothing_is_ended_by_the_write_timeout() -> None:
 
         app = web.Application()
         app.router.add_get("/", handler)
-        runner = web.AppRunner(app, handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        try:
+        async with serving_app(app) as port:
             _reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # then never reads
             started = time.monotonic()
@@ -317,8 +313,6 @@ def test_a_client_that_reads_nothing_is_ended_by_the_write_timeout() -> None:
             took = time.monotonic() - started
             writer.close()
             return outcome, took
-        finally:
-            await runner.cleanup()
 
     outcome, took = asyncio.run(run())
     assert outcome == "timeout" and took < 15
