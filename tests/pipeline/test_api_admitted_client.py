@@ -13,6 +13,7 @@ from typing import cast
 import aiohttp
 from aiohttp import web
 
+from tests.async_helpers import serving_app
 from worker.pipeline.apis.batch import BatchApi, BatchStore
 from worker.pipeline.apis.chat_source import JsonDict
 from worker.pipeline.apis.responses_store import ResponsesStore
@@ -103,20 +104,13 @@ async def first_client(path: str, body: JsonDict) -> tuple[int, str]:
         lines = b'{"custom_id": "a", "body": {"model": "m", "messages": []}}\n'
         store = MemoryBatchStore({"file-in": lines})
         app.router.add_post(path, BatchApi(source, cast(BatchStore, store)).create_batch)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with serving_app(app) as port:
         url = f"http://127.0.0.1:{port}{path}"
         async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
             status = response.status
         async with asyncio.timeout(10):
             client = await source.clients.get()
         return status, client
-    finally:
-        await runner.cleanup()
 
 
 def test_a_background_response_is_admitted_against_its_clients_key() -> None:

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.async_helpers import serving_app
 from tests.pipeline.test_api_admitted_client import MemoryStore, RecordingChat
 from worker.pipeline.apis.responses_store import ResponsesStore
 from worker.pipeline.apis.routes import ResponsesApi
@@ -28,18 +29,11 @@ async def retrieve(starting_after: str) -> tuple[int, str, bytes]:
     app.router.add_get(
         "/v1/responses/{response_id}", ResponsesApi(RecordingChat(), cast(ResponsesStore, store)).retrieve
     )
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with serving_app(app) as port:
         url = f"http://127.0.0.1:{port}/v1/responses/{RESPONSE_ID}"
         query = {"stream": "true", "starting_after": starting_after}
         async with aiohttp.ClientSession() as session, session.get(url, params=query) as response:
             return response.status, response.content_type, await response.read()
-    finally:
-        await runner.cleanup()
 
 
 @pytest.mark.parametrize("after", ["²", "--5", "x"])
