@@ -6,6 +6,7 @@ stores held in memory."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import cast
@@ -121,3 +122,30 @@ def test_a_background_response_is_admitted_against_its_clients_key() -> None:
 def test_a_batchs_lines_are_admitted_against_their_clients_key() -> None:
     body = {"input_file_id": "file-in", "endpoint": "/v1/chat/completions", "completion_window": "24h"}
     assert asyncio.run(first_client("/v1/batches", body)) == (200, "alice")
+
+
+def test_a_stalled_batch_upload_ends_with_408_at_the_body_timeout() -> None:
+    """``POST /v1/files`` read its multipart body with no time bound: a client that sent half of it
+    held the handler for good."""
+    source = RecordingChat()
+    source.settings = GatewayOptions(allow_no_api_key=True, body_timeout_s=1.0)
+
+    async def run() -> tuple[bytes, float]:
+        app = web.Application()
+        app.router.add_post("/v1/files", BatchApi(source, cast(BatchStore, MemoryBatchStore({}))).create_file)
+        async with serving_app(app) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            head = (
+                "POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                "Content-Length: 100000\r\n\r\n--b\r\n"
+            )
+            writer.write(head.encode())  # and the rest never comes
+            started = time.monotonic()
+            async with asyncio.timeout(20):
+                status_line = await reader.readline()
+            writer.close()
+            return status_line, time.monotonic() - started
+
+    status_line, took = asyncio.run(run())
+    assert b" 408 " in status_line, status_line
+    assert took < 10

@@ -159,7 +159,13 @@ class BatchApi:
         self._running: dict[str, asyncio.Task[None]] = {}
 
     async def create_file(self, http: web.Request) -> web.StreamResponse:
-        form = await http.post()
+        # Within the gateway's body limits: aiohttp bounds the size, this the time a slow upload holds.
+        timeout = self.source.settings.body_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                form = await http.post()
+        except TimeoutError:
+            return _error(408, f"the upload took over {timeout:g}s")
         upload = form.get("file")
         purpose = str(form.get("purpose") or "batch")
         if not isinstance(upload, web.FileField):
