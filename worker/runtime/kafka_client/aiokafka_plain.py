@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
 
 def plain_producer(options: Mapping[str, Any]) -> AIOKafkaProducer:
@@ -21,3 +22,7 @@ def plain_consumer(options: Mapping[str, Any]) -> AIOKafkaConsumer:
 def plain_partitions(topic: str, count: int) -> list[TopicPartition]:
     """aiokafka's own partition type: its consumer's ``seek_to_*`` refuse any other."""
     return [TopicPartition(topic, p) for p in range(count)]
+
+
+# What the plain clients raise (the layer's own clients raise ``worker.errors`` types instead).
+PlainClientError = KafkaError
