@@ -785,6 +785,11 @@ class Ingest:
                     await self.open_partition(tp)
                 except Exception as exc:  # noqa: BLE001 - reopened by the poll loop (_reopen)
                     log.warning("opening requests partition %d failed, will retry: %r", tp.partition, exc)
+                    continue
+                opened = self.partitions.get(tp)
+                if opened is not None and tp not in self._consumer.assignment():
+                    # Revoked while it opened (a reopen runs beside aiokafka's rebalance): not ours.
+                    await self._close_partition(opened, commit=False)
 
     async def _partitions_revoked(self, revoked: Partitions) -> None:
         for tp in revoked:
