@@ -157,6 +157,7 @@ class Pipeline:
     factory: TopicFactory
     partitions: int = 3
     max_inflight: int = 4
+    ingest_client: str = "confluent"  # ingest's --kafka-client
     worker_extra: tuple[str, ...] = ()
     extra_recordings: tuple[Recording, ...] = ()  # served too (one with the same request replaces its own)
     topics: WorkerTopics = field(init=False)
@@ -206,6 +207,8 @@ class Pipeline:
             "3",
             "--client-id",
             name,
+            "--kafka-client",
+            self.ingest_client,
             *extra,
         )
         process = WorkerProcess(name, command, self.workers.log_dir / f"{name}.log").start()

@@ -55,8 +55,23 @@ from worker.demo_setup import (
 )
 from worker.demo_view import DeadLetterSeen, DemoState, DemoView, RequestProgress, make_view
 from worker.errors import ConfigurationError, DemoError
+from worker.runtime.delivery import (
+    PRODUCER_BATCH_BYTES,
+    PRODUCER_REQUEST_TIMEOUT_MS,
+    PRODUCER_RETRY_BACKOFF_MS,
+)
 from worker.runtime.kafka_client import make_client
-from worker.runtime.kafka_client.base import ClientKind, PartitionReader, ReaderConfig, TopicPartition
+from worker.runtime.kafka_client.base import (
+    ClientKind,
+    CompressionType,
+    OutgoingRecord,
+    PartitionReader,
+    Producer,
+    ProducerConfig,
+    ReaderConfig,
+    TopicPartition,
+)
+from worker.runtime.kafka_limits import MAX_RECORD_BYTES, TRANSACTION_TIMEOUT_MS
 from worker.runtime.kafka_security import KafkaSecurity
 from worker.settings import ModelSettings
 
@@ -262,6 +277,24 @@ class DemoTopics:
 # --- Kafka clients -------------------------------------------------------------------------------
 
 
+def _producer(bootstrap: str) -> Producer:
+    """An idempotent producer, as ``produce`` and the gateway write requests."""
+    security = KafkaSecurity()
+    config = ProducerConfig(
+        bootstrap_servers=bootstrap,
+        client_id="derender-demo",
+        max_record_bytes=MAX_RECORD_BYTES,
+        batch_bytes=PRODUCER_BATCH_BYTES,
+        linger_ms=0,
+        request_timeout_ms=PRODUCER_REQUEST_TIMEOUT_MS,
+        retry_backoff_ms=PRODUCER_RETRY_BACKOFF_MS,
+        transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+        compression=CompressionType.NONE,
+        security=security,
+    )
+    return make_client(ClientKind.AIOKAFKA, security).producer(config)
+
+
 def _reader(bootstrap: str) -> PartitionReader:
     """A group-less ``read_committed`` reader from the start of the partitions it is given: outputs
     are written in transactions, only committed ones are real."""
@@ -269,24 +302,6 @@ def _reader(bootstrap: str) -> PartitionReader:
     return make_client(ClientKind.AIOKAFKA, security).reader(
         ReaderConfig(bootstrap, "derender-demo", security)
     )
-
-
-def _decode_assignment(raw: bytes) -> list[int]:
-    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
-
-    if not raw:
-        return []
-    assignment = ConsumerProtocolMemberAssignment.decode(raw)
-    return sorted(p for _topic, partitions in assignment.assignment for p in partitions)
-
-
-async def _group_members(admin: Any, group: str) -> tuple[str, dict[str, list[int]]]:
-    """The group's state and each member's client id -> assigned partitions."""
-    response = (await admin.describe_consumer_groups([group]))[0]
-    # DescribeGroupsResponse group: (error_code, group, state, protocol_type, protocol, members, ...)
-    _error, _name, state, _ptype, _protocol, members = response.groups[0][:6]
-    # member: (member_id, client_id, client_host, member_metadata, member_assignment)
-    return str(state), {str(m[1]): _decode_assignment(m[4]) for m in members}
 
 
 async def _wait_for_group(
@@ -297,17 +312,17 @@ async def _wait_for_group(
     The runtime exposes no readiness signal, so the broker's view of the group is the signal:
     once it is Stable with every worker holding partitions, produced records will be served.
     """
-    from aiokafka.admin import AIOKafkaAdminClient
+    from worker.runtime.kafka_client.aiokafka_backend import GroupView
 
     expected = {w.client_id for w in workers.processes}
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
-    await admin.start()
+    view = GroupView(bootstrap)
+    await view.start()
     try:
         deadline = time.monotonic() + GROUP_JOIN_TIMEOUT_S
         while True:
             workers.check_alive()
             try:
-                state, members = await _group_members(admin, group)
+                state, members = await view.members(group)
             except Exception:  # noqa: BLE001 - the coordinator may not be ready for a brand-new group yet
                 state, members = "without a coordinator yet", {}
             joined = expected & set(members)
@@ -327,7 +342,7 @@ async def _wait_for_group(
                 )
             await asyncio.sleep(0.2)
     finally:
-        await admin.close()
+        await view.stop()
 
 
 async def _probe_partitions(
@@ -339,10 +354,8 @@ async def _probe_partitions(
     producers and restores state before it reads. Records produced before that would arrive in
     a burst; after the probes, the demo's records are served as they come.
     """
-    from aiokafka import AIOKafkaProducer
-
     reader = _reader(bootstrap)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    producer = _producer(bootstrap)
     await reader.start()
     try:
         await producer.start()
@@ -350,9 +363,9 @@ async def _probe_partitions(
             letters = [TopicPartition(topics.dlq, p) for p in range(PARTITIONS)]
             reader.assign(letters)
             for p in range(PARTITIONS):
-                await producer.send_and_wait(
-                    topics.input, b"readiness probe", key=f"{PROBE_KEY_PREFIX}{p}".encode(), partition=p
-                )
+                key = f"{PROBE_KEY_PREFIX}{p}".encode()
+                await producer.send(OutgoingRecord(topics.input, key, b"readiness probe", partition=p))
+            await producer.flush()
             seen: set[str] = set()
             deadline = time.monotonic() + GROUP_JOIN_TIMEOUT_S
             while len(seen) < PARTITIONS:
@@ -382,11 +395,9 @@ async def _stream(
     pace_s: float,
 ) -> None:
     """Produce the plan at ``pace_s`` and read outputs and dead letters until all have arrived."""
-    from aiokafka import AIOKafkaProducer
-
     assembler = Assembler()
     reader = _reader(bootstrap)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    producer = _producer(bootstrap)
     await reader.start()
     try:
         await producer.start()
@@ -397,7 +408,8 @@ async def _stream(
             async def produce() -> None:
                 state.first_produce_at = time.monotonic()
                 for i, record in enumerate(plan.records):
-                    await producer.send_and_wait(topics.input, record.value, key=record.key)
+                    await producer.send(OutgoingRecord(topics.input, record.key, record.value))
+                    await producer.flush()  # each record on its own: the demo paces them
                     state.produced += 1
                     # Paced from the start, so send latency does not slow the demo down.
                     delay = state.first_produce_at + (i + 1) * pace_s - time.monotonic()

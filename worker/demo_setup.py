@@ -130,18 +130,9 @@ def stop_local_broker(view: DemoView) -> None:
 
 async def broker_answers(bootstrap: str) -> str | None:
     """None when a client can bootstrap and sees a broker, else why not."""
-    from aiokafka.admin import AIOKafkaAdminClient
+    from worker.runtime.kafka_client.aiokafka_backend import broker_problem
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
-    try:
-        await admin.start()
-        cluster = await admin.describe_cluster()
-        return None if cluster.get("brokers") else "no brokers in the cluster metadata"
-    except Exception as exc:  # noqa: BLE001 - any connection error means "not (yet)"
-        return repr(exc)
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
+    return await broker_problem(bootstrap)
 
 
 def wait_for_broker(bootstrap: str, origin: str) -> None:
@@ -153,17 +144,7 @@ def wait_for_broker(bootstrap: str, origin: str) -> None:
 
 
 async def delete_topics(bootstrap: str, topics: list[str], group: str) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient
+    # The empty group would otherwise linger on a kept local broker for days.
+    from worker.runtime.kafka_client.aiokafka_backend import delete_topics_and_group
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
-    await admin.start()
-    try:
-        await admin.delete_topics(topics, timeout_ms=10_000)
-        # The empty group would otherwise linger on a kept local broker for days. aiokafka has
-        # no public delete_consumer_groups, hence the raw request; a failure is harmless.
-        with contextlib.suppress(Exception):
-            from aiokafka.protocol.admin import DeleteGroupsRequest
-
-            await admin._send_request(DeleteGroupsRequest([group]), await admin.find_coordinator(group))
-    finally:
-        await admin.close()
+    await delete_topics_and_group(bootstrap, topics, group)

@@ -71,6 +71,7 @@ from worker.runtime.kafka_client.base import (
     CompressionType,
     GroupProtocol,
     TransactionalIdMode,
+    transactional_id,
 )
 from worker.runtime.kafka_limits import (
     COMMIT_BUDGET_MS,
@@ -622,7 +623,20 @@ class DeliveryMode(enum.Enum):
 _CAPS = "memory caps (per worker; a new request past a cap gets a 503 error output; 0: off)"
 
 
-class KafkaSettings(ProducingTopics):
+class KafkaClientChoice(Section):
+    """Which library serves a command's consumer group and transactions: ``run`` and ``ingest``."""
+
+    GROUP: ClassVar[str] = "kafka"
+
+    # The default is chosen by `./run bench kafka` (docs/benchmarks.md).
+    kafka_client: ClientKind = Field(
+        ClientKind.CONFLUENT,
+        description="the Kafka client library of the data path: aiokafka (pure asyncio) or confluent "
+        "(librdkafka, KIP-447)",
+    )
+
+
+class KafkaSettings(ProducingTopics, KafkaClientChoice):
     """``run``'s consumer group, commits and memory caps."""
 
     GROUP: ClassVar[str] = "processing"
@@ -660,12 +674,6 @@ class KafkaSettings(ProducingTopics):
         5_000, gt=0, description="commit early once this many records are processed but not committed"
     )
     shutdown_timeout_s: float = Field(30.0, gt=0, description="SIGTERM: exit 1 if stopping takes longer")
-    # The default is chosen by `./run bench kafka` (docs/benchmarks.md).
-    kafka_client: ClientKind = Field(
-        ClientKind.CONFLUENT,
-        description="the Kafka client library of the data path: aiokafka (pure asyncio) or confluent "
-        "(librdkafka, KIP-447)",
-    )
     transactional_id_mode: TransactionalIdMode = Field(
         TransactionalIdMode.PER_PARTITION,
         description="exactly-once: one transactional producer per input partition, or one per worker "
@@ -751,12 +759,12 @@ class KafkaSettings(ProducingTopics):
 
     def transactional_id(self, partition: int) -> str:
         """Stable per input partition, so the next owner's ``init_transactions`` fences the last one."""
-        return f"{self.group_id}-{self.input_topic}-{partition}"
+        return transactional_id(self.group_id, self.input_topic, partition)
 
     def worker_transactional_id(self) -> str:
         """Per worker (KIP-447 fences zombies); a restart with the same client id aborts what its
         predecessor left open at once instead of after the transaction timeout."""
-        return f"{self.group_id}-{self.input_topic}-{self.client_id}"
+        return transactional_id(self.group_id, self.input_topic, self.client_id)
 
 
 def load_kafka(section: type[K], args: argparse.Namespace) -> K:
@@ -888,7 +896,7 @@ class RequestsTopic(Section):
     )
 
 
-class IngestOptions(RequestsTopic, InputTopic, OutputTopic):
+class IngestOptions(RequestsTopic, InputTopic, OutputTopic, KafkaClientChoice):
     """``ingest``: requests topic -> vLLM render + generate -> the worker's input topic."""
 
     GROUP: ClassVar[str] = "ingest"
@@ -954,7 +962,8 @@ class IngestOptions(RequestsTopic, InputTopic, OutputTopic):
         return self.generate_url or self.render_url
 
     def transactional_id(self, partition: int) -> str:
-        return f"{self.group_id}-{self.requests_topic}-{partition}"
+        """Per requests partition, as the worker's per input partition."""
+        return transactional_id(self.group_id, self.requests_topic, partition)
 
     @model_validator(mode="after")
     def _distinct(self) -> IngestOptions:

@@ -34,10 +34,11 @@ from worker.pipeline.fake_vllm import Recording
 pytestmark = pytest.mark.kafka
 
 
-@pytest.fixture(scope="module")
-def pipeline(kafka_bootstrap: str) -> Iterator[Pipeline]:
+# Every test with either client library under ingest's group member and transactions.
+@pytest.fixture(scope="module", params=["confluent", "aiokafka"])
+def pipeline(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Pipeline]:
     factory = TopicFactory(kafka_bootstrap)
-    pipeline = Pipeline(kafka_bootstrap, factory).start(workers=1)
+    pipeline = Pipeline(kafka_bootstrap, factory, ingest_client=request.param).start(workers=1)
     try:
         yield pipeline
     finally:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 
 import orjson
-from aiokafka import TopicPartition
 
 from worker.pipeline.ingest import CANCELLED_CODE, MAX_EARLY_CANCELS, Ingest, _Partition, _Restored
+from worker.runtime.kafka_client.base import TopicPartition
 from worker.settings import IngestOptions
 
 
@@ -23,7 +23,7 @@ def test_a_cancel_that_overtakes_its_request_is_kept_past_the_cap_of_stale_ones(
 async def cancel_then_request() -> None:
     settings = IngestOptions(input_topic="in", output_topic="out", requests_topic="req")
     ingest = Ingest(settings, connection=None)  # type: ignore[arg-type]
-    partition = _Partition(ingest, TopicPartition("req", 0), None, _Restored())
+    partition = _Partition(ingest, TopicPartition("req", 0), None, _Restored())  # type: ignore[arg-type]  # never commits
     for n in range(MAX_EARLY_CANCELS + 5):  # cancels of requests that ended long ago
         ingest._cancel(partition, f"ended-{n}")
     ingest._cancel(partition, "late")

@@ -296,6 +296,30 @@ def test_partitions_resumed_after_their_open_are_woken_unless_paused() -> None:
     assert lib.calls == [("resume", [1, 2]), ("wake", [1, 2])]
 
 
+def test_a_resume_fetches_an_open_partition_again_but_not_one_still_opening() -> None:
+    """ingest pauses every partition while its backlog is full and resumes them after: a partition
+    assigned meanwhile is not yet open and must stay paused until its open resumes it."""
+    consumer = confluent_backend.ConfluentConsumer(_config())
+    real, lib = consumer._consumer, FakeLibConsumer()
+
+    async def pause_resume() -> None:
+        consumer._consumer = lib  # type: ignore[assignment]  # the calls pause and resume make
+        consumer._assigned = _tps(1, 2)
+        consumer._opening = _tps(2)
+        for tp in sorted(_tps(1, 2)):
+            consumer.pause(tp)
+        for tp in sorted(_tps(1, 2)):
+            consumer.resume(tp)
+        await consumer._wake_thread.run(lambda: None)
+
+    try:
+        asyncio.run(pause_resume())
+    finally:
+        real.close()
+    assert lib.calls == [("pause", [1]), ("pause", [2]), ("resume", [1]), ("wake", [1])]
+    assert consumer.paused() == set()  # 2 is resumed by its open (unless paused again by then)
+
+
 def test_a_wake_up_holds_up_no_callback_and_none_meets_a_closing_consumer() -> None:
     """The wake-ups run on their own thread; stop() lets the one under way end, skips the queued
     ones and only then closes librdkafka's consumer. Partitions the worker paused are not woken."""

@@ -1,7 +1,10 @@
 """Kafka connection flags and clients of the pipeline commands.
 
 The bootstrap flag has the same environment fallbacks as ``run`` (``DERENDER_BOOTSTRAP_SERVERS``,
-then ``KAFKA_BOOTSTRAP_SERVERS``); TLS and SASL come from ``worker.runtime.kafka_security``.
+then ``KAFKA_BOOTSTRAP_SERVERS``); TLS and SASL come from ``worker.runtime.kafka_security``. Every
+client comes from the client layer (``worker.runtime.kafka_client``): ``client`` for a group member
+and transactions, ``plain_producer`` and ``reader`` for a producer and a reader of explicit
+partitions. ``producer``/``consumer`` hand out aiokafka's own clients to the gateway until it moves.
 """
 
 from __future__ import annotations
@@ -14,15 +17,25 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
 from worker.errors import ConfigurationError
-from worker.runtime.kafka_client.aiokafka_backend import compression_type
-from worker.runtime.kafka_client.base import CompressionType
-from worker.runtime.kafka_limits import MAX_RECORD_BYTES
+from worker.runtime.delivery import (
+    PRODUCER_BATCH_BYTES,
+    PRODUCER_REQUEST_TIMEOUT_MS,
+    PRODUCER_RETRY_BACKOFF_MS,
+)
+from worker.runtime.kafka_client import make_client
+from worker.runtime.kafka_client.base import (
+    ClientKind,
+    CompressionType,
+    KafkaClient,
+    PartitionReader,
+    Producer,
+    ProducerConfig,
+    ReaderConfig,
+)
+from worker.runtime.kafka_limits import MAX_RECORD_BYTES, TRANSACTION_TIMEOUT_MS
 from worker.runtime.kafka_security import KafkaSecurity
-from worker.runtime.topics import LARGE_RECORDS
+from worker.runtime.topics import LARGE_RECORDS, partition_counts
 from worker.settings import (
     KafkaConnection,
     ProducerSettings,
@@ -34,7 +47,7 @@ from worker.settings import (
 
 log = logging.getLogger(__name__)
 
-_TOPIC_ALREADY_EXISTS = 36
+ADMIN_TIMEOUT_MS = 30_000
 # As the worker's producers: records carry whole prompts.
 MAX_REQUEST_BYTES = MAX_RECORD_BYTES
 
@@ -70,50 +83,78 @@ class Connection:
             **self.security.client_kwargs(),
         }
 
-    def producer(self, **extra: Any) -> AIOKafkaProducer:
+    def client(self, kind: ClientKind = ClientKind.AIOKAFKA) -> KafkaClient:
+        """The client layer's backend ``kind`` (``--kafka-client`` where a command has it)."""
+        return make_client(kind, self.security)
+
+    def producer_config(self, client_id: str | None = None, *, linger_ms: int = 0) -> ProducerConfig:
+        """A producer of records as large as the worker's topics take (``MAX_REQUEST_BYTES``); a
+        transactional one commits within the worker's transaction timeout."""
+        return ProducerConfig(
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=client_id or self.client_id,
+            max_record_bytes=MAX_REQUEST_BYTES,
+            batch_bytes=PRODUCER_BATCH_BYTES,
+            linger_ms=linger_ms,
+            request_timeout_ms=PRODUCER_REQUEST_TIMEOUT_MS,
+            retry_backoff_ms=PRODUCER_RETRY_BACKOFF_MS,
+            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+            compression=self.compression,
+            security=self.security,
+        )
+
+    def reader_config(self, role: str) -> ReaderConfig:
+        return ReaderConfig(self.bootstrap_servers, f"{self.client_id}-{role}", self.security)
+
+    def plain_producer(self, kind: ClientKind = ClientKind.AIOKAFKA, *, linger_ms: int = 0) -> Producer:
+        """An idempotent producer without transactions; ``flush`` after ``send`` is a send-and-wait."""
+        return self.client(kind).producer(self.producer_config(linger_ms=linger_ms))
+
+    def reader(self, role: str, kind: ClientKind = ClientKind.AIOKAFKA) -> PartitionReader:
+        """A ``read_committed`` reader of explicit partitions (no group, no commits)."""
+        return self.client(kind).reader(self.reader_config(role))
+
+    def producer(self, **extra: Any) -> Any:
+        """aiokafka's own producer, for the gateway until it uses ``plain_producer``."""
+        from worker.runtime.kafka_client.aiokafka_backend import compression_type
+        from worker.runtime.kafka_client.aiokafka_plain import plain_producer
+
         options: dict[str, Any] = {
             "enable_idempotence": True,
             "acks": "all",
             "max_request_size": MAX_REQUEST_BYTES,
             "compression_type": compression_type(self.compression),
         }
-        options.update(extra)
-        return AIOKafkaProducer(**self.kwargs(), **options)
+        return plain_producer({**self.kwargs(), **options, **extra})
 
-    def consumer(self, **extra: Any) -> AIOKafkaConsumer:
+    def consumer(self, **extra: Any) -> Any:
+        """aiokafka's own consumer, for the gateway until it uses ``reader``."""
+        from worker.runtime.kafka_client.aiokafka_plain import plain_consumer
+
         options: dict[str, Any] = {
             "isolation_level": "read_committed",
             "enable_auto_commit": False,
             "fetch_max_bytes": MAX_REQUEST_BYTES,
             "max_partition_fetch_bytes": MAX_REQUEST_BYTES,
         }
-        options.update(extra)
-        return AIOKafkaConsumer(**self.kwargs(), **options)
+        return plain_consumer({**self.kwargs(), **options, **extra})
 
     async def ensure_topic(self, name: str, partitions: int, replication_factor: int = 1) -> bool:
         """Create ``name`` unless it exists; True when it was created."""
-        admin = AIOKafkaAdminClient(**self.kwargs())
-        await admin.start()
-        try:
-            # Request records carry whole prompts, as the worker's topics do (``topics create``).
-            topic = NewTopic(name, partitions, replication_factor, topic_configs=dict(LARGE_RECORDS))
-            response = await admin.create_topics([topic])
-            codes = [error[1] for error in response.topic_errors]
-            if any(code not in (0, _TOPIC_ALREADY_EXISTS) for code in codes):
-                raise ConfigurationError(f"cannot create topic {name!r}: {response.topic_errors}")
-            return all(code == 0 for code in codes)
-        finally:
-            await admin.close()
+        from worker.runtime.kafka_client.aiokafka_backend import create_topics
+
+        # Request records carry whole prompts, as the worker's topics do (``topics create``).
+        spec = (name, partitions, replication_factor, dict(LARGE_RECORDS))
+        created, _existing = await create_topics(
+            self.bootstrap_servers, [spec], ADMIN_TIMEOUT_MS, self.security.client_kwargs()
+        )
+        return name in created
 
 
 async def _partition_counts(connection: Connection, topics: tuple[str, ...]) -> dict[str, int]:
-    admin = AIOKafkaAdminClient(**connection.kwargs())
-    await admin.start()
-    try:
-        described = await admin.describe_topics(list(topics))
-    finally:
-        await admin.close()
-    return {item["topic"]: len(item["partitions"]) for item in described if item["error_code"] == 0}
+    return await partition_counts(
+        connection.bootstrap_servers, list(topics), connection.security.client_kwargs()
+    )
 
 
 async def require_topics(connection: Connection, *topics: str) -> dict[str, int]:
@@ -150,7 +191,10 @@ async def wait_for_topics(connection: Connection, *topics: str, every_s: float =
         await asyncio.sleep(every_s)
 
 
-async def topic_partitions(connection: Connection, topic: str) -> list[TopicPartition]:
-    """Every partition of ``topic``; a ConfigurationError when it does not exist."""
+async def topic_partitions(connection: Connection, topic: str) -> list[Any]:
+    """Every partition of ``topic`` as aiokafka's own type (the gateway's consumer takes no other);
+    a ConfigurationError when it does not exist."""
+    from worker.runtime.kafka_client.aiokafka_plain import plain_partitions
+
     count = (await require_topics(connection, topic))[topic]
-    return [TopicPartition(topic, p) for p in range(count)]
+    return plain_partitions(topic, count)

@@ -8,7 +8,9 @@ request is one one-shot envelope. vLLM errors become the request's error record 
 Exactly-once, per requests partition ``p``: one transactional producer (``{group}-{topic}-{p}``, so
 the next owner fences a zombie), committing every ``--commit-interval-ms`` the envelopes, error
 records and markers produced since the last commit together with the partition's offset. That offset
-is the oldest request still running, so a crash re-reads every unfinished request.
+is the oldest request still running, so a crash re-reads every unfinished request. The group member,
+the producers and the restore's reader are the worker's client layer (``--kafka-client``), with the
+worker's per-partition transactions (``delivery.Transaction``).
 
 Resumability (the attempt rule): a request is generated at most once in a visible way. The
 transaction that makes its first envelope visible also writes an ``IngestMarker`` ``started`` to
@@ -41,17 +43,26 @@ from typing import Any, Literal, TypeVar
 
 import aiohttp
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import MessageSizeTooLargeError
 from pydantic import ValidationError
 
 from schemas.pipeline import CancelRecord, IngestMarker, RequestEnvelope
-from worker.errors import UpstreamError
+from worker.errors import PartitionNotAssignedError, RecordTooLargeError, UpstreamError
 from worker.pipeline.connection import Connection, add_connection_arguments, wait_for_topics
 from worker.pipeline.ingest_health import serving_health
 from worker.pipeline.vllm_client import VllmClient
+from worker.runtime.delivery import Transaction
 from worker.runtime.genai_metrics import request_start_header
-from worker.runtime.kafka_client.aiokafka_backend import fetch_committed
+from worker.runtime.kafka_client.base import (
+    AssignmentStrategy,
+    ClientKind,
+    ConsumerConfig,
+    GroupConsumer,
+    KafkaClient,
+    OutgoingRecord,
+    Partitions,
+    TopicPartition,
+)
+from worker.runtime.kafka_client.ranges import RangeReader
 from worker.runtime.tracing import Headers, propagated
 from worker.settings import IngestOptions, LoggingSettings, MetricsServerSettings, add_arguments, load
 
@@ -69,6 +80,15 @@ MAX_EARLY_CANCELS = 10_000
 RECORD_OVERHEAD_BYTES = 1024
 # An upstream error message is copied into the error record up to this many characters.
 MAX_ERROR_MESSAGE_CHARS = 4096
+# The group member: a revocation commits at once, but an assignment first reads the partition's tail
+# (the restore), which may take this long; it is also the longest gap between polls.
+REBALANCE_TIMEOUT_MS = 300_000
+HEARTBEAT_INTERVAL_MS = 1_000
+METADATA_MAX_AGE_MS = 30_000
+POLL_MS = 100
+PAUSED_POLL_MS = 10  # a paused member still polls: the group's liveness and its rebalance callbacks
+# An assigned partition whose opening failed is opened again this often.
+REOPEN_INTERVAL_S = 1.0
 
 
 def error_record(request_id: str, seq: int, endpoint: str, error: JsonDict) -> bytes:
@@ -112,6 +132,9 @@ class _Outgoing:
     request: _Request | None = None  # the request an input envelope belongs to
     seq: int | None = None  # an input envelope's seq (its stream is its key)
 
+    def record(self) -> OutgoingRecord:
+        return OutgoingRecord(self.topic, self.key, self.value, self.partition, self.headers)
+
 
 @dataclass
 class _Restored:
@@ -142,20 +165,20 @@ class _Request:
 
 
 class _Partition:
-    """One owned requests partition: its producer, its running requests and its uncommitted records."""
+    """One owned requests partition: its transaction, its running requests and its uncommitted records."""
 
     def __init__(
-        self, ingest: Ingest, tp: TopicPartition, producer: AIOKafkaProducer, restored: _Restored
+        self, ingest: Ingest, tp: TopicPartition, transaction: Transaction, restored: _Restored
     ) -> None:
         self.ingest = ingest
         self.tp = tp
-        self.producer = producer
+        self.transaction = transaction
         self.restored = restored
         self.running: dict[int, _Request] = {}  # by offset
         self.by_id: dict[str, _Request] = {}
         self.early_cancels: dict[str, None] = {}  # in arrival order, oldest first
         self.pending: list[_Outgoing] = []
-        self.next_offset: int | None = None  # past the last record read
+        self.next_offset: int | None = None  # past the last record read; earlier ones are skipped
         self.committed: int | None = None
         self.lock = asyncio.Lock()
 
@@ -190,38 +213,24 @@ class _Partition:
             records, self.pending = self.pending, []  # taken with the offset, without an await between
             if not records and offset == self.committed:
                 return
-            await self.producer.begin_transaction()
             try:
                 for index, record in enumerate(records):
                     if record.request is not None and record.request.failed:
                         continue  # its request ended at an earlier record of this batch
                     try:
-                        await self._send(record)
-                    except (MessageSizeTooLargeError, TypeError, ValueError) as exc:
+                        await self.transaction.send(record.record())
+                    except (RecordTooLargeError, TypeError, ValueError) as exc:
                         # Refused before it joined the transaction: only its request ends.
                         for replacement in self.ingest.record_refused(
                             self, record, records[index + 1 :], exc
                         ):
-                            await self._send(replacement)
-                if offset is not None and offset != self.committed:
-                    await self.producer.send_offsets_to_transaction(
-                        {self.tp: offset}, self.ingest.settings.group_id
-                    )
-                await self.producer.commit_transaction()
+                            await self.transaction.send(replacement.record())
+                offsets = {self.tp: offset} if offset is not None and offset != self.committed else {}
+                await self.transaction.commit((), offsets)
             except BaseException:
-                with contextlib.suppress(Exception):
-                    await self.producer.abort_transaction()
+                await self.transaction.abort()  # logs, never raises: the caller sees the first error
                 raise
             self.committed = offset
-
-    async def _send(self, record: _Outgoing) -> None:
-        await self.producer.send(
-            record.topic,
-            value=record.value,
-            key=record.key,
-            partition=record.partition,
-            headers=list(record.headers) or None,
-        )
 
 
 class Ingest:
@@ -230,7 +239,11 @@ class Ingest:
         self.connection = connection
         self.partitions: dict[TopicPartition, _Partition] = {}
         self._stop = asyncio.Event()
-        self._consumer: AIOKafkaConsumer | None = None
+        self._kafka: KafkaClient | None = None
+        self._consumer: GroupConsumer | None = None
+        self._restorer: RangeReader | None = None
+        self._opening = asyncio.Lock()  # an assignment and a reopen never open one partition twice
+        self._next_reopen_at = 0.0
         self._client: VllmClient | None = None
         self._slots = asyncio.Semaphore(settings.max_inflight)  # one per open generate stream or call
         self._held = 0  # requests read and not ended (generating or waiting for a slot)
@@ -261,27 +274,53 @@ class Ingest:
                 generate_timeout_s=s.generate_timeout_s,
                 headers_timeout_s=s.headers_timeout_s,
             )
-            self._consumer = self.connection.consumer(
-                group_id=s.group_id,
-                auto_offset_reset="earliest",
-                session_timeout_ms=s.session_timeout_ms,
-                max_poll_interval_ms=300_000,
-            )
-            self._consumer.subscribe([s.requests_topic], listener=_Listener(self))
-            await self._consumer.start()
-            committer = asyncio.create_task(self._commit_loop())
+            self._kafka = self.connection.client(s.kafka_client)
+            self._restorer = RangeReader(self._kafka, self.connection.reader_config("restore"))
+            committer: asyncio.Task[None] | None = None
             try:
+                await self._restorer.start()
+                self._consumer = self._kafka.consumer(self._consumer_config())
+                await self._consumer.start()
+                self._consumer.subscribe(
+                    [s.requests_topic],
+                    on_assign=self._partitions_assigned,
+                    on_revoke=self._partitions_revoked,
+                    on_lost=self._partitions_lost,
+                )
+                committer = asyncio.create_task(self._commit_loop())
                 await self._poll_loop()
                 await self._drain()
             finally:
-                committer.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await committer
+                if committer is not None:
+                    committer.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await committer
                 await self._shutdown()
         if self.failed is not None:
             log.error("ingest stopped: %r", self.failed)
             return 1
         return 0
+
+    def _consumer_config(self) -> ConsumerConfig:
+        s = self.settings
+        # aiokafka has no cooperative assignor: its own eager default, without the fallback warning.
+        strategy = (
+            AssignmentStrategy.ROUNDROBIN
+            if s.kafka_client is ClientKind.AIOKAFKA
+            else AssignmentStrategy.COOPERATIVE_STICKY
+        )
+        return ConsumerConfig(
+            bootstrap_servers=self.connection.bootstrap_servers,
+            client_id=self.connection.client_id,
+            group_id=s.group_id,
+            session_timeout_ms=s.session_timeout_ms,
+            rebalance_timeout_ms=REBALANCE_TIMEOUT_MS,
+            heartbeat_interval_ms=max(100, min(s.session_timeout_ms // 4, HEARTBEAT_INTERVAL_MS)),
+            max_poll_records=s.max_inflight + s.max_backlog,
+            metadata_max_age_ms=METADATA_MAX_AGE_MS,
+            security=self.connection.security,
+            assignment_strategy=strategy,
+        )
 
     async def _poll_loop(self) -> None:
         assert self._consumer is not None
@@ -291,36 +330,46 @@ class Ingest:
             # the backlog's bounds.
             room = s.max_inflight + s.max_backlog - self._held
             self._set_paused(room <= 0 or self._held_bytes >= s.max_backlog_bytes)
-            if self._paused:
-                await asyncio.sleep(0.01)
-                continue
-            batches = await self._consumer.getmany(timeout_ms=100, max_records=room)
+            batches = await self._consumer.poll(PAUSED_POLL_MS if self._paused else POLL_MS, max(1, room))
             for tp, records in batches.items():
                 partition = self.partitions.get(tp)
-                if partition is None:  # fetched while its assignment is still being opened: again later
-                    if records:
-                        self._consumer.seek(tp, records[0].offset)
+                if partition is None:  # not ours any more, or not open yet: its opening seeks
                     continue
                 for record in records:
-                    if self._held_bytes >= s.max_backlog_bytes:  # the rest is read again once resumed
-                        self._consumer.seek(tp, record.offset)
+                    if partition.next_offset is not None and record.offset < partition.next_offset:
+                        continue  # fetched before a seek back (see GroupConsumer.poll)
+                    if self._paused or self._held_bytes >= s.max_backlog_bytes:
+                        # Fetched before the pause took effect, or past the bytes: read again later.
+                        with contextlib.suppress(PartitionNotAssignedError):  # revoked meanwhile
+                            self._consumer.seek(tp, record.offset)
                         break
                     partition.next_offset = record.offset + 1
                     # W3C trace context of the request record, and its time for the worker's TTFT.
                     trace = (*propagated(record.headers), request_start_header(record.timestamp))
                     self._handle(partition, record.offset, record.key, record.value, trace)
+            await self._reopen()
 
     def _set_paused(self, paused: bool) -> None:
         assert self._consumer is not None
         if paused == self._paused:
             return
         self._paused = paused
-        assigned = list(self._consumer.assignment())
+        for tp in self._consumer.assignment():
+            if paused:
+                self._consumer.pause(tp)
+            else:
+                self._consumer.resume(tp)
         if paused:
-            self._consumer.pause(*assigned)
             log.info("pausing the requests topic: %d requests (%d bytes) held", self._held, self._held_bytes)
-        else:
-            self._consumer.resume(*assigned)
+
+    async def _reopen(self) -> None:
+        """Open assigned partitions whose opening failed (a restore that timed out, a broker away)."""
+        if self._consumer is None or time.monotonic() < self._next_reopen_at:
+            return
+        self._next_reopen_at = time.monotonic() + REOPEN_INTERVAL_S
+        missing = self._consumer.assignment() - set(self.partitions)
+        if missing:
+            await self._partitions_assigned(missing)
 
     async def _commit_loop(self) -> None:
         interval = self.settings.commit_interval_ms / 1000
@@ -349,8 +398,12 @@ class Ingest:
         """Abort what still runs (the attempt rule covers it), commit, leave the group."""
         for partition in list(self.partitions.values()):
             await self._close_partition(partition, commit=self.failed is None)
-        if self._consumer is not None:
-            await self._consumer.stop()
+        for client in (self._consumer, self._restorer):
+            if client is not None:
+                try:
+                    await client.stop()
+                except Exception as exc:  # noqa: BLE001 - closing goes on; the failure is logged
+                    log.warning("closing %r failed: %r", client, exc)
 
     # --- records -------------------------------------------------------------------------------------
 
@@ -509,7 +562,7 @@ class Ingest:
         log.warning("request %s: a record was refused by the producer (%r), the request ends", rid, exc)
         code, kind = (
             (413, "PayloadTooLargeError")
-            if isinstance(exc, MessageSizeTooLargeError)
+            if isinstance(exc, RecordTooLargeError)
             else (500, "InternalServerError")
         )
         error = _error(code, f"an answer record of this request could not be sent: {exc}", kind)
@@ -723,23 +776,57 @@ class Ingest:
 
     # --- partitions ----------------------------------------------------------------------------------
 
+    async def _partitions_assigned(self, assigned: Partitions) -> None:
+        async with self._opening:
+            for tp in sorted(assigned):
+                if tp in self.partitions or self._consumer is None or tp not in self._consumer.assignment():
+                    continue
+                try:
+                    await self.open_partition(tp)
+                except Exception as exc:  # noqa: BLE001 - reopened by the poll loop (_reopen)
+                    log.warning("opening requests partition %d failed, will retry: %r", tp.partition, exc)
+                    continue
+                opened = self.partitions.get(tp)
+                if opened is not None and tp not in self._consumer.assignment():
+                    # Revoked while it opened (a reopen runs beside aiokafka's rebalance): not ours.
+                    await self._close_partition(opened, commit=False)
+
+    async def _partitions_revoked(self, revoked: Partitions) -> None:
+        for tp in revoked:
+            partition = self.partitions.get(tp)
+            if partition is not None:
+                await self._close_partition(partition, commit=True)
+
+    async def _partitions_lost(self, lost: Partitions) -> None:
+        """Gone already (session expired): nothing of theirs may commit; the next owner resumes them."""
+        for tp in lost:
+            partition = self.partitions.get(tp)
+            if partition is not None:
+                await self._close_partition(partition, commit=False)
+
     async def open_partition(self, tp: TopicPartition) -> None:
         s = self.settings
-        producer = self.connection.producer(transactional_id=s.transactional_id(tp.partition), linger_ms=0)
-        await producer.start()  # init_transactions: fences the last owner, aborts its open transaction
-        assert self._consumer is not None
+        assert self._kafka is not None and self._consumer is not None
+        transactional_id = s.transactional_id(tp.partition)
+        config = self.connection.producer_config(f"{self.connection.client_id}-{transactional_id}")
+        transaction = Transaction(
+            self._kafka.transactional_producer(config, transactional_id), self._consumer.group_id_metadata
+        )
         try:
-            # Not aiokafka's committed() and position: see fetch_committed.
-            committed = await fetch_committed(self._consumer._coordinator, s.group_id, tp)
-            if committed is not None:
-                self._consumer.seek(tp, committed)
-            restored = await self._restore(tp, committed or 0)
+            await transaction.start()  # init_transactions: fences the last owner, aborts its open transaction
+            committed = await self._consumer.committed(tp)
+            start = committed if committed is not None else await self._consumer.beginning_offset(tp)
+            restored = await self._restore(tp, start)
+            self._consumer.seek(tp, start)  # records fetched before are skipped by offset
         except BaseException:
-            await producer.stop()
+            await transaction.close()
             raise
-        partition = _Partition(self, tp, producer, restored)
+        partition = _Partition(self, tp, transaction, restored)
         partition.committed = committed
+        partition.next_offset = start
         self.partitions[tp] = partition
+        if self._paused:  # a full backlog pauses every partition, also one assigned since
+            self._consumer.pause(tp)
         log.info(
             "requests partition %d from offset %s: %d started and %d done requests in its tail",
             tp.partition,
@@ -750,27 +837,20 @@ class Ingest:
 
     async def _restore(self, tp: TopicPartition, start: int) -> _Restored:
         """Read the partition from ``start`` to its end: the markers and cancels of the attempt rule."""
+        assert self._restorer is not None
         restored = _Restored()
-        scanner = self.connection.consumer()
-        await scanner.start()
-        try:
-            scanner.assign([tp])
-            scanner.seek(tp, start)
-            end = (await scanner.end_offsets([tp]))[tp]
-            while await scanner.position(tp) < end:
-                batches = await scanner.getmany(tp, timeout_ms=200)
-                for record in batches.get(tp, ()):
-                    with contextlib.suppress(orjson.JSONDecodeError, ValidationError):
-                        raw = orjson.loads(record.value or b"")
-                        if isinstance(raw, dict) and "ingest" in raw:
-                            marker = IngestMarker.model_validate(raw)
-                            (restored.started if marker.ingest == "started" else restored.done).add(
-                                marker.request_id
-                            )
-                        elif isinstance(raw, dict) and "cancel" in raw:
-                            restored.cancelled.add(CancelRecord.model_validate(raw).request_id)
-        finally:
-            await scanner.stop()
+        end = (await self._restorer.high_watermarks([tp]))[tp]
+        async for _tp, records in self._restorer.read({tp: (start, end)}):
+            for record in records:
+                with contextlib.suppress(orjson.JSONDecodeError, ValidationError):
+                    raw = orjson.loads(record.value or b"")
+                    if isinstance(raw, dict) and "ingest" in raw:
+                        marker = IngestMarker.model_validate(raw)
+                        (restored.started if marker.ingest == "started" else restored.done).add(
+                            marker.request_id
+                        )
+                    elif isinstance(raw, dict) and "cancel" in raw:
+                        restored.cancelled.add(CancelRecord.model_validate(raw).request_id)
         return restored
 
     async def _close_partition(self, partition: _Partition, *, commit: bool) -> None:
@@ -785,7 +865,8 @@ class Ingest:
             if commit:
                 await partition.commit(offset_floor=floor)
         finally:
-            await partition.producer.stop()
+            await partition.transaction.abort()
+            await partition.transaction.close()
 
 
 T = TypeVar("T")
@@ -854,22 +935,6 @@ def _first_error(exc: ValidationError) -> str:
     error = exc.errors()[0]
     where = ".".join(str(p) for p in error["loc"]) or "record"
     return f"{where}: {error['msg']}"
-
-
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, ingest: Ingest) -> None:
-        self.ingest = ingest
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        for tp in revoked:
-            partition = self.ingest.partitions.get(tp)
-            if partition is not None:
-                await self.ingest._close_partition(partition, commit=True)
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        for tp in assigned:
-            if tp not in self.ingest.partitions:
-                await self.ingest.open_partition(tp)
 
 
 # --- the command ------------------------------------------------------------------------------------

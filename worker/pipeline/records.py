@@ -15,8 +15,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO, TextIO
 
 import orjson
-from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
 
 from worker.assembly import Assembler, render_text
 from worker.pipeline.connection import (
@@ -24,8 +22,9 @@ from worker.pipeline.connection import (
     Connection,
     add_connection_arguments,
     require_topics,
-    topic_partitions,
 )
+from worker.runtime.kafka_client.aiokafka_plain import PlainClientError
+from worker.runtime.kafka_client.base import TopicPartition
 
 
 def record_key(value: Any) -> bytes | None:
@@ -88,14 +87,14 @@ async def produce_lines(
                 continue
             try:
                 pending.append((number, await producer.send(topic, value=raw, key=record_key(value))))
-            except KafkaError as exc:  # refused before sending: too large for the producer
+            except PlainClientError as exc:  # refused before sending: too large for the producer
                 failed += 1
                 print(f"produce: line {number}: not sent ({exc!r})", file=err)
         for number, future in pending:
             try:
                 await future
                 sent += 1
-            except KafkaError as exc:  # refused by the broker (the topic's max.message.bytes, ...)
+            except PlainClientError as exc:  # refused by the broker (the topic's max.message.bytes, ...)
                 failed += 1
                 print(f"produce: line {number}: not sent ({exc!r})", file=err)
     finally:
@@ -116,21 +115,21 @@ async def consume_records(
     max_records: int | None = None,
 ) -> int:
     """Print each committed record value as one line; without ``follow``, stop at the end seen at start."""
-    consumer = connection.consumer()
+    consumer = connection.reader("consume")
     await consumer.start()
     assembler = Assembler() if assemble else None
     count = 0
     try:
-        partitions = await topic_partitions(connection, topic)
+        count_of = (await require_topics(connection, topic))[topic]
+        partitions = [TopicPartition(topic, p) for p in range(count_of)]
         consumer.assign(partitions)
-        if from_beginning:
-            await consumer.seek_to_beginning(*partitions)
-        else:
-            await consumer.seek_to_end(*partitions)
-        ends: dict[TopicPartition, int] = await consumer.end_offsets(partitions)
-        pending = {tp for tp in partitions if await consumer.position(tp) < ends[tp]}
+        ends = await consumer.end_offsets(partitions)
+        starts = await consumer.beginning_offsets(partitions) if from_beginning else ends
+        for tp in partitions:
+            consumer.seek(tp, starts[tp])
+        pending = {tp for tp in partitions if starts[tp] < ends[tp]}
         while follow or pending:
-            batches = await consumer.getmany(timeout_ms=200)
+            batches = await consumer.fetch(partitions, 200)
             for records in batches.values():
                 for record in records:
                     if record.value is None:

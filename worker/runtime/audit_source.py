@@ -27,8 +27,14 @@ from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import AuditUsageError, ConfigurationError, KafkaClientError
 from worker.runtime.delivery import producer_config
 from worker.runtime.dlq_replay import parse_since
-from worker.runtime.kafka_client.aiokafka_backend import AiokafkaClient, AiokafkaReader
-from worker.runtime.kafka_client.base import OutgoingRecord, PartitionReader, TopicPartition
+from worker.runtime.kafka_client import make_client
+from worker.runtime.kafka_client.base import (
+    ClientKind,
+    OutgoingRecord,
+    PartitionReader,
+    ReaderConfig,
+    TopicPartition,
+)
 from worker.runtime.topics import partition_counts
 from worker.settings import (
     KafkaConnection,
@@ -180,7 +186,8 @@ async def _require_topics(
 
 
 def _consumer(settings: KafkaTopics, security: dict[str, Any]) -> PartitionReader:
-    return AiokafkaReader(settings.bootstrap_servers, f"{settings.client_id}-audit", security)
+    config = ReaderConfig(settings.bootstrap_servers, f"{settings.client_id}-audit", settings.security)
+    return make_client(ClientKind.AIOKAFKA, settings.security, security).reader(config)
 
 
 async def _offsets_at(
@@ -319,7 +326,8 @@ class Emitter:
         self.topic = topic
         self.sent = 0
         config = producer_config(settings, f"{settings.client_id}-audit-emit", EMIT_TRANSACTION_TIMEOUT_MS)
-        self._producer = AiokafkaClient(security).transactional_producer(config, f"derender-audit-{topic}")
+        client = make_client(ClientKind.AIOKAFKA, settings.security, security)
+        self._producer = client.transactional_producer(config, f"derender-audit-{topic}")
         self._open = False
 
     async def start(self) -> None:

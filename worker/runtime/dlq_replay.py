@@ -44,12 +44,15 @@ from pydantic import ValidationError
 from schemas.envelope import DeadLetterRecord
 from worker.errors import ConfigurationError, DeliveryFailedError, ReplayError
 from worker.runtime.delivery import producer_config
-from worker.runtime.kafka_client.aiokafka_backend import AiokafkaProducer, AiokafkaReader
+from worker.runtime.kafka_client import make_client
 from worker.runtime.kafka_client.base import (
+    ClientKind,
     ConsumedRecord,
     OutgoingRecord,
     PartitionReader,
+    Producer,
     ProducerConfig,
+    ReaderConfig,
     TopicPartition,
 )
 from worker.runtime.kafka_security import KafkaSecurity
@@ -204,8 +207,9 @@ async def replay_dead_letters(options: ReplayOptions, out: TextIO | None = None)
     report = ReplayReport(dry_run=options.dry_run)
     security = options.security.client_kwargs()
     # Reads by explicit offsets and commits nothing: the DLQ is left as it is.
-    consumer = AiokafkaReader(options.bootstrap_servers, options.client_id, security)
-    producer: AiokafkaProducer | None = None
+    client = make_client(ClientKind.AIOKAFKA, options.security, security)
+    consumer = client.reader(ReaderConfig(options.bootstrap_servers, options.client_id, options.security))
+    producer: Producer | None = None
     await consumer.start()
     try:
         partitions = await _partition_count(options, security)
@@ -216,7 +220,7 @@ async def replay_dead_letters(options: ReplayOptions, out: TextIO | None = None)
             consumer.seek(tp, starts[tp])
         if not options.dry_run:
             # Idempotent: a retried send is not written twice.
-            producer = AiokafkaProducer(options.producer, security)
+            producer = client.producer(options.producer)
             await producer.start()
         await _copy(
             consumer, producer, {tp for tp in tps if starts[tp] < ends[tp]}, ends, options, report, out
@@ -230,7 +234,7 @@ async def replay_dead_letters(options: ReplayOptions, out: TextIO | None = None)
 
 async def _copy(
     consumer: PartitionReader,
-    producer: AiokafkaProducer | None,
+    producer: Producer | None,
     pending: set[TopicPartition],
     ends: dict[TopicPartition, int],
     options: ReplayOptions,
@@ -270,7 +274,7 @@ async def _copy(
 
 async def _replay_one(
     record: ConsumedRecord,
-    producer: AiokafkaProducer | None,
+    producer: Producer | None,
     options: ReplayOptions,
     report: ReplayReport,
     out: TextIO,

@@ -230,6 +230,9 @@ class AiokafkaConsumer:
     def pause(self, tp: TopicPartition) -> None:
         self._consumer.pause(_atp(tp))
 
+    def resume(self, tp: TopicPartition) -> None:
+        self._consumer.resume(_atp(tp))
+
     def paused(self) -> Partitions:
         return _ours(self._consumer.paused())
 
@@ -612,3 +615,66 @@ def parse_max_message_bytes(responses: list[Any]) -> dict[str, int | None]:
                 )
             limits[name] = value
     return limits
+
+
+async def broker_problem(bootstrap: str, timeout_ms: int = 5000) -> str | None:
+    """``None`` when a client can bootstrap and sees a broker, else why not."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    try:
+        await admin.start()
+        cluster = await admin.describe_cluster()
+        return None if cluster.get("brokers") else "no brokers in the cluster metadata"
+    except Exception as exc:  # noqa: BLE001 - any connection error means "not (yet)"
+        return repr(exc)
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+
+async def delete_topics_and_group(
+    bootstrap: str, topics: Sequence[str], group: str, timeout_ms: int = 10_000
+) -> None:
+    """Delete ``topics``, then the (empty) consumer group ``group``; the group's deletion may fail."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    await admin.start()
+    try:
+        await admin.delete_topics(list(topics), timeout_ms=timeout_ms)
+        # aiokafka has no public delete_consumer_groups, hence the raw request.
+        with contextlib.suppress(Exception):
+            from aiokafka.protocol.admin import DeleteGroupsRequest
+
+            await admin._send_request(DeleteGroupsRequest([group]), await admin.find_coordinator(group))
+    finally:
+        await admin.close()
+
+
+def _assigned_partitions(raw: bytes) -> list[int]:
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+    if not raw:
+        return []
+    assignment = ConsumerProtocolMemberAssignment.decode(raw)
+    return sorted(p for _topic, partitions in assignment.assignment for p in partitions)
+
+
+class GroupView:
+    """The broker's view of a classic consumer group: its state and each member's partitions."""
+
+    def __init__(self, bootstrap: str, timeout_ms: int = 5000) -> None:
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+
+    async def start(self) -> None:
+        with mapped_errors():
+            await self._admin.start()
+
+    async def members(self, group: str) -> tuple[str, dict[str, list[int]]]:
+        """The group's state and each member's client id -> assigned partitions."""
+        with mapped_errors():
+            response = (await self._admin.describe_consumer_groups([group]))[0]
+        # DescribeGroupsResponse group: (error_code, group, state, protocol_type, protocol, members, ...)
+        _error, _name, state, _ptype, _protocol, members = response.groups[0][:6]
+        # member: (member_id, client_id, client_host, member_metadata, member_assignment)
+        return str(state), {str(m[1]): _assigned_partitions(m[4]) for m in members}
+
+    async def stop(self) -> None:
+        await self._admin.close()

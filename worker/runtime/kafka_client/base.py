@@ -88,8 +88,14 @@ class ClientKind(enum.Enum):
     CONFLUENT = "confluent"
 
 
+def transactional_id(group_id: str, topic: str, owner: int | str) -> str:
+    """A transactional producer's id, for the input partition (or the worker) ``owner`` of ``topic``
+    in ``group_id``: stable across restarts, so a new producer with it fences the last one."""
+    return f"{group_id}-{topic}-{owner}"
+
+
 class TransactionalIdMode(enum.Enum):
-    # One transactional producer per input partition, id "{group}-{topic}-{partition}": the next
+    # One transactional producer per input partition (``transactional_id``), so the next
     # owner's init_transactions fences the last one. Works without KIP-447 (aiokafka, Redpanda).
     PER_PARTITION = "per-partition"
     # One per worker; zombies are fenced by the group generation in the offsets (KIP-447).
@@ -190,6 +196,9 @@ class GroupConsumer(Protocol):
         """Next record of ``tp`` to fetch; ``PartitionNotAssignedError`` if ``tp`` is not assigned."""
 
     def pause(self, tp: TopicPartition) -> None: ...
+
+    def resume(self, tp: TopicPartition) -> None:
+        """Fetch ``tp`` again; a partition still being opened stays paused until it is open."""
 
     def paused(self) -> Partitions: ...
 

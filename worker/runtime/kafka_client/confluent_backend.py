@@ -300,7 +300,7 @@ class ConfluentConsumer:
         self._wake_thread = _Thread("kafka-consumer-wake")  # see _wake_fetchers
         self._closing = False  # no more wake-ups: close() must neither wait for one nor meet one
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._paused: Partitions = set()  # by the worker (a tripped breaker)
+        self._paused: Partitions = set()  # by the caller (a tripped breaker, a full backlog)
         self._assigned: Partitions = set()
         self._opening: Partitions = set()  # assigned (paused) by the callback, not open yet
         self._fatal: KafkaClientError | None = None
@@ -463,6 +463,12 @@ class ConfluentConsumer:
     def pause(self, tp: TopicPartition) -> None:
         self._consumer.pause([_lib(tp)])
         self._paused.add(tp)
+
+    def resume(self, tp: TopicPartition) -> None:
+        self._paused.discard(tp)
+        if tp in self._assigned and tp not in self._opening:  # an opening one resumes once open
+            self._consumer.resume([_lib(tp)])
+            self._wake_fetchers(self._consumer, {tp})
 
     def paused(self) -> Partitions:
         return set(self._paused)
