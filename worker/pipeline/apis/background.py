@@ -81,7 +81,7 @@ class BackgroundResponses:
             if sent:
                 log.info("background response %s: taken over, its chunks are read back", response_id)
                 tail = await stack.enter_async_context(
-                    OutputTail(self.source.connection, self.source.settings, since_ms)
+                    OutputTail(self.source.connection, self.source.settings, since_ms, sent)
                 )
                 return chunks(tail, response_id, chat)
         return self.source.chat(chat, trace, request_id=response_id, client=client)

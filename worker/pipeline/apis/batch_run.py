@@ -178,7 +178,7 @@ class BatchRun:
             tail = None
             if sent:
                 tail = await stack.enter_async_context(
-                    OutputTail(self.source.connection, self.source.settings, self.since_ms)
+                    OutputTail(self.source.connection, self.source.settings, self.since_ms, sent)
                 )
             status = await self._lines(total, sent, tail)
         if status is not None:

@@ -79,11 +79,17 @@ async def written(connection: Connection, topic: str, ids: Iterable[str], since_
 class OutputTail:
     """The output topic read from a time on, its records handed to the deliveries of followed requests."""
 
-    def __init__(self, connection: Connection, settings: GatewayOptions, since_ms: int) -> None:
+    def __init__(
+        self, connection: Connection, settings: GatewayOptions, since_ms: int, request_ids: Iterable[str]
+    ) -> None:
         self.connection = connection
         self.settings = settings
         self.since_ms = since_ms
-        self._mailboxes: dict[str, Mailbox] = {}
+        # Each request's records are kept from the first one read, whenever its reader comes.
+        self._mailboxes = {rid: self._mailbox() for rid in request_ids}
+
+    def _mailbox(self) -> Mailbox:
+        return Mailbox(self.settings.max_queued_bytes, lambda _: None, lambda: None)
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
 
@@ -103,14 +109,11 @@ class OutputTail:
             await self._consumer.stop()
 
     def follow(self, request_id: str, chat: JsonDict) -> Delivery:
-        """The delivery of ``request_id``, sent as ``chat``: its records from the tail's start on.
-        Call before the reader passes the request's first record (before the next await)."""
+        """The delivery of ``request_id`` (one of the tail's), sent as ``chat``: its records from the
+        tail's start on (a chat request is one stream, keyed by its id)."""
         admitted = admit_body(orjson.dumps(chat), "chat", self.settings)
-        mailbox = Mailbox(self.settings.max_queued_bytes, lambda _: None, lambda: None)
-        delivery = Delivery(request_id, admitted, mailbox, self.settings.request_timeout_s)
-        for key in delivery.stream_ids:
-            self._mailboxes[key] = mailbox
-        return delivery
+        mailbox = self._mailboxes.setdefault(request_id, self._mailbox())
+        return Delivery(request_id, admitted, mailbox, self.settings.request_timeout_s)
 
     def unfollow(self, delivery: Delivery) -> None:
         for key in delivery.stream_ids:
