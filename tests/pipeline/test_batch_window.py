@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -32,22 +33,27 @@ BAD_LINE = 17  # not JSON: its answer is an error line
 class DelayedChat:
     """Answers every chat after a random few milliseconds; counts the requests open at once."""
 
-    def __init__(self, **settings: Any) -> None:
+    def __init__(self, max_delay_s: float = 0.004, **settings: Any) -> None:
+        self.max_delay_s = max_delay_s
         self.settings = GatewayOptions(allow_no_api_key=True, batch_window=WINDOW, **settings)
         self.connection: Connection = None  # type: ignore[assignment]  # a fresh batch reads nothing back
         self.closing = False
         self.open = 0
         self.peak_open = 0
         self.asked: list[str] = []
+        self.topic: list[tuple[str, bytes]] = []  # the batch topic's log, to place each send in it
+        self.sends: list[tuple[int, int, int]] = []  # (line, time in ms, records on the topic before it)
 
     async def chat(
         self, body: JsonDict, trace: Headers, request_id: str | None = None, client: str = "-"
     ) -> AsyncGenerator[JsonDict, None]:
         self.asked.append(str(request_id))
+        line = int(str(request_id).rsplit("-", 1)[1])
+        self.sends.append((line, int(time.time() * 1000), len(self.topic)))
         self.open += 1
         self.peak_open = max(self.peak_open, self.open)
         try:
-            await asyncio.sleep(random.uniform(0, 0.004))
+            await asyncio.sleep(random.uniform(0, self.max_delay_s))
             yield {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "choices": []}
         finally:
             self.open -= 1
@@ -156,3 +162,36 @@ def test_batches_past_the_cap_wait_validating_and_then_run() -> None:
     counts = {"total": 40, "completed": 39, "failed": 1}
     assert run_bounded(scenario(), 60) == [("completed", counts), ("completed", counts)]
     assert source.peak_open <= WINDOW  # one batch at a time
+
+
+def test_each_batch_record_bounds_which_lines_were_sent_and_since_when(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a takeover relies on: no line at or past ``submitted`` was sent before the record saying so,
+    and every line sent and not yet in the files was sent at or after ``since_ms``."""
+    monkeypatch.setattr(batch_run, "FLUSH_EVERY_S", 0.01)  # many records while lines are in flight
+    source = DelayedChat(max_delay_s=0.03)  # lines sent milliseconds apart
+    gateway = Gateway(source, {"file-in": input_file(LINES // 3)})
+    source.topic = gateway.store.log
+
+    async def scenario() -> str:
+        async with serving_app(gateway.app) as port, aiohttp.ClientSession() as session:
+            created = await gateway.create(session, port, "file-in")
+            done = await gateway.finished(session, port, created["id"])
+            assert done["status"] == "completed"
+            return str(created["id"])
+
+    batch_id = run_bounded(scenario(), 60)
+    records = [
+        (position, orjson.loads(value)["run"])
+        for position, (key, value) in enumerate(gateway.store.log)
+        if key == f"batch:{batch_id}"
+    ]
+    assert len(source.sends) == LINES // 3 - 1
+    for line, _, before in source.sends:
+        latest = [run for position, run in records if position < before][-1]
+        assert line < latest["submitted"]
+    for position, run in records:
+        for line, at_ms, before in source.sends:
+            if before <= position and run["flushed"] <= line < run["submitted"]:
+                assert at_ms >= run["since_ms"], (line, run)

@@ -128,6 +128,6 @@ def test_a_killed_replicas_background_response_and_batch_are_completed_by_anothe
     assert done_items == [item.id for item in response.output]
     # The second replica took both over, reading back what the first had sent.
     assert pipeline.gateway is not None
-    log = pipeline.gateway.log_tail()
+    log = pipeline.gateway.log_tail(100_000)
     assert f"batch:{batch.id}: taken over" in log and f"background response {job.id}: taken over" in log
     assert "line(s) sent before the takeover are read back" in log

@@ -3,8 +3,10 @@
 Line ``i`` is the chat request ``<batch id>-<i>``. At most ``--batch-window`` lines are in flight, all of them
 within ``--batch-window`` lines of the first unanswered one, so a run holds at most that many lines and
 answers. Answers are appended in input order to the output and error files' current chunk
-(``file:<id>:<n>``, the files' ids chosen when the batch is made); each chunk is written when it is full or
-at the next progress write (every ``FLUSH_EVERY_S``), and the batch record then says how far the files go.
+(``file:<id>:<n>``, the files' ids chosen when the batch is made) as soon as the lines before them are
+answered; each chunk is written when it is full or at the next progress write (every ``FLUSH_EVERY_S``),
+and the batch record then says how far the files go. A run holds at most the window's lines and answers
+plus, per file, one chunk not yet written.
 
 The batch record's ``run`` is what another replica needs to resume: ``flushed`` (lines before it are in the
 files), ``submitted`` (no line from it on was ever sent: it is written before a line past it is sent) and
@@ -92,23 +94,23 @@ class _File:
         self.chunk_bytes = chunk_bytes
         self.buffer: list[bytes] = []
         self.buffered = 0
+        self.buffered_lines = 0
 
-    def add(self, line: bytes) -> bool:
-        """Buffer a line; True when the chunk is full and should be written."""
+    def add(self, line: bytes) -> None:
         self.buffer.append(line + b"\n")
         self.buffered += len(line) + 1
-        self.state["lines"] += 1
-        return self.buffered >= self.chunk_bytes
+        self.buffered_lines += 1
 
     def take(self) -> tuple[int, bytes] | None:
         """The chunk to write (its number and bytes), counted as written."""
         if not self.buffer:
             return None
         chunk = b"".join(self.buffer)
-        self.buffer, self.buffered = [], 0
         n = self.state["chunks"]
         self.state["chunks"] += 1
         self.state["bytes"] += len(chunk)
+        self.state["lines"] += self.buffered_lines
+        self.buffer, self.buffered, self.buffered_lines = [], 0, 0
         return n, chunk
 
 
@@ -131,6 +133,7 @@ class BatchRun:
 
     @property
     def held(self) -> int:
+        """Lines in flight, or answered and waiting for a line before them."""
         return len(self.pending) + len(self.inflight)
 
     def _meta(self) -> JsonDict:
@@ -157,9 +160,11 @@ class BatchRun:
         meta = self._meta()
         run = meta["run"]
         total = meta["request_counts"]["total"]
-        self.counts = dict(meta["request_counts"])
+        self.durable_counts = dict(meta["request_counts"])  # of the lines in the files' written chunks
+        self.counts = dict(self.durable_counts)  # of the lines appended to them
         self.files = (_File(run["output"], self.chunk_bytes), _File(run["errors"], self.chunk_bytes))
-        self.flushed = run["flushed"]
+        self.flushed = run["flushed"]  # lines before it are in written chunks
+        self.appended = self.flushed  # lines before it are in the files, written or buffered
         self.submitted = run["submitted"]
         self.since_ms = run["since_ms"]
         # Lines up to here may have been sent by an earlier holder, from since_ms on.
@@ -204,7 +209,7 @@ class BatchRun:
                 while (
                     not exhausted
                     and index < total
-                    and index < self.flushed + self.window
+                    and index < self.appended + self.window
                     and self.holding.may_act()
                 ):
                     # Stopping, only the lines an earlier holder sent are still read back.
@@ -222,18 +227,15 @@ class BatchRun:
                         return None
                     index += 1
                 self.peak_held = max(self.peak_held, self.held)
+                self._append_ready()
+                if self._a_chunk_is_full() and not await self._flush():
+                    return None
                 if not self.inflight:
                     if stopping or exhausted or index >= total:
                         break
-                    if not self.holding.may_act():
-                        if not await self.renew():
-                            return None
-                        continue
-                    # The window holds only answered lines (or lines that were no request): write them.
-                    if not await self._flush(contiguous_only=True):
+                    if not self.holding.may_act() and not await self.renew():
                         return None
-                    next_flush = time.monotonic() + FLUSH_EVERY_S
-                    continue
+                    continue  # the window moved on (answered lines, or lines that were no request)
                 timeout = max(0.0, next_flush - time.monotonic())
                 done, _ = await asyncio.wait(
                     set(self.inflight.values()), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
@@ -242,13 +244,14 @@ class BatchRun:
                     if task in done:
                         del self.inflight[i]
                         self.pending[i] = task.result()
+                self._append_ready()
                 if time.time() >= meta["expires_at"]:
                     for task in self.inflight.values():
                         task.cancel()  # the generation is cancelled upstream as its chat closes
                     self.inflight.clear()
                     return "expired"
-                if time.monotonic() >= next_flush or self._contiguous_full():
-                    if not await self._flush(contiguous_only=True):
+                if time.monotonic() >= next_flush or self._a_chunk_is_full():
+                    if not await self._flush():
                         return None
                     next_flush = time.monotonic() + FLUSH_EVERY_S
             if self._meta()["status"] == "cancelling":
@@ -261,7 +264,7 @@ class BatchRun:
         """The gateway is shutting down: it ends every open request (its flag; a stand-in has none)."""
         return bool(getattr(self.source, "closing", False))
 
-    def _contiguous_full(self) -> bool:
+    def _a_chunk_is_full(self) -> bool:
         return any(f.buffered >= f.chunk_bytes for f in self.files)
 
     async def _start(self, index: int, line: bytes, sent: set[str], tail: OutputTail | None) -> bool:
@@ -273,14 +276,14 @@ class BatchRun:
         if "error" in chat:
             self.pending[index] = chat
             return True
-        if index < self.submitted:
-            if request_id in sent and tail is not None:
-                self.sent_ms[index] = self.since_ms
-                self.inflight[index] = asyncio.create_task(self._read_back(tail, request_id, chat))
-                return True
-        else:
+        if index < self.recover_to and request_id in sent and tail is not None:
+            self.sent_ms[index] = self.recover_ms  # sent by an earlier holder, no earlier than this
+            self.inflight[index] = asyncio.create_task(self._read_back(tail, request_id, chat))
+            return True
+        # Every line sent is timed before it is sent: since_ms stays at or before each unflushed one's.
+        self.sent_ms[index] = int(time.time() * 1000)
+        if index >= self.submitted:
             self.submitted = min(self._meta()["request_counts"]["total"], index + self.window)
-            self.sent_ms.setdefault(index, int(time.time() * 1000))
             if not await self._write({}):
                 return False
         self.inflight[index] = asyncio.create_task(self._answer(request_id, chat))
@@ -298,20 +301,28 @@ class BatchRun:
             self.source.cancel(request_id)  # as the chat path does for a request that did not succeed
         return answer
 
-    async def _flush(self, contiguous_only: bool) -> bool:
-        """Append the answered lines to the files in input order (from ``flushed`` on while contiguous,
-        or all that are held), write the full or pending chunks, then the record. False when the lease
-        was lost or the gateway is shutting down (its answers may be the shutdown's errors)."""
+    def _append_ready(self) -> None:
+        """The answered lines from ``appended`` on, while contiguous, go into the files' buffers."""
+        while self.appended in self.pending:
+            self._append(self.appended)
+            self.appended += 1
+
+    def _append(self, index: int) -> None:
+        answer = self.pending.pop(index)
+        line, ok = output_line(self.custom.pop(index, None), index, answer)
+        self.counts["completed" if "error" not in answer else "failed"] += 1
+        self.files[0 if ok else 1].add(line)
+
+    async def _flush(self, with_gaps: bool = False) -> bool:
+        """Write the buffered chunks, then the record saying so (``with_gaps``: at the end, the answered
+        lines after a line never answered go too). False when the lease was lost or the gateway is
+        shutting down (its answers may be the shutdown's errors)."""
         if self._closing():
             return False
-        if contiguous_only:
-            while self.flushed in self.pending:
-                self._append(self.flushed)
-                self.flushed += 1
-        else:
+        if with_gaps:
             for index in sorted(self.pending):
                 self._append(index)
-            self.flushed = max(self.flushed, self.submitted)
+            self.appended = max(self.appended, self.submitted)
         if self.holding.due() and not await self.renew():
             return False
         for file in self.files:
@@ -319,14 +330,11 @@ class BatchRun:
             if taken is not None:
                 n, chunk = taken
                 await self.store.send(f"file:{file.state['id']}:{n}", chunk)
+        self.flushed = self.appended
+        self.durable_counts = dict(self.counts)
+        for index in [i for i in self.sent_ms if i < self.flushed]:
+            del self.sent_ms[index]
         return await self._write({})
-
-    def _append(self, index: int) -> None:
-        answer = self.pending.pop(index)
-        self.sent_ms.pop(index, None)
-        line, ok = output_line(self.custom.pop(index, None), index, answer)
-        self.counts["completed" if "error" not in answer else "failed"] += 1
-        self.files[0 if ok else 1].add(line)
 
     async def _write(self, changes: JsonDict) -> bool:
         """The batch record with this run's progress and a fresh lease; False when the lease was lost."""
@@ -348,7 +356,7 @@ class BatchRun:
         record = {
             **meta,
             **changes,
-            "request_counts": dict(self.counts),
+            "request_counts": dict(self.durable_counts),
             "run": run,
             "lease": self.holding.field(),
         }
@@ -359,7 +367,7 @@ class BatchRun:
 
     async def _finish(self, status: str) -> None:
         """The answers held go out in input order, the files' metadata is written, then the status."""
-        if not await self._flush(contiguous_only=status == "completed"):
+        if not await self._flush(with_gaps=status != "completed"):
             return
         state: JsonDict = {"finalizing_at": int(time.time())}
         for file, field, name in zip(
