@@ -126,13 +126,13 @@ class BackgroundResponses:
                         holding.lost = True
             log.info("background response %s: its lease was taken over; no longer written here", response_id)
 
-        chat = {**record["run"]["chat"], "messages": chat_messages}
         renewer = asyncio.create_task(renew())
         written_at = 0.0
         loop = asyncio.get_running_loop()
         try:
             async with contextlib.AsyncExitStack() as stack:
-                client = record["run"]["client"]
+                chat = {**record["run"]["chat"], "messages": chat_messages}
+                client = str(record["run"]["client"])
                 answers = await self._answers(stack, response_id, chat, client, trace, since_ms)
                 async with contextlib.aclosing(answers):  # type: ignore[type-var]
                     first = await anext(answers, None)
@@ -170,7 +170,10 @@ class BackgroundResponses:
                     and isinstance(record.get("run"), dict)
                     and expired(record, now)
                 ):
-                    await self._claim(response_id, record)
+                    try:
+                        await self._claim(response_id, record)
+                    except Exception as exc:  # noqa: BLE001 (Kafka unavailable: the next round tries again)
+                        log.warning("background response %s: could not be claimed: %r", response_id, exc)
 
     async def _claim(self, response_id: str, record: JsonDict) -> None:
         lease = lease_of(record)

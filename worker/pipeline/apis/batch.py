@@ -375,7 +375,10 @@ class BatchApi:
                     and isinstance(batch.get("run"), dict)
                     and expired(batch, now)
                 ):
-                    await self._claim(key, batch)
+                    try:
+                        await self._claim(key, batch)
+                    except Exception as exc:  # noqa: BLE001 (Kafka unavailable: the next round tries again)
+                        log.warning("batch %s: could not be claimed: %r", key, exc)
 
     async def _claim(self, key: str, batch: JsonDict) -> None:
         lease = lease_of(batch)

@@ -53,7 +53,8 @@ def same_lease(record: JsonDict | None, other: JsonDict) -> bool:
 
 def expired(record: JsonDict, now: float) -> bool:
     lease = lease_of(record)
-    return lease is not None and float(lease.get("until", 0)) < now
+    until = lease.get("until") if lease is not None else None
+    return isinstance(until, int | float) and until < now
 
 
 @dataclass
