@@ -72,8 +72,8 @@ class BatchStore(CompactedTable):
     def __init__(self, connection: Connection, topic: str) -> None:
         super().__init__(connection, topic)
         self.meta: dict[str, JsonDict] = {}  # "file:<id>" / "batch:<id>" -> latest value
-        # file id -> the partition and offset of each of its chunks (the latest of each key): 16 bytes a
-        # chunk, so a download seeks to its chunks instead of reading the topic.
+        # file id -> the partition and offset of each of its chunks (the latest of each key), under 200
+        # bytes a chunk, so a download seeks to its chunks instead of reading the topic.
         self.chunk_index: dict[str, dict[int, tuple[int, int]]] = {}
 
     def place(self, key: bytes, partition: int, offset: int) -> None:
