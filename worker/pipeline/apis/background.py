@@ -16,7 +16,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from aiohttp import web
 
@@ -72,7 +72,7 @@ class BackgroundResponses:
         client: str,
         trace: Headers,
         since_ms: int | None,
-    ) -> AsyncIterator[JsonDict]:
+    ) -> AsyncGenerator[JsonDict, None]:
         """The chat's chunks: sent now, or (taken over, and sent before) read back from the output topic."""
         if since_ms is not None:
             sent = await written(
@@ -134,7 +134,7 @@ class BackgroundResponses:
                 chat = {**record["run"]["chat"], "messages": chat_messages}
                 client = str(record["run"]["client"])
                 answers = await self._answers(stack, response_id, chat, client, trace, since_ms)
-                async with contextlib.aclosing(answers):  # type: ignore[type-var]
+                async with contextlib.aclosing(answers):
                     first = await anext(answers, None)
                     if first is None:
                         first = {"error": {"message": "no answer", "code": 500}}

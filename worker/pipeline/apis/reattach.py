@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from types import TracebackType
 
 import orjson
@@ -140,7 +140,7 @@ async def one_answer(tail: OutputTail, request_id: str, chat: JsonDict) -> JsonD
         tail.unfollow(delivery)
 
 
-async def chunks(tail: OutputTail, request_id: str, chat: JsonDict) -> AsyncIterator[JsonDict]:
+async def chunks(tail: OutputTail, request_id: str, chat: JsonDict) -> AsyncGenerator[JsonDict, None]:
     """A streaming request's chunks (then possibly one ``{"error": ...}``) from the tail."""
     delivery = tail.follow(request_id, chat)
     try:
