@@ -24,6 +24,7 @@ from tests.pipeline_helpers import ONE_SHOT_CASE, Pipeline, case, comparable, re
 pytestmark = pytest.mark.kafka
 LINES = 240
 LEASE_S = 3
+WINDOW = 8
 
 
 @dataclass
@@ -43,7 +44,7 @@ def replicas(kafka_bootstrap: str) -> Iterator[Replicas]:
     stored = factory("responses", 3, config={"cleanup.policy": "compact"})
     extra = (
         *("--batch-topic", batches, "--responses-topic", stored),
-        *("--takeover-lease-s", str(LEASE_S), "--batch-window", "16"),
+        *("--takeover-lease-s", str(LEASE_S), "--batch-window", str(WINDOW)),
     )
     first = pipeline.start_gateway(*extra)
     first_url = pipeline.gateway_url
@@ -62,7 +63,7 @@ def sdk(url: str) -> openai.OpenAI:
 
 
 def input_file() -> bytes:
-    body = {**request_of(recording(ONE_SHOT_CASE)), "user": "fault:slow"}  # each line takes a while
+    body = {**request_of(recording(ONE_SHOT_CASE)), "user": "fault:slower"}  # each line takes a while
     rows = [
         {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
         for i in range(LINES)
@@ -85,13 +86,13 @@ def test_a_killed_replicas_background_response_and_batch_are_completed_by_anothe
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
     job = first.responses.create(
-        model="test-model", input=QUESTION, tools=RESPONSES_TOOLS, background=True, user="fault:slower"
-    )
+        model="test-model", input=QUESTION, tools=RESPONSES_TOOLS, background=True, user="fault:crawl"
+    )  # 2 s a chunk: it is still running whenever the batch is mid-run
 
     def mid_run() -> bool:
         counts = first.batches.retrieve(batch.id).request_counts
         running = first.responses.retrieve(job.id).status == "in_progress"
-        return running and counts is not None and 16 <= counts.completed < LINES // 2
+        return running and counts is not None and WINDOW <= counts.completed < LINES // 2
 
     until("the batch and the response mid-run on the first replica", mid_run, 60)
     replicas.first.kill()  # SIGKILL: no clean shutdown, no cancels
