@@ -1083,6 +1083,27 @@ class GatewayOptions(RequestsTopic, OutputTopic):
     responses_store_max_mb: int = Field(
         256, ge=1, description="MiB of stored responses each gateway keeps in memory (the oldest go first)"
     )
+    batch_window: int = Field(
+        32,
+        ge=1,
+        le=1024,
+        description=(
+            "lines of one batch in flight at once, all within this many lines of its first unanswered "
+            "one (what a running batch holds in memory)"
+        ),
+    )
+    batch_max_running: int = Field(
+        4, ge=1, le=256, description="batches one gateway runs at once; the others wait, 'validating'"
+    )
+    takeover_lease_s: float = Field(
+        30.0,
+        ge=3.0,
+        le=600.0,
+        description=(
+            "a background response or batch whose replica has not renewed its lease for this long is "
+            "taken over by another replica (renewed every third of it)"
+        ),
+    )
 
     @field_validator("served_model_names", "api_keys", "baggage_keys", mode="before")
     @classmethod

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import cast
 
 import aiohttp
 from aiohttp import web
 
 from tests.async_helpers import serving_app
-from worker.pipeline.apis.batch import BatchApi, BatchStore
+from tests.pipeline.memory_stores import MemoryBatchStore, MemoryResponsesStore
+from worker.pipeline.apis.batch import BatchApi
 from worker.pipeline.apis.chat_source import JsonDict
-from worker.pipeline.apis.responses_store import ResponsesStore
 from worker.pipeline.apis.routes import ResponsesApi
 from worker.pipeline.connection import Connection
 from worker.pipeline.gateway_edge import API_KEY_NAME
@@ -49,44 +47,6 @@ class RecordingChat:
         return NO_HEADERS
 
 
-class MemoryStore:
-    """The part of ``ResponsesStore`` the handlers use, in memory."""
-
-    def __init__(self) -> None:
-        self.records: OrderedDict[str, JsonDict] = OrderedDict()
-
-    async def put(self, response_id: str, record: JsonDict) -> None:
-        self.records[response_id] = record
-
-    async def get(self, response_id: str) -> JsonDict | None:
-        return self.records.get(response_id)
-
-    async def changed(self, within_s: float) -> None:
-        await asyncio.sleep(min(within_s, 0.05))
-
-
-class MemoryBatchStore:
-    """The part of ``BatchStore`` the batch handlers use, in memory."""
-
-    def __init__(self, files: dict[str, bytes]) -> None:
-        self.files = files
-        self.meta: dict[str, JsonDict] = {}
-
-    async def put_meta(self, key: str, value: JsonDict) -> None:
-        self.meta[key] = value
-
-    async def get_meta(self, key: str) -> JsonDict | None:
-        return self.meta.get(key)
-
-    async def read_file(self, file_id: str) -> bytes | None:
-        return self.files.get(file_id)
-
-    async def write_file(self, purpose: str, filename: str, content: bytes) -> JsonDict:
-        file_id = f"file-{len(self.files)}"
-        self.files[file_id] = content
-        return {"id": file_id}
-
-
 @web.middleware
 async def as_alice(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -100,11 +60,11 @@ async def first_client(path: str, body: JsonDict) -> tuple[int, str]:
     source = RecordingChat()
     app = web.Application(middlewares=[as_alice])
     if path == "/v1/responses":
-        app.router.add_post(path, ResponsesApi(source, cast(ResponsesStore, MemoryStore())).create)
+        app.router.add_post(path, ResponsesApi(source, MemoryResponsesStore()).create)
     else:
         lines = b'{"custom_id": "a", "body": {"model": "m", "messages": []}}\n'
         store = MemoryBatchStore({"file-in": lines})
-        app.router.add_post(path, BatchApi(source, cast(BatchStore, store)).create_batch)
+        app.router.add_post(path, BatchApi(source, store).create_batch)
     async with serving_app(app) as port:
         url = f"http://127.0.0.1:{port}{path}"
         async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
@@ -132,7 +92,7 @@ def test_a_stalled_batch_upload_ends_with_408_at_the_body_timeout() -> None:
 
     async def run() -> tuple[bytes, float]:
         app = web.Application()
-        app.router.add_post("/v1/files", BatchApi(source, cast(BatchStore, MemoryBatchStore({}))).create_file)
+        app.router.add_post("/v1/files", BatchApi(source, MemoryBatchStore()).create_file)
         async with serving_app(app) as port:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             head = (

@@ -5,7 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from worker.pipeline.apis.batch import output_line, window_seconds
+from worker.pipeline.apis.batch import window_seconds
+from worker.pipeline.apis.batch_run import output_line
 
 
 @pytest.mark.parametrize(

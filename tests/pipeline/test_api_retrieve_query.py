@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from typing import cast
 
 import aiohttp
 import pytest
 from aiohttp import web
 
 from tests.async_helpers import serving_app
-from tests.pipeline.test_api_admitted_client import MemoryStore, RecordingChat
-from worker.pipeline.apis.responses_store import ResponsesStore
+from tests.pipeline.memory_stores import MemoryResponsesStore
+from tests.pipeline.test_api_admitted_client import RecordingChat
 from worker.pipeline.apis.routes import ResponsesApi
 
 RESPONSE_ID = "resp_1"
@@ -23,12 +22,10 @@ EVENT = {"type": "response.completed", "sequence_number": 0, "response": DONE}
 
 
 async def retrieve(starting_after: str) -> tuple[int, str, bytes]:
-    store = MemoryStore()
+    store = MemoryResponsesStore()
     store.records = OrderedDict({RESPONSE_ID: {"response": DONE, "messages": [], "events": [EVENT]}})
     app = web.Application()
-    app.router.add_get(
-        "/v1/responses/{response_id}", ResponsesApi(RecordingChat(), cast(ResponsesStore, store)).retrieve
-    )
+    app.router.add_get("/v1/responses/{response_id}", ResponsesApi(RecordingChat(), store).retrieve)
     async with serving_app(app) as port:
         url = f"http://127.0.0.1:{port}/v1/responses/{RESPONSE_ID}"
         query = {"stream": "true", "starting_after": starting_after}

@@ -1,12 +1,11 @@
 """The Batch API on the chat path: ``/v1/files`` and ``/v1/batches``, kept in one compacted topic.
 
 Records, keyed so compaction keeps the latest of each: ``file:<id>`` (a file's metadata and chunk count),
-``file:<id>:<n>`` (its n-th chunk of at most ``CHUNK_BYTES``), ``batch:<id>`` (a batch's state). Each line
-of a batch's input file is one chat request on the requests topic, ``request_id`` ``<batch id>-<line>``;
-the replica that took the batch runs it (at most ``CONCURRENCY`` lines at once), writes progress into the
-batch record, and at the end the output and error files with one line per input line, in input order.
-Every replica keeps the file and batch *metadata* in memory (small); file contents are read from the topic
-when needed.
+``file:<id>:<n>`` (its n-th chunk of at most ``CHUNK_BYTES``), ``batch:<id>`` (a batch's state, with the
+lease and progress of the replica running it). Every replica keeps the file and batch *metadata* in
+memory, and where each chunk is (``BatchStore.chunk_index``), so a download or a batch reads only its own
+chunks. A replica runs at most ``--batch-max-running`` batches (``batch_run``); the others wait,
+``validating``; a batch whose replica died is taken over by another once its lease expires (``lease``).
 """
 
 from __future__ import annotations
@@ -14,28 +13,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import re
 import time
 import uuid
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
 from aiohttp import web
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from worker.pipeline.apis.batch_run import CHUNK_BYTES, FINAL, RUNNING, BatchRun, new_run
 from worker.pipeline.apis.chat_source import ChatSource, JsonDict
 from worker.pipeline.apis.compacted_table import CompactedTable
+from worker.pipeline.apis.lease import (
+    RENEWALS_PER_LEASE,
+    Holding,
+    accepts,
+    expired,
+    lease_of,
+    new_owner,
+    same_lease,
+)
 from worker.pipeline.connection import Connection
 from worker.pipeline.gateway_edge import ANONYMOUS, API_KEY_NAME
-from worker.runtime.tracing import NO_HEADERS
 
 log = logging.getLogger(__name__)
 
-CHUNK_BYTES = 512 * 1024
-CONCURRENCY = 32
 MAX_LINES = 50_000
 # A longer window is refused: its expires_at must fit the batch record (orjson's 64-bit integers).
 MAX_WINDOW_S = 30 * 24 * 3600
-FINAL = ("completed", "failed", "expired", "cancelled")
 _WINDOW = re.compile(r"^(\d+)(h|m|s)$")
 
 
@@ -58,44 +66,59 @@ def window_seconds(window: Any) -> int | None:
     return seconds if seconds <= MAX_WINDOW_S else None
 
 
-def output_line(custom_id: Any, line: int, answer: JsonDict) -> tuple[bytes, bool]:
-    """One line of the output (``True``) or error (``False``) file, as OpenAI's batch output has it."""
-    error = answer.get("error")
-    if error is None:
-        request_id = str(answer.get("id", ""))
-        response = {"status_code": 200, "request_id": request_id, "body": answer}
-        value = {"id": f"batch_req_{line}", "custom_id": custom_id, "response": response, "error": None}
-        return orjson.dumps(value), True
-    status = error.get("code") if isinstance(error.get("code"), int) else 500
-    response = {"status_code": status, "request_id": "", "body": {"error": error}}
-    value = {"id": f"batch_req_{line}", "custom_id": custom_id, "response": response, "error": None}
-    return orjson.dumps(value), False
-
-
 class BatchStore(CompactedTable):
+    """The batch topic as a table: every file's and batch's metadata, and where each file chunk is."""
+
     def __init__(self, connection: Connection, topic: str) -> None:
         super().__init__(connection, topic)
         self.meta: dict[str, JsonDict] = {}  # "file:<id>" / "batch:<id>" -> latest value
+        # file id -> the partition and offset of each of its chunks (the latest of each key), under 200
+        # bytes a chunk, so a download seeks to its chunks instead of reading the topic.
+        self.chunk_index: dict[str, dict[int, tuple[int, int]]] = {}
+
+    def place(self, key: bytes, partition: int, offset: int) -> None:
+        name = key.decode(errors="replace")
+        if name.count(":") != 2 or not name.startswith("file:"):
+            return
+        _, file_id, n = name.split(":")
+        if n.isdigit():
+            self.chunk_index.setdefault(file_id, {})[int(n)] = (partition, offset)
 
     def take(self, key: bytes | None, value: bytes | None) -> None:
         name = key.decode(errors="replace") if key else ""
         if name.count(":") != 1 or value is None:
-            return  # a chunk (read only when wanted) or a tombstone
+            return  # a chunk (placed in the index) or a tombstone
         with contextlib.suppress(orjson.JSONDecodeError):
             meta = orjson.loads(value)
             if isinstance(meta, dict):
                 self._keep(name, meta)
 
-    def _keep(self, key: str, value: JsonDict) -> None:
+    def _keep(self, key: str, value: JsonDict) -> bool:
+        """Whether ``value`` now stands for ``key`` (the lease rule, ``lease.accepts``, may refuse it)."""
         old = self.meta.get(key)
-        if old is not None and old.get("status") == "cancelling" and value.get("status") == "in_progress":
-            # A cancel wins over the runner's progress writes that raced it on the topic.
-            value = {**value, "status": "cancelling", "cancelling_at": old.get("cancelling_at")}
+        if old is not None and key.startswith("batch:"):
+            if value.get("status") == "cancelling" and old.get("status") not in (*FINAL, "cancelling"):
+                # A cancel, from any replica: it marks the current record, whoever holds its lease.
+                value = {**old, "status": "cancelling", "cancelling_at": value.get("cancelling_at")}
+            elif not accepts(old, value):
+                return False
+            elif old.get("status") == "cancelling" and value.get("status") in RUNNING:
+                # A cancel wins over the runner's progress writes that raced it on the topic.
+                value = {**value, "status": "cancelling", "cancelling_at": old.get("cancelling_at")}
         self.meta[key] = value
+        return True
 
-    async def put_meta(self, key: str, value: JsonDict) -> None:
-        self._keep(key, value)
-        await self.send(key, orjson.dumps(self.meta[key]))
+    async def put_meta(self, key: str, value: JsonDict) -> bool:
+        """Write ``value``; False when this replica already knows the lease rule refuses it."""
+        kept = self._keep(key, value)
+        await self.send(key, orjson.dumps(self.meta[key] if kept else value))
+        return kept
+
+    async def claim(self, key: str, value: JsonDict) -> bool:
+        """Write a claim of ``key``'s lease and read the topic up to it: True when it won."""
+        await self.send(key, orjson.dumps(value))
+        await self.caught_up()
+        return same_lease(self.meta.get(key), value)
 
     async def get_meta(self, key: str) -> JsonDict | None:
         """The latest metadata under ``key``, after reading up to what the topic held when asked (another
@@ -109,54 +132,103 @@ class BatchStore(CompactedTable):
         chunks = [content[i : i + CHUNK_BYTES] for i in range(0, len(content), CHUNK_BYTES)] or [b""]
         for n, chunk in enumerate(chunks):
             await self.send(f"file:{file_id}:{n}", chunk)
-        meta = {
-            "id": file_id,
-            "bytes": len(content),
-            "created_at": int(time.time()),
-            "filename": filename,
-            "object": "file",
-            "purpose": purpose,
-            "status": "processed",
-            "chunks": len(chunks),
-        }
+        meta = file_meta(file_id, purpose, filename, len(content), len(chunks))
         await self.put_meta(f"file:{file_id}", meta)
         return meta
 
-    async def read_file(self, file_id: str) -> bytes | None:
-        """A file's content, read from the topic (its chunks are not kept in memory)."""
+    async def chunks(self, file_id: str, first: int = 0) -> AsyncGenerator[bytes, None]:
+        """A file's chunks from ``first`` on, each read from where the index says it is (one chunk in
+        memory at a time). Ends early when a chunk is missing: check ``complete`` first."""
         meta = await self.get_meta(f"file:{file_id}")
-        if meta is None:
-            return None
-        wanted = {f"file:{file_id}:{n}".encode(): n for n in range(meta["chunks"])}
-        found: dict[int, bytes] = {}
+        if meta is None or first >= meta["chunks"]:
+            return
         consumer = self.connection.consumer()
         await consumer.start()
         try:
-            consumer.assign(self.partitions)
-            await consumer.seek_to_beginning(*self.partitions)
-            ends = await consumer.end_offsets(self.partitions)
-            while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
-                for records in (await consumer.getmany(timeout_ms=200)).values():
-                    for record in records:
-                        n = wanted.get(record.key or b"")
-                        if n is not None and record.value is not None:
-                            found[n] = record.value
+            for n in range(first, meta["chunks"]):
+                chunk = await self._read_chunk(consumer, file_id, n)
+                if chunk is None:
+                    return
+                yield chunk
         finally:
             await consumer.stop()
-        if len(found) != len(wanted):
+
+    async def complete(self, file_id: str) -> bool:
+        """Whether every chunk of the file is indexed (read up to the topic's end first if not)."""
+        meta = await self.get_meta(f"file:{file_id}")
+        if meta is None:
+            return False
+        if len(self.chunk_index.get(file_id, {})) < meta["chunks"]:
+            await self.caught_up()
+        return len(self.chunk_index.get(file_id, {})) >= int(meta["chunks"])
+
+    async def _read_chunk(self, consumer: AIOKafkaConsumer, file_id: str, n: int) -> bytes | None:
+        place = self.chunk_index.get(file_id, {}).get(n)
+        if place is None:
             return None
-        return b"".join(found[n] for n in range(len(wanted)))
+        tp = TopicPartition(self.topic, place[0])
+        consumer.assign([tp])
+        consumer.seek(tp, place[1])
+        key = f"file:{file_id}:{n}".encode()
+        end = (await consumer.end_offsets([tp]))[tp]
+        while await consumer.position(tp) < end:
+            for records in (await consumer.getmany(tp, timeout_ms=200)).values():
+                for record in records:
+                    if record.key == key and record.offset >= place[1]:
+                        return record.value or b""
+        return None  # compacted away under a newer copy the index has not seen yet
+
+    async def lines(self, file_id: str, skip: int = 0) -> AsyncGenerator[bytes, None]:
+        """The file's non-blank lines after the first ``skip`` of them, one chunk in memory at a time."""
+        carry = b""
+        seen = 0
+        async for chunk in self.chunks(file_id):
+            parts = (carry + chunk).split(b"\n")
+            carry = parts.pop()
+            for line in parts:
+                if line.strip():
+                    if seen >= skip:
+                        yield line
+                    seen += 1
+        if carry.strip() and seen >= skip:
+            yield carry
+
+
+def file_meta(file_id: str, purpose: str, filename: str, size: int, chunks: int) -> JsonDict:
+    return {
+        "id": file_id,
+        "bytes": size,
+        "created_at": int(time.time()),
+        "filename": filename,
+        "object": "file",
+        "purpose": purpose,
+        "status": "processed",
+        "chunks": chunks,
+    }
 
 
 def public_file(meta: JsonDict) -> JsonDict:
     return {k: v for k, v in meta.items() if k != "chunks"}
 
 
+def public_batch(batch: JsonDict) -> JsonDict:
+    """A batch as OpenAI shows it: without the runner's lease and progress."""
+    return {k: v for k, v in batch.items() if k not in ("lease", "run")}
+
+
 class BatchApi:
     def __init__(self, source: ChatSource, store: BatchStore) -> None:
         self.source = source
         self.store = store
-        self._running: dict[str, asyncio.Task[None]] = {}
+        self.settings = source.settings
+        self.owner = new_owner()
+        self.slots = asyncio.Semaphore(self.settings.batch_max_running)
+        self.runs: dict[str, BatchRun] = {}  # the batches this replica holds the lease of
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def held_lines(self) -> int:
+        """Input lines and answers the running batches hold in memory."""
+        return sum(run.held for run in self.runs.values())
 
     async def create_file(self, http: web.Request) -> web.StreamResponse:
         # Within the gateway's body limits: aiohttp bounds the size, this the time a slow upload holds.
@@ -179,10 +251,27 @@ class BatchApi:
         return _json(public_file(meta)) if meta else _error(404, "No such file", "file_id")
 
     async def file_content(self, http: web.Request) -> web.StreamResponse:
-        content = await self.store.read_file(http.match_info["file_id"])
-        if content is None:
+        """The file streamed chunk by chunk (each written within --write-timeout-s)."""
+        file_id = http.match_info["file_id"]
+        if not await self.store.complete(file_id):
             return _error(404, "No such file", "file_id")
-        return web.Response(body=content, content_type="application/octet-stream")
+        meta = self.store.meta[f"file:{file_id}"]
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = meta["bytes"]
+        timeout_s = self.settings.write_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                await response.prepare(http)
+            async for chunk in self.store.chunks(file_id):
+                async with asyncio.timeout(timeout_s):
+                    await response.write(chunk)
+            async with asyncio.timeout(timeout_s):
+                await response.write_eof()
+        except TimeoutError:
+            log.info("file %s: a write waited over %gs; ended", file_id, timeout_s)
+            if http.transport is not None:
+                http.transport.close()
+        return response
 
     async def create_batch(self, http: web.Request) -> web.StreamResponse:
         try:
@@ -198,13 +287,19 @@ class BatchApi:
             message = f"completion_window must be like '24h', at most {MAX_WINDOW_S // 3600}h"
             return _error(400, message, "completion_window")
         input_id = str(body.get("input_file_id"))
-        content = await self.store.read_file(input_id)
-        if content is None:
+        if not await self.store.complete(input_id):
             return _error(404, f"No such file: {input_id}", "input_file_id")
-        lines = [line for line in content.splitlines() if line.strip()]
-        if len(lines) > MAX_LINES:
-            return _error(400, f"at most {MAX_LINES} lines", "input_file_id")
+        total = 0
+        async for _ in self.store.lines(input_id):  # counted, not held
+            total += 1
+            if total > MAX_LINES:
+                return _error(400, f"at most {MAX_LINES} lines", "input_file_id")
         now = int(time.time())
+        # A free slot runs it at once; otherwise it waits, as OpenAI shows a batch not yet started.
+        started = not self.slots.locked()
+        if started:
+            await self.slots.acquire()
+        holding = Holding(self.owner, self.settings.takeover_lease_s)
         batch = {
             "id": f"batch_{uuid.uuid4().hex}",
             "object": "batch",
@@ -212,11 +307,11 @@ class BatchApi:
             "errors": None,
             "input_file_id": input_id,
             "completion_window": body["completion_window"],
-            "status": "in_progress",
+            "status": "in_progress" if started else "validating",
             "output_file_id": None,
             "error_file_id": None,
             "created_at": now,
-            "in_progress_at": now,
+            "in_progress_at": now if started else None,
             "expires_at": now + window,
             "finalizing_at": None,
             "completed_at": None,
@@ -224,88 +319,78 @@ class BatchApi:
             "expired_at": None,
             "cancelling_at": None,
             "cancelled_at": None,
-            "request_counts": {"total": len(lines), "completed": 0, "failed": 0},
+            "request_counts": {"total": total, "completed": 0, "failed": 0},
             "metadata": body.get("metadata"),
+            "lease": holding.field(),
+            # Its lines are admitted against the client's own share, as its other requests are.
+            "run": new_run(http.get(API_KEY_NAME, ANONYMOUS)),
         }
-        await self.store.put_meta(f"batch:{batch['id']}", batch)
-        # Its lines are admitted against the client's own share, as its other requests are.
-        task = asyncio.create_task(self._run(batch, lines, http.get(API_KEY_NAME, ANONYMOUS)))
-        self._running[batch["id"]] = task
-        task.add_done_callback(lambda _: self._running.pop(batch["id"], None))
-        return _json(batch)
-
-    async def _answer(self, batch_id: str, index: int, line: bytes, client: str) -> JsonDict:
-        try:
-            request = orjson.loads(line)
-            body = request["body"]
-            if not isinstance(body, dict):
-                raise TypeError("body must be an object")
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            return {"error": {"message": f"line {index + 1}: {exc}", "code": 400}}
-        chat = {**body, "stream": False}
-        answers = self.source.chat(chat, NO_HEADERS, request_id=f"{batch_id}-{index}", client=client)
-        async with contextlib.aclosing(answers):
-            answer = await anext(answers, None)
-        return answer or {"error": {"message": "no answer", "code": 500}}
-
-    async def _run(self, batch: JsonDict, lines: list[bytes], client: str) -> None:
         key = f"batch:{batch['id']}"
-        answers: list[JsonDict | None] = [None] * len(lines)
-        slots = asyncio.Semaphore(CONCURRENCY)
-        counts = dict(batch["request_counts"])  # this runner's own: the topic's copies lag behind
-
-        def cancelled() -> bool:
-            return bool(self.store.meta[key]["status"] == "cancelling")
-
-        async def one(index: int) -> None:
-            async with slots:
-                if cancelled():
-                    return
-                answer = answers[index] = await self._answer(batch["id"], index, lines[index], client)
-                counts["completed" if "error" not in answer else "failed"] += 1
-
-        async def progress() -> None:
-            while True:
-                await asyncio.sleep(1.0)
-                await self.store.put_meta(key, {**self.store.meta[key], "request_counts": dict(counts)})
-
-        reporter = asyncio.create_task(progress())
         try:
-            async with asyncio.timeout(batch["expires_at"] - time.time()):
-                await asyncio.gather(*(one(i) for i in range(len(lines))))
-            status = "cancelled" if cancelled() else "completed"
-        except TimeoutError:
-            status = "expired"
+            await self.store.put_meta(key, batch)
+        except BaseException:
+            if started:
+                self.slots.release()
+            raise
+        self._start(key, holding, started)
+        return _json(public_batch(batch))
+
+    def _start(self, key: str, holding: Holding, has_slot: bool) -> None:
+        run = BatchRun(self.source, self.store, key, holding)
+        self.runs[key] = run
+        task = asyncio.create_task(self._hold(run, has_slot))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _hold(self, run: BatchRun, has_slot: bool) -> None:
+        """Wait for a slot (the lease renewed meanwhile), then run the batch."""
+        try:
+            while not has_slot:
+                try:
+                    async with asyncio.timeout(run.holding.renew_every()):
+                        await self.slots.acquire()
+                    has_slot = True
+                except TimeoutError:
+                    if not await run.renew():
+                        return
+            await run.run()
+        except Exception:
+            log.exception("batch %s: its runner failed; another replica takes it over", run.key)
         finally:
-            reporter.cancel()
-        state = {**self.store.meta[key], "request_counts": dict(counts), "finalizing_at": int(time.time())}
-        out: list[bytes] = []
-        errors: list[bytes] = []
-        for index, (line, answer) in enumerate(zip(lines, answers, strict=True)):
-            if answer is None:
-                continue  # not run: cancelled or expired first
-            custom = None
-            with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
-                custom = orjson.loads(line).get("custom_id")
-            written, ok = output_line(custom, index, answer)
-            (out if ok else errors).append(written)
-        if out:
-            state["output_file_id"] = (
-                await self.store.write_file("batch_output", "output.jsonl", b"\n".join(out) + b"\n")
-            )["id"]
-        if errors:
-            state["error_file_id"] = (
-                await self.store.write_file("batch_output", "errors.jsonl", b"\n".join(errors) + b"\n")
-            )["id"]
-        state["status"] = status
-        state[{"completed": "completed_at", "expired": "expired_at", "cancelled": "cancelled_at"}[status]] = (
-            int(time.time())
-        )
-        await self.store.put_meta(key, state)
+            if has_slot:
+                self.slots.release()
+            self.runs.pop(run.key, None)
+
+    async def take_over(self) -> None:
+        """Every renewal period: claim each unfinished batch whose lease expired, and run it."""
+        lease_s = self.settings.takeover_lease_s
+        while True:
+            await asyncio.sleep(lease_s / RENEWALS_PER_LEASE * random.uniform(0.5, 1.0))
+            now = time.time()
+            for key, batch in list(self.store.meta.items()):
+                if (
+                    key.startswith("batch:")
+                    and key not in self.runs
+                    and batch.get("status") not in FINAL
+                    and isinstance(batch.get("run"), dict)
+                    and expired(batch, now)
+                ):
+                    try:
+                        await self._claim(key, batch)
+                    except Exception as exc:  # noqa: BLE001 (Kafka unavailable: the next round tries again)
+                        log.warning("batch %s: could not be claimed: %r", key, exc)
+
+    async def _claim(self, key: str, batch: JsonDict) -> None:
+        lease = lease_of(batch)
+        assert lease is not None
+        holding = Holding(self.owner, self.settings.takeover_lease_s, prev=lease["id"])
+        if await self.store.claim(key, {**batch, "lease": holding.field()}):
+            log.info("batch %s: taken over from %s", key, lease.get("owner"))
+            self._start(key, holding, False)
 
     async def retrieve_batch(self, http: web.Request) -> web.StreamResponse:
         batch = await self.store.get_meta(f"batch:{http.match_info['batch_id']}")
-        return _json(batch) if batch else _error(404, "No such batch", "batch_id")
+        return _json(public_batch(batch)) if batch else _error(404, "No such batch", "batch_id")
 
     async def cancel_batch(self, http: web.Request) -> web.StreamResponse:
         key = f"batch:{http.match_info['batch_id']}"
@@ -316,16 +401,34 @@ class BatchApi:
             return _error(400, f"Cannot cancel a batch that is {batch['status']}", "batch_id")
         batch = {**batch, "status": "cancelling", "cancelling_at": int(time.time())}
         await self.store.put_meta(key, batch)
-        return _json(batch)
+        return _json(public_batch(batch))
+
+    def runs_with(self, app: web.Application) -> None:
+        """The takeover loop starts after the store (so it sees the table) and stops before it."""
+        task: asyncio.Task[None] | None = None
+
+        async def start(_: web.Application) -> None:
+            nonlocal task
+            task = asyncio.create_task(self.take_over())
+
+        async def stop(_: web.Application) -> None:
+            for running in [*(t for t in [task] if t is not None), *self._tasks]:
+                running.cancel()
+            await asyncio.gather(*(t for t in [task] if t is not None), return_exceptions=True)
+
+        app.on_startup.append(start)
+        app.on_cleanup.insert(0, stop)
 
 
-def add_batch_routes(app: web.Application, source: ChatSource, topic: str) -> None:
+def add_batch_routes(app: web.Application, source: ChatSource, topic: str) -> BatchApi:
     store = BatchStore(source.connection, topic)
     store.runs_with(app)
     api = BatchApi(source, store)
+    api.runs_with(app)
     app.router.add_post("/v1/files", api.create_file)
     app.router.add_get("/v1/files/{file_id}", api.retrieve_file)
     app.router.add_get("/v1/files/{file_id}/content", api.file_content)
     app.router.add_post("/v1/batches", api.create_batch)
     app.router.add_get("/v1/batches/{batch_id}", api.retrieve_batch)
     app.router.add_post("/v1/batches/{batch_id}/cancel", api.cancel_batch)
+    return api

@@ -33,6 +33,9 @@ class CompactedTable:
         """One record read from the topic (``value`` None: a tombstone)."""
         raise NotImplementedError
 
+    def place(self, key: bytes, partition: int, offset: int) -> None:
+        """Where a record read from the topic is (before its ``take``): for a store that indexes them."""
+
     def fetched(self, any_records: bool) -> None:
         """After each fetch of the reader, with or without records."""
 
@@ -75,6 +78,8 @@ class CompactedTable:
             batches = await self._consumer.getmany(timeout_ms=100)
             for records in batches.values():
                 for record in records:
+                    if record.key is not None:
+                        self.place(record.key, record.partition, record.offset)
                     self.take(record.key, record.value)
             self.fetched(bool(batches))
             self._fetched.set()

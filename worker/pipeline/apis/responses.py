@@ -10,9 +10,11 @@ The objects carry exactly the fields of OpenAI's published schema (the SDK's typ
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -334,6 +336,17 @@ class ResponseStream:
     call_index: int | None = None
     finish_reason: str | None = None
     usage: Any = None
+    # Set: item ids derive from it, so the same chunks give the same events again (a background response
+    # taken over by another replica is converted again from its first chunk; its stored events stay valid).
+    id_seed: str | None = None
+    _ids_made: int = 0
+
+    def _new_id(self, prefix: str) -> str:
+        if self.id_seed is None:
+            return new_id(prefix)
+        self._ids_made += 1
+        digest = hashlib.sha256(f"{self.id_seed}:{self._ids_made}".encode()).hexdigest()
+        return f"{prefix}_{digest[:32]}"
 
     def _event(self, kind: str, **fields: Any) -> JsonDict:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -424,7 +437,7 @@ class ResponseStream:
         index = len(self.output)
         if target in ("reasoning", "message"):
             reasoning = target == "reasoning"
-            self.item_id = new_id("rs" if reasoning else "msg")
+            self.item_id = self._new_id("rs" if reasoning else "msg")
             item = (_reasoning_item if reasoning else _message_item)(self.item_id, None, "in_progress")
             part = {"text": "", "type": "reasoning_text"} if reasoning else _text_part("", [])
             return [
@@ -439,8 +452,8 @@ class ResponseStream:
             ]
         assert call is not None
         function = call.get("function") or {}
-        self.item_id = new_id("fc")
-        self.call_id = call.get("id") or new_id("call")
+        self.item_id = self._new_id("fc")
+        self.call_id = call.get("id") or self._new_id("call")
         self.call_name = str(function.get("name") or "")
         self.call_index = call.get("index")
         item = _call_item(self.item_id, self.call_id, self.call_name, "", "in_progress")
@@ -509,6 +522,25 @@ class ResponseStream:
         events = self._close("incomplete")
         self.response = failed(self.response, self.output, error)
         return [*events, self._event("response.failed", response=self.response)]
+
+
+async def converted(
+    converter: ResponseStream, first: JsonDict, answers: AsyncIterator[JsonDict]
+) -> AsyncIterator[JsonDict]:
+    """The Responses events of a chat stream whose first answer was ``first``."""
+    for event in converter.start():
+        yield event
+    chunk: JsonDict | None = first
+    while chunk is not None:
+        if "error" in chunk:
+            for event in converter.fail(chunk["error"]):
+                yield event
+            return
+        for event in converter.feed(chunk):
+            yield event
+        chunk = await anext(answers, None)
+    for event in converter.end():
+        yield event
 
 
 def now() -> int:

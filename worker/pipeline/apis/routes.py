@@ -13,6 +13,7 @@ import orjson
 from aiohttp import web
 
 from worker.pipeline.apis import messages, responses
+from worker.pipeline.apis.background import BackgroundResponses
 from worker.pipeline.apis.batch import add_batch_routes
 from worker.pipeline.apis.chat_source import BadRequest, ChatSource, JsonDict
 from worker.pipeline.apis.responses_store import FINAL_STATUSES, ResponsesStore
@@ -122,9 +123,6 @@ class MessagesApi:
             return writer.response
 
 
-SNAPSHOT_EVERY_S = 0.2  # a background response's record is rewritten at most this often while it runs
-
-
 class ResponsesApi:
     """``POST /v1/responses``, ``GET /v1/responses/{id}`` (``?stream=true&starting_after=N``),
     ``POST /v1/responses/{id}/cancel``."""
@@ -132,7 +130,7 @@ class ResponsesApi:
     def __init__(self, source: ChatSource, store: ResponsesStore | None) -> None:
         self.source = source
         self.store = store
-        self._background: set[asyncio.Task[None]] = set()
+        self.background = BackgroundResponses(source, store) if store is not None else None
 
     def _error(self, status: int, message: str, param: str | None = None) -> web.Response:
         return json_response(responses.error_body(status, message, param), status)
@@ -168,9 +166,7 @@ class ResponsesApi:
         client = http.get(API_KEY_NAME, ANONYMOUS)
         if body.get("background"):
             assert store is not None
-            return await self._background_start(
-                http, body, chat, chat_messages, response_id, store, trace, client
-            )
+            return await self._background_start(http, body, chat, chat_messages, response_id, trace, client)
         response = responses.response_object(body, response_id, responses.now(), "in_progress")
         answers = self.source.chat(chat, trace, request_id=response_id, client=client)
         async with contextlib.aclosing(answers):
@@ -205,7 +201,7 @@ class ResponsesApi:
         try:
             writer = await SseWriter.open(http, timeout_s)
             converter = responses.ResponseStream(response)
-            async for event in _converted(converter, first, answers):
+            async for event in responses.converted(converter, first, answers):
                 await writer.named(event["type"], event)
             if store is not None:
                 record = {"response": converter.response, "messages": chat_messages, "events": None}
@@ -222,56 +218,16 @@ class ResponsesApi:
         chat: JsonDict,
         chat_messages: list[JsonDict],
         response_id: str,
-        store: ResponsesStore,
         trace: Headers,
         client: str,
     ) -> web.StreamResponse:
+        assert self.background is not None
         queued = responses.response_object(body, response_id, responses.now(), "queued")
-        await store.put(response_id, {"response": queued, "messages": chat_messages, "events": []})
         # Admitted against the client's own share, as its other requests are.
-        task = asyncio.create_task(self._run_background(chat, chat_messages, queued, store, trace, client))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        await self.background.start(queued, chat, chat_messages, trace, client)
         if body.get("stream"):
             return await self._follow(http, response_id, None)
         return json_response(queued)
-
-    async def _run_background(
-        self,
-        chat: JsonDict,
-        chat_messages: list[JsonDict],
-        queued: JsonDict,
-        store: ResponsesStore,
-        trace: Headers,
-        client: str,
-    ) -> None:
-        """Run a background response to its end, its record rewritten as its events come."""
-        response_id = queued["id"]
-        converter = responses.ResponseStream({**queued, "status": "in_progress"})
-        events: list[JsonDict] = []
-        written_at = 0.0
-        loop = asyncio.get_running_loop()
-        answers = self.source.chat(chat, trace, request_id=response_id, client=client)
-        try:
-            async with contextlib.aclosing(answers):
-                first = await anext(answers, None)
-                if first is None:
-                    first = {"error": {"message": "no answer", "code": 500}}
-                async for event in _converted(converter, first, answers):
-                    events.append(event)
-                    if _cancelled(store, response_id):
-                        break  # the generation is stopped upstream as the chat closes
-                    if (
-                        event["type"] in responses.TERMINAL_EVENTS
-                        or loop.time() - written_at >= SNAPSHOT_EVERY_S
-                    ):
-                        record = {"response": converter.response, "messages": chat_messages, "events": events}
-                        await store.put(response_id, record)
-                        written_at = loop.time()
-        except Exception:
-            log.exception("background response %s failed", response_id)
-            failed = responses.failed(converter.response, converter.output, {"message": "internal error"})
-            await store.put(response_id, {"response": failed, "messages": chat_messages, "events": events})
 
     async def retrieve(self, http: web.Request) -> web.StreamResponse:
         response_id = http.match_info["response_id"]
@@ -331,30 +287,6 @@ class ResponsesApi:
         return json_response(cancelled["response"])
 
 
-def _cancelled(store: ResponsesStore, response_id: str) -> bool:
-    record = store.records.get(response_id)
-    return record is not None and record["response"].get("status") == "cancelled"
-
-
-async def _converted(
-    converter: responses.ResponseStream, first: JsonDict, answers: AsyncIterator[JsonDict]
-) -> AsyncIterator[JsonDict]:
-    """The Responses events of a chat stream whose first answer was ``first``."""
-    for event in converter.start():
-        yield event
-    chunk: JsonDict | None = first
-    while chunk is not None:
-        if "error" in chunk:
-            for event in converter.fail(chunk["error"]):
-                yield event
-            return
-        for event in converter.feed(chunk):
-            yield event
-        chunk = await anext(answers, None)
-    for event in converter.end():
-        yield event
-
-
 def add_api_routes(app: web.Application, source: ChatSource) -> None:
     app.router.add_post("/v1/messages", MessagesApi(source).create)
     settings = source.settings
@@ -367,6 +299,8 @@ def add_api_routes(app: web.Application, source: ChatSource) -> None:
     if settings.batch_topic:
         add_batch_routes(app, source, settings.batch_topic)
     api = ResponsesApi(source, store)
+    if api.background is not None:
+        api.background.runs_with(app)
     app.router.add_post("/v1/responses", api.create)
     app.router.add_get("/v1/responses/{response_id}", api.retrieve)
     app.router.add_post("/v1/responses/{response_id}/cancel", api.cancel)

@@ -1,0 +1,92 @@
+"""The lease rule on the API stores' records: of two claims of one expired lease the first written wins on
+every replica, a replaced owner's late writes are ignored, and a cancel counts whoever holds the lease.
+Without Kafka: each store's topic is in memory, every write read back through the store's own rules."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from tests.pipeline.memory_stores import MemoryBatchStore, MemoryResponsesStore
+from worker.pipeline.apis.lease import Holding, accepts, expired
+
+KEY = "batch:batch_1"
+
+
+def batch(holding: Holding, status: str = "in_progress", **fields: object) -> dict[str, object]:
+    return {"id": "batch_1", "status": status, "lease": holding.field(), "run": {}, **fields}
+
+
+def test_the_first_claim_of_an_expired_lease_wins_and_the_old_owner_is_fenced() -> None:
+    async def scenario() -> None:
+        store = MemoryBatchStore()
+        first = Holding("replica-a", 3.0)
+        assert await store.put_meta(KEY, batch(first))
+        b = Holding("replica-b", 3.0, prev=first.id)
+        c = Holding("replica-c", 3.0, prev=first.id)
+        assert await store.claim(KEY, batch(b))  # first by offset
+        assert not await store.claim(KEY, batch(c))  # names a lease that is no longer current
+        assert b.holds(store.meta[KEY])
+        # The old owner wakes up and writes progress: refused, here and on every replica.
+        assert not await store.put_meta(KEY, batch(first, request_counts={"completed": 99}))
+        assert "request_counts" not in store.meta[KEY]
+        # The new owner's progress counts.
+        assert await store.put_meta(KEY, batch(b, request_counts={"completed": 1}))
+        # A replica reading the topic from its start decides the same.
+        fresh = MemoryBatchStore()
+        for key, value in store.log:
+            fresh.take(key.encode(), value)
+        assert fresh.meta[KEY] == store.meta[KEY]
+
+    asyncio.run(scenario())
+
+
+def test_a_cancel_written_from_a_stale_view_still_cancels_and_keeps_the_lease() -> None:
+    async def scenario() -> None:
+        store = MemoryBatchStore()
+        first = Holding("replica-a", 3.0)
+        await store.put_meta(KEY, batch(first))
+        second = Holding("replica-b", 3.0, prev=first.id)
+        assert await store.claim(KEY, batch(second))
+        assert await store.put_meta(KEY, batch(first, status="cancelling", cancelling_at=5))
+        assert store.meta[KEY]["status"] == "cancelling" and second.holds(store.meta[KEY])
+        # The owner's next progress write does not undo it.
+        await store.put_meta(KEY, batch(second))
+        assert store.meta[KEY]["status"] == "cancelling"
+
+    asyncio.run(scenario())
+
+
+def test_background_response_records_follow_the_same_rule_and_running_ones_are_never_dropped() -> None:
+    async def scenario() -> None:
+        store = MemoryResponsesStore(max_bytes=1)  # over its cap with any record
+        owner = Holding("replica-a", 3.0)
+
+        def record(holding: Holding, status: str) -> dict[str, object]:
+            return {"response": {"id": "resp_1", "status": status}, "events": [], "lease": holding.field()}
+
+        await store.put("resp_1", record(owner, "in_progress"))
+        await store.put("resp_2", {"response": {"id": "resp_2", "status": "completed"}, "events": None})
+        await store.put("resp_3", {"response": {"id": "resp_3", "status": "completed"}, "events": None})
+        assert list(store.records) == ["resp_1", "resp_3"]  # the finished one went, not the running one
+        taker = Holding("replica-b", 3.0, prev=owner.id)
+        assert await store.claim("resp_1", record(taker, "in_progress"))
+        assert not await store.put("resp_1", record(owner, "completed"))
+        assert store.records["resp_1"]["response"]["status"] == "in_progress"
+
+    asyncio.run(scenario())
+
+
+def test_a_lease_expires_at_its_until_and_records_without_one_always_count() -> None:
+    holding = Holding("replica-a", 3.0)
+    record = batch(holding)
+    assert not expired(record, time.time()) and expired(record, time.time() + 4)
+    assert not expired({"status": "in_progress"}, time.time())  # no lease: nothing to take over
+    assert accepts(record, {"status": "x"}) and accepts(None, record)
+
+
+def test_an_owner_goes_quiet_before_its_lease_ends() -> None:
+    holding = Holding("replica-a", 3.0)
+    assert holding.may_act()
+    holding.renewed_at -= 2.1  # its last confirmed renewal is over 2/3 of the lease old
+    assert not holding.may_act() and holding.due()

@@ -1,0 +1,206 @@
+"""Background responses (``background: true``): run on one replica, taken over by another if it dies.
+
+The response's record (``responses_store``) is rewritten as its events come (at most every
+``SNAPSHOT_EVERY_S``, and at the end) and at least every third of ``--takeover-lease-s`` with a fresh lease
+(``lease``). It carries the chat request without its messages (``run``; the messages are the record's own),
+so a replica that claims an expired lease can resume it: when the request reached the requests topic its
+chunks are read back from the output topic from their start (``reattach``), otherwise it is sent now.
+The events are made again from the first chunk with item ids derived from the response id, so they equal
+the ones already stored and a follower's ``starting_after`` stays valid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncGenerator
+
+from aiohttp import web
+
+from worker.pipeline.apis import responses
+from worker.pipeline.apis.chat_source import ChatSource, JsonDict
+from worker.pipeline.apis.lease import RENEWALS_PER_LEASE, Holding, expired, lease_of, new_owner
+from worker.pipeline.apis.reattach import OutputTail, chunks, written
+from worker.pipeline.apis.responses_store import ResponsesStore, running
+from worker.runtime.tracing import NO_HEADERS, Headers
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_EVERY_S = 0.2  # a background response's record is rewritten at most this often while it runs
+
+
+class BackgroundResponses:
+    def __init__(self, source: ChatSource, store: ResponsesStore) -> None:
+        self.source = source
+        self.store = store
+        self.lease_s = source.settings.takeover_lease_s
+        self.owner = new_owner()
+        self.owned: set[str] = set()  # the responses this replica runs
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(
+        self, queued: JsonDict, chat: JsonDict, chat_messages: list[JsonDict], trace: Headers, client: str
+    ) -> None:
+        """Store the queued response with this replica's lease, and run it."""
+        holding = Holding(self.owner, self.lease_s)
+        run = {"chat": {k: v for k, v in chat.items() if k != "messages"}, "client": client}
+        record = {
+            "response": queued,
+            "messages": chat_messages,
+            "events": [],
+            "run": run,
+            "lease": holding.field(),
+        }
+        await self.store.put(queued["id"], record)
+        self._spawn(queued["id"], holding, trace, None)
+
+    def _spawn(self, response_id: str, holding: Holding, trace: Headers, since_ms: int | None) -> None:
+        self.owned.add(response_id)
+        task = asyncio.create_task(self._run(response_id, holding, trace, since_ms))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self.owned.discard(response_id))
+
+    async def _answers(
+        self,
+        stack: contextlib.AsyncExitStack,
+        response_id: str,
+        chat: JsonDict,
+        client: str,
+        trace: Headers,
+        since_ms: int | None,
+    ) -> AsyncGenerator[JsonDict, None]:
+        """The chat's chunks: sent now, or (taken over, and sent before) read back from the output topic."""
+        if since_ms is not None:
+            sent = await written(
+                self.source.connection, self.source.settings.requests_topic, [response_id], since_ms
+            )
+            if sent:
+                log.info("background response %s: taken over, its chunks are read back", response_id)
+                tail = await stack.enter_async_context(
+                    OutputTail(self.source.connection, self.source.settings, since_ms, sent)
+                )
+                return chunks(tail, response_id, chat)
+        return self.source.chat(chat, trace, request_id=response_id, client=client)
+
+    async def _run(self, response_id: str, holding: Holding, trace: Headers, since_ms: int | None) -> None:
+        """Run the response to its end, its record rewritten as its events come and its lease renewed."""
+        store = self.store
+        record = store.records[response_id]
+        chat_messages = record.get("messages")
+        base = {**record["response"], "status": "in_progress"}
+        converter = responses.ResponseStream(base, id_seed=response_id)
+        events: list[JsonDict] = []
+        if chat_messages is None:  # stored without them (too big): nothing to resume from
+            failed = responses.failed(base, [], {"message": "the request could not be resumed"})
+            await store.put(response_id, {**record, "response": failed, "lease": holding.field()})
+            return
+
+        async def write() -> bool:
+            """The record as it stands, with a fresh lease; False once the lease is lost."""
+            if holding.lost:
+                return False
+            current = {
+                "response": converter.response,
+                "messages": chat_messages,
+                "events": events,
+                "run": record["run"],
+                "lease": holding.field(),
+            }
+            if not await store.put(response_id, current):
+                holding.lost = True
+            return not holding.lost
+
+        async def renew() -> None:
+            while not holding.lost:
+                await asyncio.sleep(holding.renew_every())
+                started = time.time()
+                if await write():
+                    await store.caught_up()
+                    if holding.holds(store.records.get(response_id)):
+                        holding.confirmed(started)
+                    else:
+                        holding.lost = True
+            log.info("background response %s: its lease was taken over; no longer written here", response_id)
+
+        renewer = asyncio.create_task(renew())
+        written_at = 0.0
+        loop = asyncio.get_running_loop()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                chat = {**record["run"]["chat"], "messages": chat_messages}
+                client = str(record["run"]["client"])
+                answers = await self._answers(stack, response_id, chat, client, trace, since_ms)
+                async with contextlib.aclosing(answers):
+                    first = await anext(answers, None)
+                    if first is None:
+                        first = {"error": {"message": "no answer", "code": 500}}
+                    async for event in responses.converted(converter, first, answers):
+                        events.append(event)
+                        if _cancelled(store, response_id):
+                            break  # the generation is stopped upstream as the chat closes
+                        if holding.lost:
+                            continue  # another replica runs it now: read on (closing would cancel it)
+                        if (
+                            event["type"] in responses.TERMINAL_EVENTS
+                            or loop.time() - written_at >= SNAPSHOT_EVERY_S
+                        ):
+                            await write()
+                            written_at = loop.time()
+        except Exception:
+            log.exception("background response %s failed", response_id)
+            failed = responses.failed(converter.response, converter.output, {"message": "internal error"})
+            converter.response = failed
+            await write()
+        finally:
+            renewer.cancel()
+
+    async def take_over(self) -> None:
+        """Every renewal period: claim each running response whose lease expired, and resume it."""
+        while True:
+            await asyncio.sleep(self.lease_s / RENEWALS_PER_LEASE * random.uniform(0.5, 1.0))
+            now = time.time()
+            for response_id, record in list(self.store.records.items()):
+                if (
+                    response_id not in self.owned
+                    and running(record)
+                    and isinstance(record.get("run"), dict)
+                    and expired(record, now)
+                ):
+                    try:
+                        await self._claim(response_id, record)
+                    except Exception as exc:  # noqa: BLE001 (Kafka unavailable: the next round tries again)
+                        log.warning("background response %s: could not be claimed: %r", response_id, exc)
+
+    async def _claim(self, response_id: str, record: JsonDict) -> None:
+        lease = lease_of(record)
+        assert lease is not None
+        holding = Holding(self.owner, self.lease_s, prev=lease["id"])
+        if await self.store.claim(response_id, {**record, "lease": holding.field()}):
+            log.info("background response %s: taken over from %s", response_id, lease.get("owner"))
+            # It was sent (if at all) after it was created.
+            since_ms = int(record["response"].get("created_at") or 0) * 1000
+            self._spawn(response_id, holding, NO_HEADERS, since_ms)
+
+    def runs_with(self, app: web.Application) -> None:
+        """The takeover loop starts after the store (so it sees the table) and stops before it."""
+        loop_task: list[asyncio.Task[None]] = []
+
+        async def start(_: web.Application) -> None:
+            loop_task.append(asyncio.create_task(self.take_over()))
+
+        async def stop(_: web.Application) -> None:
+            for task in [*loop_task, *self._tasks]:
+                task.cancel()
+            await asyncio.gather(*loop_task, return_exceptions=True)
+
+        app.on_startup.append(start)
+        app.on_cleanup.insert(0, stop)
+
+
+def _cancelled(store: ResponsesStore, response_id: str) -> bool:
+    record = store.records.get(response_id)
+    return record is not None and record["response"].get("status") == "cancelled"

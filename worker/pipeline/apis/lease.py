@@ -1,0 +1,91 @@
+"""Leases on the records of a compacted table: which gateway replica runs a background response or a batch.
+
+The record of running work carries ``lease: {"id", "owner", "until", "prev"}``. Its owner renews ``until``
+(``now + lease_s``) every ``lease_s / 3``; it starts nothing new (no request, no output chunk) once its last
+confirmed renewal is ``2/3 lease_s`` old, so a stalled owner goes quiet before its lease ends. Another
+replica that finds the lease past ``until`` claims it by writing the record with a new lease whose ``prev``
+is the expired lease's id.
+
+Every replica decides which records count by one rule over the topic's order (``accepts``): a record counts
+when it carries the current lease (the owner's progress, renewals, its last write) or claims it (``prev`` is
+the current id). Of two claims of the same lease the first by offset wins; the second names a lease that is
+no longer current and is ignored everywhere. A claimant reads the topic up to its own claim before it acts,
+so it knows whether it won; a zombie owner's late writes name a lease that is no longer current and are
+ignored too.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+JsonDict = dict[str, Any]
+
+RENEWALS_PER_LEASE = 3  # renewed every lease_s / 3
+QUIET_AFTER = 2 / 3  # an owner whose last renewal is older than this share of lease_s starts nothing new
+
+
+def new_owner() -> str:
+    """This replica's name in the leases it holds."""
+    return uuid.uuid4().hex[:16]
+
+
+def lease_of(record: JsonDict | None) -> JsonDict | None:
+    lease = record.get("lease") if isinstance(record, dict) else None
+    return lease if isinstance(lease, dict) and isinstance(lease.get("id"), str) else None
+
+
+def accepts(current: JsonDict | None, incoming: JsonDict) -> bool:
+    """Whether ``incoming`` replaces ``current`` under the lease rule (records without a lease always do)."""
+    held, coming = lease_of(current), lease_of(incoming)
+    if held is None or coming is None:
+        return True
+    return bool(coming["id"] == held["id"] or coming.get("prev") == held["id"])
+
+
+def same_lease(record: JsonDict | None, other: JsonDict) -> bool:
+    """Whether ``record`` carries the lease ``other`` carries (a claim read back: it won)."""
+    held, wanted = lease_of(record), lease_of(other)
+    return held is not None and wanted is not None and held["id"] == wanted["id"]
+
+
+def expired(record: JsonDict, now: float) -> bool:
+    lease = lease_of(record)
+    until = lease.get("until") if lease is not None else None
+    return isinstance(until, int | float) and until < now
+
+
+@dataclass
+class Holding:
+    """A lease this replica holds: the record field to write, and until when it may act on it."""
+
+    owner: str
+    lease_s: float
+    prev: str | None = None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    renewed_at: float = field(default_factory=time.time)  # the start of the last confirmed renewal
+    lost: bool = False
+
+    def field(self, now: float | None = None) -> JsonDict:
+        """The lease as written now (``until`` counted from ``now``)."""
+        at = time.time() if now is None else now
+        return {"id": self.id, "owner": self.owner, "until": at + self.lease_s, "prev": self.prev}
+
+    def confirmed(self, at: float) -> None:
+        self.renewed_at = max(self.renewed_at, at)
+
+    def may_act(self) -> bool:
+        return not self.lost and time.time() < self.renewed_at + self.lease_s * QUIET_AFTER
+
+    def due(self) -> bool:
+        """Whether the next renewal is due."""
+        return time.time() >= self.renewed_at + self.renew_every()
+
+    def renew_every(self) -> float:
+        return self.lease_s / RENEWALS_PER_LEASE
+
+    def holds(self, record: JsonDict | None) -> bool:
+        lease = lease_of(record)
+        return lease is not None and lease["id"] == self.id
