@@ -26,6 +26,7 @@ JsonDict = dict[str, Any]
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
 # "Hello! 你好 😀": ids whose token strings are longer than the ids (byte-level BPE).
 TEXT_IDS = [9707, 0, 220, 108386, 26525, 222]
+SPACES_128 = 56940  # one token of 128 spaces: 256 bytes as a token string, 5 digits as an id
 
 
 def _slack(ctx: RequestContext) -> int:
@@ -112,8 +113,9 @@ def test_several_choices_some_finished(version: VllmVersion) -> None:
 
 @pytest.mark.parametrize("stored_by", list(VllmVersion))
 def test_a_context_restored_by_a_worker_of_either_version(stored_by: VllmVersion) -> None:
-    """A restored request is measured again as it is restored."""
-    records = chat_stream("r", [TEXT_IDS * 3, TEXT_IDS, [151645]], prompt_token_ids=PROMPT)[:2]
+    """A restored request is written back in the restoring worker's window form, which may take
+    more bytes than the form it was stored in: token strings of 256 bytes against 5-digit ids."""
+    records = chat_stream("r", [[SPACES_128] * 8, [SPACES_128] * 4, [151645]], prompt_token_ids=PROMPT)[:2]
     stored = encode_context(_run(stored_by, records).requests["r"], 7)
     for version in VllmVersion:
         restored = decode(derenderer_for(sample_config(), version), stored).ctx

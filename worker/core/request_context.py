@@ -169,8 +169,10 @@ class RequestContext:
             ctx.inherited, request_raw
         )
         ctx.measured_request = request_raw
-        for index, wire in sequences.items():
-            ctx.note_wire(index, len(orjson.dumps(wire)))
+        # Measured as this worker writes them: its window form may differ from the stored one, and
+        # the two differ in size (a token string against its id).
+        for index, state in ctx.sequences.items():
+            ctx.note_wire(index, len(state.wire_json()))
         return ctx
 
 
