@@ -40,13 +40,14 @@ import orjson
 from worker.assembly import Assembler, render_text
 from worker.core.parsing import harmony_switch
 from worker.demo_setup import (
+    DEMO_MODEL_DIR,
     DEMO_MODEL_NAME,
     DEMO_STREAM,
-    REPO_ROOT,
-    SAMPLES,
+    SOURCE_TREE,
     cleanup_step,
     delete_topics,
     given_bootstrap,
+    in_source_tree,
     run_quiet,
     start_local_broker,
     tail,
@@ -89,7 +90,7 @@ def _demo_parsers(model_dir: str) -> tuple[str, str]:
 
 def run_offline_demo(args: argparse.Namespace) -> int:
     stream = Path(args.stream) if args.stream else DEMO_STREAM
-    model_dir = args.tokenizer or str(SAMPLES / "models" / "qwen3")
+    model_dir = args.tokenizer or str(DEMO_MODEL_DIR)
     reasoning, tools = _demo_parsers(model_dir)
     settings = ModelSettings(
         tokenizer=model_dir,
@@ -208,7 +209,8 @@ class Workers:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=REPO_ROOT,
+                # In a source tree, ``python -m worker.cli`` imports the same package as the demo.
+                cwd=SOURCE_TREE if in_source_tree() else None,
             )
         self.processes.append(WorkerProcess(label, client_id, proc, log))
 
@@ -498,7 +500,7 @@ def run_kafka_demo(args: argparse.Namespace) -> int:
 
 def _kafka_demo(args: argparse.Namespace, view: DemoView, tmp: Path) -> None:
     stream = Path(args.stream) if args.stream else DEMO_STREAM
-    model_dir = args.tokenizer or str(SAMPLES / "models" / "qwen3")
+    model_dir = args.tokenizer or str(DEMO_MODEL_DIR)
     plan = build_plan(stream)
     run_id = uuid.uuid4().hex[:8]
     prefix = f"derender-demo-{run_id}"  # fresh topics and group per run: reruns never mix

@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 
 from worker.demo_setup import (
+    DEMO_MODEL_DIR,
     DEMO_STREAM,
-    SAMPLES,
     delete_topics,
     given_bootstrap,
     start_local_broker,
@@ -210,7 +210,7 @@ def run_pipeline_demo(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace, tmp: Path) -> int:
     stream = Path(args.stream) if args.stream else DEMO_STREAM
-    model_dir = args.tokenizer or str(SAMPLES / "models" / "qwen3")
+    model_dir = args.tokenizer or str(DEMO_MODEL_DIR)
     served = recordings(stream)
     requests = [r.request for r in served if r.name in SHOWN and r.endpoint == "chat"]
     if not requests:
