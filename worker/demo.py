@@ -1,10 +1,11 @@
 """``derender-worker demo``: derender a bundled recorded stream and show the result.
 
-Default (Kafka): start the local broker (``deploy/local/kafka start``) unless a bootstrap address
-is given, create a fresh set of topics, start two ``derender-worker run`` processes in one consumer
-group and wait until the group is stable and every partition has served a readiness probe, produce
-the recorded stream (plus two deliberately invalid records) at a visible pace, and show each
-response assembling live from the output topic, with the worker and partition that served it.
+Default (Kafka): start the local broker (``deploy/local/kafka start``, in a source tree; an
+installed package needs a given broker) unless a bootstrap address is given, create a fresh set of
+topics, start two ``derender-worker run`` processes in one consumer group and wait until the group
+is stable and every partition has served a readiness probe, produce the recorded stream (plus two
+deliberately invalid records) at a visible pace, and show each response assembling live from the
+output topic, with the worker and partition that served it.
 Everything it started is stopped at the end, also on failure or Ctrl-C. The last stdout line is
 ``demo: S sequences, C chunks, D dead-lettered, R chunks/s``. The terminal rendering lives in
 ``worker.demo_view``.
