@@ -77,6 +77,17 @@ def test_one_open_chat_choice(version: VllmVersion) -> None:
     _check(_run(version, records).requests["r"])
 
 
+def test_a_stream_without_any_context() -> None:
+    """A stream whose records bring no model, prompt or request: its context is never measured,
+    and its context record still holds the empty fields."""
+    record = chat_stream("r", [[9707, 0, 220], [151645]], prompt_token_ids=PROMPT)[0]
+    for name in ("model", "prompt_token_ids", "prompt_tokens", "chat_request"):
+        del record["body"][name]
+    ctx = _run(VllmVersion.V0_34, [record]).requests["r"]
+    assert ctx.inherited == {} and ctx.request_raw is None
+    _check(ctx)
+
+
 @pytest.mark.parametrize("version", list(VllmVersion))
 def test_a_large_non_ascii_request_with_tools(version: VllmVersion) -> None:
     tool = {

@@ -47,6 +47,8 @@ _REQUEST_FIXED_BYTES = 1100
 _OBJECT_BYTES = 200
 _ARRAY_BYTES = 60
 _ELEMENT_BYTES = 32
+# A context record's context part with no inherited fields ({}) and no request (null).
+_EMPTY_CONTEXT_BYTES = state_record.CONTEXT_FIXED_BYTES + len(b"{}") + len(b"null")
 
 
 @dataclass(slots=True)
@@ -66,8 +68,9 @@ class RequestContext:
     inherited_validated: bool = False
     """``inherited`` holds the values a validated body gave them (not as read from a state record),
     so later records take them as they are instead of validating the prompt ids again."""
-    context_bytes: int = 0
-    """Size of the encoded context (endpoint, inherited fields, request), checked when it is set."""
+    context_bytes: int = _EMPTY_CONTEXT_BYTES
+    """Size of the encoded context (endpoint, inherited fields, request), checked when it is set;
+    until then that of an empty one, which its context record holds all the same."""
     request_bytes: int = 0
     """Size of the encoded request alone (part of ``context_bytes``)."""
     request_live_bytes: int = 0
