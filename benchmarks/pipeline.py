@@ -31,10 +31,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.kafka_harness import bootstrap_address  # noqa: E402
+from tests.fake_vllm import Fault  # noqa: E402
 from tests.kafka_broker import TopicFactory  # noqa: E402
 from tests.kafka_helpers import wait_for_http  # noqa: E402
 from tests.pipeline_helpers import STREAM_CASE, Pipeline, recording, request_of  # noqa: E402
-from worker.pipeline.fake_vllm import Fault  # noqa: E402
 
 
 async def stream_one(

@@ -33,7 +33,8 @@ import orjson
 
 from benchmarks.kafka_harness import make_workload
 from worker.core.derenderer import Derenderer
-from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
+from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.request_context import RequestContext
 from worker.core.sequence_state import SequenceState
 from worker.core.vllm_version import VllmVersion
 from worker.runtime.kafka_client.base import OutgoingRecord

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tests.fake_vllm import Recording
 from tests.pipeline_helpers import ONE_SHOT_CASE, STREAM_CASE, case, recording, reference_outputs, request_of
-from worker.pipeline.fake_vllm import Recording
 
 QUESTION = "What's the weather in Paris?"
 # The golden case's tools: as chat tools, and as each API spells them.

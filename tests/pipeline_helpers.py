@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from tests.fake_vllm import FakeVllm, Fault, Recording
 from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize, sample_config
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import (
@@ -35,7 +36,6 @@ from tests.paths import REPO_ROOT
 from tests.stream_builders import written
 from worker.assembly import AssembledResponse, Assembler
 from worker.core.envelope_processor import EnvelopeProcessor
-from worker.pipeline.fake_vllm import FakeVllm, Fault, Recording
 
 # One worker configuration serves every recording: Qwen3 with its reasoning parser and hermes tools.
 CONFIG = sample_config(parsers=True)

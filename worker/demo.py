@@ -1,10 +1,11 @@
 """``derender-worker demo``: derender a bundled recorded stream and show the result.
 
-Default (Kafka): start the local broker (``deploy/local/kafka start``) unless a bootstrap address
-is given, create a fresh set of topics, start two ``derender-worker run`` processes in one consumer
-group and wait until the group is stable and every partition has served a readiness probe, produce
-the recorded stream (plus two deliberately invalid records) at a visible pace, and show each
-response assembling live from the output topic, with the worker and partition that served it.
+Default (Kafka): start the local broker (``deploy/local/kafka start``, in a source tree; an
+installed package needs a given broker) unless a bootstrap address is given, create a fresh set of
+topics, start two ``derender-worker run`` processes in one consumer group and wait until the group
+is stable and every partition has served a readiness probe, produce the recorded stream (plus two
+deliberately invalid records) at a visible pace, and show each response assembling live from the
+output topic, with the worker and partition that served it.
 Everything it started is stopped at the end, also on failure or Ctrl-C. The last stdout line is
 ``demo: S sequences, C chunks, D dead-lettered, R chunks/s``. The terminal rendering lives in
 ``worker.demo_view``.
@@ -40,13 +41,14 @@ import orjson
 from worker.assembly import Assembler, render_text
 from worker.core.parsing import harmony_switch
 from worker.demo_setup import (
+    DEMO_MODEL_DIR,
     DEMO_MODEL_NAME,
     DEMO_STREAM,
-    REPO_ROOT,
-    SAMPLES,
+    SOURCE_TREE,
     cleanup_step,
     delete_topics,
     given_bootstrap,
+    in_source_tree,
     run_quiet,
     start_local_broker,
     tail,
@@ -104,7 +106,7 @@ def _demo_parsers(model_dir: str) -> tuple[str, str]:
 
 def run_offline_demo(args: argparse.Namespace) -> int:
     stream = Path(args.stream) if args.stream else DEMO_STREAM
-    model_dir = args.tokenizer or str(SAMPLES / "models" / "qwen3")
+    model_dir = args.tokenizer or str(DEMO_MODEL_DIR)
     reasoning, tools = _demo_parsers(model_dir)
     settings = ModelSettings(
         tokenizer=model_dir,
@@ -223,7 +225,8 @@ class Workers:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=REPO_ROOT,
+                # In a source tree, ``python -m worker.cli`` imports the same package as the demo.
+                cwd=SOURCE_TREE if in_source_tree() else None,
             )
         self.processes.append(WorkerProcess(label, client_id, proc, log))
 
@@ -510,7 +513,7 @@ def run_kafka_demo(args: argparse.Namespace) -> int:
 
 def _kafka_demo(args: argparse.Namespace, view: DemoView, tmp: Path) -> None:
     stream = Path(args.stream) if args.stream else DEMO_STREAM
-    model_dir = args.tokenizer or str(SAMPLES / "models" / "qwen3")
+    model_dir = args.tokenizer or str(DEMO_MODEL_DIR)
     plan = build_plan(stream)
     run_id = uuid.uuid4().hex[:8]
     prefix = f"derender-demo-{run_id}"  # fresh topics and group per run: reruns never mix

@@ -1,6 +1,10 @@
 """What both demos (``demo``, ``demo --pipeline``) set up: the bundled samples and the workers'
 model arguments, and a Kafka broker, given or started with the local script, waited for and
-cleaned up after."""
+cleaned up after.
+
+The samples are package data (``worker/demo_samples/``), so an installed wheel has them. The
+local broker script is not: it is found in a source tree only, and without one (and without a
+given broker) the demo says how to get a broker instead."""
 
 from __future__ import annotations
 
@@ -18,11 +22,13 @@ from worker.demo_view import DemoView
 from worker.errors import DemoError
 from worker.settings import KafkaConnection, env_vars_of
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = REPO_ROOT / "samples"
-DEMO_STREAM = SAMPLES / "streams" / "demo-qwen3.jsonl"
+DEMO_SAMPLES = Path(__file__).resolve().parent / "demo_samples"
+DEMO_STREAM = DEMO_SAMPLES / "streams" / "demo-qwen3.jsonl"
+DEMO_MODEL_DIR = DEMO_SAMPLES / "models" / "qwen3"
 DEMO_MODEL_NAME = "qwen3-demo"
-LOCAL_KAFKA_SCRIPT = REPO_ROOT / "deploy" / "local" / "kafka"
+# The package's parent is a source tree when the package runs from one (an editable install).
+SOURCE_TREE = Path(__file__).resolve().parent.parent
+LOCAL_KAFKA_SCRIPT = SOURCE_TREE / "deploy" / "local" / "kafka"
 BOOTSTRAP_ENVS = env_vars_of("bootstrap_servers", KafkaConnection.model_fields["bootstrap_servers"])
 BROKER_START_TIMEOUT_S = 600.0  # the first start fetches Kafka's jars with Maven
 BROKER_ANSWER_TIMEOUT_S = 30.0
@@ -85,8 +91,27 @@ def run_quiet(argv: list[str], timeout: float) -> subprocess.CompletedProcess[st
     )
 
 
+def in_source_tree() -> bool:
+    """Whether the package runs from a source tree (which holds the local broker script)."""
+    return LOCAL_KAFKA_SCRIPT.is_file() and (SOURCE_TREE / "pyproject.toml").is_file()
+
+
+def no_broker_error() -> DemoError:
+    """No broker given, and no source tree whose script could start one (an installed package)."""
+    return DemoError(
+        "no Kafka broker given, and this installation has no local broker script (it is in the "
+        "source tree: deploy/local/kafka). Point the demo at a running broker with "
+        f"--bootstrap-servers or {' / '.join(BOOTSTRAP_ENVS)}, e.g. one started with "
+        "`deploy/local/kafka start` in a clone of the repository (127.0.0.1:19092) or with "
+        "`docker run -d -p 9092:9092 apache/kafka:4.1.0` (localhost:9092). "
+        "`derender-worker demo --offline` needs no broker."
+    )
+
+
 def start_local_broker(view: DemoView, cleanup: contextlib.ExitStack, log_dir: Path) -> str:
     """``deploy/local/kafka start`` with progress; stopped at the end only if it was not running."""
+    if not in_source_tree():
+        raise no_broker_error()
     was_running = run_quiet([str(LOCAL_KAFKA_SCRIPT), "status"], 30).returncode == 0
     if not was_running:
         # Registered before starting: a start that fails half-way is still stopped.

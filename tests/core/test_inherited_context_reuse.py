@@ -18,7 +18,8 @@ from schemas.derender import DerenderChatStreamRequest, DerenderCompletionStream
 from tests.golden_cases import derenderer_for, sample_config
 from worker.core import envelope_processor
 from worker.core.derenderer import Derenderer
-from worker.core.envelope_processor import EnvelopeProcessor, RequestContext
+from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.request_context import RequestContext
 
 JsonDict = dict[str, Any]
 PROMPT_LEN = 2000

@@ -19,12 +19,8 @@ from schemas.bounds import MAX_JSON_DEPTH
 from schemas.envelope import DeadLetterRecord, OutputEnvelope
 from tests.golden_cases import MODELS_DIR, derenderer_for, sample_config
 from tests.stream_builders import chat_stream
-from worker.core.envelope_processor import (
-    DEFAULT_MAX_OUTPUT_BYTES,
-    EnvelopeProcessor,
-    ProcessResult,
-    json_depth_exceeds,
-)
+from worker.core.envelope_processor import DEFAULT_MAX_OUTPUT_BYTES, EnvelopeProcessor, ProcessResult
+from worker.core.json_scan import json_depth_exceeds
 from worker.core.live_parsers import LIVE_PARSER_BYTES
 from worker.runtime import dead_letter_record
 
@@ -338,18 +334,6 @@ def test_a_later_record_whose_request_is_too_large_fails_the_request() -> None:
     refused = processor.process(orjson.dumps(records[1]))
     assert _error_code(refused) == 413 and refused.closed
     assert _error_code(processor.process(orjson.dumps(records[2]))) == 409
-
-
-def test_state_bytes_bound_the_encoded_state_records() -> None:
-    from worker.runtime.state_changelog import encode_context, encode_progress
-
-    processor = _processor()
-    for record in chat_stream("r", [[9707], [0], [151645]], prompt_token_ids=PROMPT)[:2]:
-        processor.process(orjson.dumps(record))
-    ctx = processor.requests["r"]
-    offset = 2**63 - 1  # the longest input offset
-    assert len(encode_context(ctx, offset)) <= ctx.state_bytes()
-    assert len(encode_progress(ctx, offset)) <= ctx.state_bytes() - ctx.context_bytes
 
 
 def test_an_output_past_the_output_limit_is_a_413_and_fails_the_request() -> None:

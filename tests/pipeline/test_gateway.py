@@ -17,6 +17,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from openai import AsyncOpenAI, OpenAI
 
+from tests.fake_vllm import full_response
 from tests.golden_cases import derenderer_for
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import TopicReader, WorkerProcess, free_port, produce, wait_for_http
@@ -40,7 +41,6 @@ from tests.pipeline_helpers import (
 from tests.stream_builders import written
 from worker.assembly import AssembledResponse
 from worker.core.envelope_processor import EnvelopeProcessor
-from worker.pipeline.fake_vllm import full_response
 
 pytestmark = pytest.mark.kafka
 

@@ -24,10 +24,10 @@ from tests.api_cases import (
     golden_completion,
     stream_recording,
 )
+from tests.fake_vllm import Recording
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import TopicReader, wait_for_http
 from tests.pipeline_helpers import Pipeline
-from worker.pipeline.fake_vllm import Recording
 
 pytestmark = pytest.mark.kafka
 

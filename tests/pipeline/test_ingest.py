@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.fake_vllm import Recording
 from tests.kafka_broker import TopicFactory, run_sync
 from tests.kafka_helpers import TopicReader
 from tests.pipeline_helpers import (
@@ -29,7 +30,6 @@ from tests.pipeline_helpers import (
     request_of,
     two_prompt_recording,
 )
-from worker.pipeline.fake_vllm import Recording
 
 pytestmark = pytest.mark.kafka
 

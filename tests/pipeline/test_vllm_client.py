@@ -12,9 +12,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from tests.fake_vllm import FakeVllm
 from tests.pipeline_helpers import FAULTS, ONE_SHOT_CASE, STREAM_CASE, recording, recordings, request_of
 from worker.errors import UpstreamError
-from worker.pipeline.fake_vllm import FakeVllm
 from worker.pipeline.vllm_client import VllmClient
 
 

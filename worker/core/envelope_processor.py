@@ -1,4 +1,4 @@
-"""Input envelopes to output envelopes: the request bookkeeping around the derenderer.
+"""Input envelopes to output envelopes: the dispatch and request bookkeeping around the derenderer.
 
 Pure and synchronous (no I/O), shared by ``replay`` and the Kafka worker so
 both hold state the same way:
@@ -10,6 +10,9 @@ both hold state the same way:
   (skipped, counted), a jump ahead is a gap (error output, request failed);
 * the end of a request: every choice finished and, when
   ``stream_options.include_usage`` asks for it, the usage-only record seen.
+
+What a request holds between records, and its size, is ``request_context``; what an error
+says, ``record_errors``.
 """
 
 from __future__ import annotations
@@ -18,29 +21,41 @@ import dataclasses
 import re
 import sys
 import time
-from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from itertools import accumulate
-from typing import Any, Literal, Protocol, TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, cast
 
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from schemas.bounds import INT64_MAX, MAX_JSON_DEPTH
+from schemas.bounds import INT64_MAX
 from schemas.derender import (
     DerenderChatRequest,
     DerenderChatStreamRequest,
     DerenderCompletionRequest,
-    DerenderCompletionStreamRequest,
     DerenderStreamState,
 )
 from schemas.envelope import CloseRecord, InputEnvelope
-from schemas.openai import ChatCompletionRequest, CompletionRequest, RequestRuleError
+from schemas.openai import ChatCompletionRequest, CompletionRequest
 from worker.core.cycle_collection import pause_cycle_collection, resume_cycle_collection
 from worker.core.derenderer import Derenderer
+from worker.core.json_scan import json_depth_exceeds
 from worker.core.live_parsers import LiveParserPool
+from worker.core.record_errors import (
+    clip,
+    envelope_errors,
+    error_envelope,
+    too_deep_error,
+    validation_message,
+)
+from worker.core.request_context import (
+    STREAM_MODELS,
+    Endpoint,
+    RequestContext,
+    expected_choices,
+    measure_context,
+)
 from worker.core.sequence_state import SequenceState, StateWindowConflict
 from worker.errors import (
     InvalidRecordError,
@@ -52,7 +67,6 @@ from worker.errors import (
 
 JsonDict = dict[str, Any]
 ModelT = TypeVar("ModelT", bound=BaseModel)
-Endpoint = Literal["chat", "completion"]
 
 DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_LIVE_PARSERS = 10_000
@@ -61,171 +75,13 @@ DEFAULT_MAX_OUTPUT_BYTES = 15 * 1024 * 1024
 # A request's context plus progress (what its state records hold); under the output limit, so its
 # context record (context + progress) always fits in one Kafka record.
 DEFAULT_MAX_REQUEST_STATE_BYTES = 12 * 1024 * 1024
-MAX_MESSAGE_CHARS = 4096  # error messages and dead-letter reasons are cut here
 _INHERITED_FIELDS = ("model", "prompt_tokens", "prompt_token_ids")
 _REQUEST_FIELD = {"chat": "chat_request", "completion": "completion_request"}
-# Per endpoint: a stream record's body model and its request object's model.
-_STREAM_MODELS: dict[
-    str,
-    tuple[type[DerenderChatStreamRequest], type[ChatCompletionRequest]]
-    | tuple[type[DerenderCompletionStreamRequest], type[CompletionRequest]],
-] = {
-    "chat": (DerenderChatStreamRequest, ChatCompletionRequest),
-    "completion": (DerenderCompletionStreamRequest, CompletionRequest),
-}
 _CLOSED_MEMORY = 65536
 # One remembered closed request (for duplicate detection): its seq and the dict slot; its id
 # is counted as it is (``_closed_entry_bytes``).
 CLOSED_ENTRY_BYTES = 130
 _MISSING = object()
-# A progress record's fixed part: {"v":3,"kind":"progress","offset":N,"last_seq":N,...}.
-_PROGRESS_OVERHEAD = 220
-# A context record's fixed part besides its inherited fields and request.
-_CONTEXT_OVERHEAD = 96
-# live_bytes: a context object with its dicts; an int in a list (8-byte slot + 28-byte int); the
-# request held parsed and raw: a fixed part, plus its JSON size (its strings, shared by both forms,
-# dominate a large request). Measured with tracemalloc (tests check them).
-_CONTEXT_BASE_BYTES = 1200
-_INT_IN_LIST_BYTES = 36
-_REQUEST_FIXED_BYTES = 1100
-# A request's structure costs more held than encoded (``json_structure_bytes``): a dict with a
-# key or two, a list, and each further element's slot and object, past their JSON text.
-_OBJECT_BYTES = 200
-_ARRAY_BYTES = 60
-_ELEMENT_BYTES = 32
-
-
-@dataclass(slots=True)
-class RequestContext:
-    """What a stream request keeps between its records."""
-
-    endpoint: Endpoint
-    last_seq: int
-    inherited: JsonDict = field(default_factory=dict)
-    request: ChatCompletionRequest | CompletionRequest | None = None
-    request_raw: JsonDict | None = None
-    sequences: dict[int, SequenceState] = field(default_factory=dict)
-    finished: set[int] = field(default_factory=set)
-    last_choice_index: int = 0
-    last_seen: float = 0.0
-    """This process's clock at the last record; not persisted (another process's clock means nothing)."""
-    inherited_validated: bool = False
-    """``inherited`` holds the values a validated body gave them (not as read from a state record),
-    so later records take them as they are instead of validating the prompt ids again."""
-    context_bytes: int = 0
-    """Size of the encoded context (endpoint, inherited fields, request), checked when it is set."""
-    request_bytes: int = 0
-    """Size of the encoded request alone (part of ``context_bytes``)."""
-    request_live_bytes: int = 0
-    """The request's estimated memory held, parsed and raw (``measure_context``)."""
-    measured_request: JsonDict | None = None
-    """The ``request_raw`` that ``context_bytes`` was measured with."""
-    wire_bytes: dict[int, int] = field(default_factory=dict)
-    """Size of each choice's encoded ``stream_state``, as of its last record."""
-    _wire_total: int = 0
-
-    def note_wire(self, index: int, size: int) -> None:
-        self._wire_total += size - self.wire_bytes.get(index, 0)
-        self.wire_bytes[index] = size
-
-    def state_bytes(self) -> int:
-        """An upper bound of what its state records take: context plus progress record."""
-        per_choice = 56  # the index as a key twice, separators, its window form
-        return (
-            self.context_bytes
-            + _PROGRESS_OVERHEAD
-            + self._wire_total
-            + per_choice * len(self.wire_bytes)
-            + 21 * len(self.finished)
-        )
-
-    def live_bytes(self) -> int:
-        """A cheap estimate of the Python memory this request holds, O(choices + decode windows).
-
-        Counts the prompt ids as ints in a list (36 bytes each), the request as parsed and raw
-        (``_REQUEST_FIXED_BYTES`` plus its JSON size) and each choice's state. Live parser
-        sessions are not in it: the pool holds and counts them (``LiveParserPool.live_bytes``), since
-        it evicts them without the request being touched. Within about 20% of tracemalloc's figure,
-        with the pool's, in the tests.
-        """
-        size = _CONTEXT_BASE_BYTES
-        if self.request is not None:
-            size += _REQUEST_FIXED_BYTES + self.request_live_bytes
-        prompt = self.inherited.get("prompt_token_ids")
-        if isinstance(prompt, list):
-            size += _INT_IN_LIST_BYTES * len(prompt)
-        size += 64 * len(self.finished)
-        for state in self.sequences.values():
-            size += state.live_bytes()
-        return size
-
-    @property
-    def expected_choices(self) -> int:
-        return _expected_choices(self.request)
-
-    @property
-    def wants_usage_record(self) -> bool:
-        options = self.request.stream_options if self.request is not None else None
-        return bool(options is not None and options.include_usage)
-
-    @classmethod
-    def resume(
-        cls,
-        endpoint: Endpoint,
-        inherited: JsonDict,
-        request_raw: JsonDict | None,
-        *,
-        last_seq: int,
-        sequences: dict[int, JsonDict],
-        finished: set[int],
-        last_choice_index: int,
-        derenderer: Derenderer,
-    ) -> RequestContext:
-        """A request's context rebuilt from its parts (as a state record stored them): the request
-        and each choice's ``stream_state`` are validated and measured as when they came in.
-        Raises ``ValueError`` (``ValidationError`` included) for parts that do not validate."""
-        if endpoint not in _STREAM_MODELS:
-            raise ValueError(f"unknown endpoint {endpoint!r}")
-        model_cls = _STREAM_MODELS[endpoint][1]
-        ctx = cls(
-            endpoint=endpoint,
-            last_seq=last_seq,
-            inherited=dict(inherited),
-            request=(
-                model_cls.model_validate(request_raw, context=derenderer.options.behaviour.request_context)
-                if request_raw is not None
-                else None
-            ),
-            request_raw=request_raw,
-            # Restored by this worker: written back in its own window form, whichever it was stored in.
-            sequences={
-                i: SequenceState.from_wire(
-                    DerenderStreamState.model_validate(w),
-                    derenderer.decoder,
-                    derenderer.options.behaviour.state_form,
-                    keep_form=False,
-                )
-                for i, w in sequences.items()
-            },
-            finished=set(finished),
-            last_choice_index=last_choice_index,
-        )
-        ctx.context_bytes, ctx.request_bytes, ctx.request_live_bytes = measure_context(
-            ctx.inherited, request_raw
-        )
-        ctx.measured_request = request_raw
-        for index, wire in sequences.items():
-            ctx.note_wire(index, len(orjson.dumps(wire)))
-        return ctx
-
-
-def measure_context(inherited: JsonDict, request: Any) -> tuple[int, int, int]:
-    """Encoded sizes of a request context as its state record holds it, whole and of its request
-    alone, and the request's estimated memory held; ``TypeError`` when it cannot be encoded."""
-    encoded = orjson.dumps(request)
-    request_size = len(encoded)
-    context_size = request_size + len(orjson.dumps(inherited)) + _CONTEXT_OVERHEAD
-    return context_size, request_size, request_size + json_structure_bytes(encoded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,10 +92,6 @@ class DeadLetter:
     reason: str
     value: bytes
     key: bytes | None
-
-
-def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,125 +147,7 @@ class ProcessResult:
         return decoded
 
 
-_LISTED_ERRORS = 20
-
-# Names pydantic-core puts into an error's loc for a union member or a wrapping validator
-# (``str``, ``list[int]``, ``function-after[...]``), not for a field. vLLM's handler leaves them
-# out of both the listed loc and ``param``: ``body.stop``, not ``body.stop.list[str]``.
-_SCHEMA_KINDS = frozenset(
-    [
-        "function-wrap",
-        "function-after",
-        "function-before",
-        "function-plain",
-        "json-or-python",
-        "lax-or-strict",
-        "chain",
-        "default",
-        "nullable",
-        "tagged-union",
-        "union",
-        "call",
-        "arguments",
-        "is-instance",
-        "is-subclass",
-        "callable",
-        "str",
-        "int",
-        "float",
-        "bool",
-        "bytes",
-        "bytearray",
-        "list",
-        "tuple",
-        "dict",
-        "set",
-        "frozenset",
-        "complex",
-        "none",
-        "nonetype",
-    ]
-)
-_BRACKETED = re.compile(r"[\[\]{}()]")
-
-
-def _where(at: tuple[str, ...], loc: tuple[int | str, ...]) -> str:
-    """An error's place in the body, as a dotted path without pydantic's schema kinds."""
-    parts = [str(part) for part in loc]
-    kept = [p for p in parts if not _BRACKETED.search(p) and p.lower() not in _SCHEMA_KINDS]
-    return clip(".".join(("body", *at, *kept)), 256)
-
-
-def _validation_message(exc: ValidationError, at: tuple[str, ...] = ()) -> tuple[str, str | None]:
-    """The message and ``param`` of a 400 for ``exc``; ``at`` is where the validated part sits in
-    the body. As vLLM's handler does, ``param`` is the parameter of the first broken request rule
-    that names one, else where the first error is."""
-    errors = exc.errors(include_url=False, include_input=False)
-    lines = [f"{len(errors)} validation error{'s' if len(errors) != 1 else ''}:"]
-    for err in errors[:_LISTED_ERRORS]:
-        lines.append(
-            f"  {{'type': {err['type']!r}, 'loc': {_where(at, err['loc'])!r}, 'msg': {err['msg']!r}}}"
-        )
-    if len(errors) > _LISTED_ERRORS:
-        lines.append(f"  ... and {len(errors) - _LISTED_ERRORS} more")
-    param = None
-    for err in errors:
-        rule = err.get("ctx", {}).get("error")
-        if isinstance(rule, RequestRuleError):
-            param = rule.parameter
-            break
-    if param is None and errors:
-        param = _where(at, errors[0]["loc"])
-    return "\n".join(lines), param
-
-
-def _error_envelope(request_id: str, seq: int, endpoint: str, error: RequestError) -> JsonDict:
-    return {
-        "request_id": request_id,
-        "seq": seq,
-        "endpoint": endpoint,
-        "error": {
-            "message": clip(error.message),
-            "type": error.error_type,
-            "param": error.param,
-            "code": error.code,
-        },
-    }
-
-
 _CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
-# JSON strings, so the brackets inside them are not counted as nesting.
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-# Opening brackets to 1, closing ones to -1 (as signed bytes).
-_BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
-
-
-def json_structure_bytes(value: bytes) -> int:
-    """What the JSON document ``value`` costs held in Python beyond its length: each object, array
-    and further element (counted outside strings). A request of two million empty lists is 6 MB
-    encoded and ~130 MB held."""
-    if b'"' in value and value.count(b"{") + value.count(b"[") + value.count(b",") > 64:
-        value = _JSON_STRING.sub(b"", value)
-    return (
-        _OBJECT_BYTES * value.count(b"{")
-        + _ARRAY_BYTES * value.count(b"[")
-        + _ELEMENT_BYTES * value.count(b",")
-    )
-
-
-def json_depth_exceeds(value: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether the JSON document ``value`` nests arrays and objects deeper than ``limit``.
-
-    Nearly free for ordinary records: fewer opening brackets than ``limit`` (those in strings
-    included) cannot nest deeper. Otherwise strings are cut out and the nesting is summed up.
-    """
-    if value.count(b"[") + value.count(b"{") <= limit:
-        return False
-    if b'"' in value:
-        value = _JSON_STRING.sub(b"", value)
-    steps = array("b", value.translate(_BRACKET_STEPS, _NOT_BRACKETS))
-    return max(accumulate(steps), default=0) > limit
 
 
 class EnvelopeProcessor:
@@ -490,7 +224,7 @@ class EnvelopeProcessor:
             # A gap fails the whole request: report that its state is gone.
             closed = was_open and rid not in self.requests
             result = self.output_result(
-                rid, _error_envelope(rid, seq, endpoint, exc), closed=closed, source=source
+                rid, error_envelope(rid, seq, endpoint, exc), closed=closed, source=source
             )
             return dataclasses.replace(result, sequence_gap=isinstance(exc, SequenceGapError))
         except Exception as exc:  # noqa: BLE001 - every bug becomes this request's 500
@@ -501,7 +235,7 @@ class EnvelopeProcessor:
                 f"internal error while derendering: {exc!r}", code=500, error_type="InternalServerError"
             )
             failed = self.output_result(
-                rid, _error_envelope(rid, seq, endpoint, error), closed=True, source=source
+                rid, error_envelope(rid, seq, endpoint, error), closed=True, source=source
             )
             return dataclasses.replace(failed, internal_error=exc)
 
@@ -532,13 +266,7 @@ class EnvelopeProcessor:
         try:
             envelope = _model_from(model, data)
         except ValidationError as exc:
-            errors = exc.errors(include_url=False, include_input=False, include_context=False)
-            details = "; ".join(
-                f"{clip('.'.join(str(p) for p in e['loc']), 256) or '<root>'}: {e['msg']}"
-                for e in errors[:_LISTED_ERRORS]
-            )
-            more = f"; ... and {len(errors) - _LISTED_ERRORS} more" if len(errors) > _LISTED_ERRORS else ""
-            raise InvalidRecordError(f"not a valid envelope: {details}{more}") from exc
+            raise InvalidRecordError(envelope_errors(exc)) from exc
         if key is not None and key != envelope.request_id.encode("utf-8"):
             raise InvalidRecordError(
                 f"record key {clip(key.decode('utf-8', errors='replace'), 256)!r} differs from "
@@ -581,7 +309,7 @@ class EnvelopeProcessor:
             raise AssertionError("an error record must always be writable") from None
         if request_id in self.requests:
             self._close(request_id, output["seq"])  # its client missed this record's text
-        failed = _error_envelope(request_id, output["seq"], output["endpoint"], error)
+        failed = error_envelope(request_id, output["seq"], output["endpoint"], error)
         return self.output_result(request_id, failed, closed=True, source=source)
 
     # --- one-shot ----------------------------------------------------------------------------
@@ -594,7 +322,7 @@ class EnvelopeProcessor:
         self._open_request(rid, seq, endpoint, stream=False)  # raises for an open stream's id
         self._remember_closed(rid, seq)
         if too_deep:
-            raise _too_deep_error()
+            raise too_deep_error()
         if endpoint == "chat":
             chat = _validate(DerenderChatRequest, body, self._request_context)
             response = self.derenderer.chat(chat)
@@ -623,7 +351,7 @@ class EnvelopeProcessor:
         refusal = self.admission.refusal(record_bytes) if ctx is None and self.admission is not None else None
         if refusal is not None:
             error = RequestError(refusal.message, code=503, error_type="ServiceUnavailableError")
-            refused = self.output_result(rid, _error_envelope(rid, seq, endpoint, error), source=source)
+            refused = self.output_result(rid, error_envelope(rid, seq, endpoint, error), source=source)
             return dataclasses.replace(refused, refused=refusal.cap)
         if ctx is None and seq > 0 and body.get("stream_state") is None:
             self._remember_closed(rid, seq)
@@ -639,7 +367,7 @@ class EnvelopeProcessor:
         ctx.last_seen = self._clock()
         try:
             if too_deep:
-                raise _too_deep_error()
+                raise too_deep_error()
             return self._derender_stream(ctx, rid, seq, endpoint, body, source)
         except RequestError as exc:
             # A request that never got going: its later records must not run without its context.
@@ -692,7 +420,7 @@ class EnvelopeProcessor:
         request_field = _REQUEST_FIELD[endpoint]
         raw_request = body.pop(request_field, None)
 
-        body_cls, request_cls = _STREAM_MODELS[endpoint]
+        body_cls, request_cls = STREAM_MODELS[endpoint]
         validated = _validate(body_cls, body)
         request, request_raw = self._validated_request(ctx, raw_request, request_cls)
         rebuilt = validated.stream_state is not None  # a carried state rebuilds its parser anyway
@@ -794,7 +522,7 @@ class EnvelopeProcessor:
                 try:
                     request = model_cls.model_validate(raw, context=self._request_context)
                 except ValidationError as exc:
-                    message, param = _validation_message(exc, (_REQUEST_FIELD[ctx.endpoint],))
+                    message, param = validation_message(exc, (_REQUEST_FIELD[ctx.endpoint],))
                     raise RequestError(message, error_type="Bad Request", param=param) from exc
                 request_raw = raw
         return request, request_raw
@@ -931,7 +659,7 @@ class EnvelopeProcessor:
             seq = min(ctx.last_seq + 1, INT64_MAX)
             self._close(rid, seq)
             results.append(
-                self.output_result(rid, _error_envelope(rid, seq, ctx.endpoint, error), closed=True)
+                self.output_result(rid, error_envelope(rid, seq, ctx.endpoint, error), closed=True)
             )
         return results
 
@@ -944,18 +672,13 @@ def _choice_index(
     if not choices:
         return last_index
     index: int = choices[0].index
-    n = _expected_choices(request)
+    n = expected_choices(request)
     if not 0 <= index < n:
         raise RequestError(
             f"choice index {index} is out of range: the request has n={n} choice(s)",
             param="generate_chunk.choices.0.index",
         )
     return index
-
-
-def _expected_choices(request: ChatCompletionRequest | CompletionRequest | None) -> int:
-    n = request.n if request is not None else 1
-    return n if n and n > 0 else 1
 
 
 def _refuse_stepping_a_finished_choice(rid: str, index: int, choices: Sequence[Any]) -> None:
@@ -981,12 +704,6 @@ def _closed_entry_bytes(rid: str) -> int:
     return size
 
 
-def _too_deep_error() -> RequestError:
-    return RequestError(
-        f"the record nests arrays and objects deeper than {MAX_JSON_DEPTH} levels", param="body"
-    )
-
-
 def _set_fields(model: BaseModel, values: JsonDict) -> None:
     """Set already validated field values, as pydantic's own ``__setattr__`` does for a model
     without assignment validation, without its per-call dispatch (~1 µs a field)."""
@@ -1004,5 +721,5 @@ def _validate(model_cls: type[ModelT], body: JsonDict, context: JsonDict | None 
     try:
         return _model_from(model_cls, body, context)
     except ValidationError as exc:
-        message, param = _validation_message(exc)
+        message, param = validation_message(exc)
         raise RequestError(message, error_type="Bad Request", param=param) from exc

@@ -4,6 +4,10 @@ A local fake vLLM (render + generate, serving the recorded Qwen3 streams of the 
 ``ingest``, two workers and ``gateway`` on a local Kafka; then the ``openai`` SDK streams a reasoning
 answer and a tool call through the gateway, printed as they arrive. Everything it started is
 stopped at the end, and its topics are deleted.
+
+The fake vLLM is a test double, ``tests/fake_vllm.py`` of the source tree, not part of the
+installed package (docs/decisions/0025-demo-packaging.md), and its client is the ``openai`` SDK, a
+dev dependency: this demo runs from a source tree (``./run demo --pipeline``), and says so elsewhere.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import subprocess
 import sys
 import tempfile
@@ -18,15 +23,18 @@ import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from worker.demo_setup import (
+    DEMO_MODEL_DIR,
     DEMO_STREAM,
-    SAMPLES,
+    SOURCE_TREE,
     delete_topics,
     given_bootstrap,
+    in_source_tree,
     start_local_broker,
     wait_for_broker,
     worker_model_args,
@@ -34,8 +42,10 @@ from worker.demo_setup import (
 from worker.demo_view import make_view
 from worker.errors import DemoError
 from worker.pipeline.connection import Connection
-from worker.pipeline.fake_vllm import FakeVllm, Recording
 from worker.runtime.kafka_security import KafkaSecurity
+
+if TYPE_CHECKING:
+    from tests.fake_vllm import Recording
 
 PARTITIONS = 4
 PACE_S = 0.03
@@ -45,8 +55,28 @@ _COLOUR = sys.stdout.isatty()
 DIM, BOLD, RESET = ("\033[2m", "\033[1m", "\033[0m") if _COLOUR else ("", "", "")
 
 
+def fake_vllm() -> ModuleType:
+    """The source tree's fake vLLM (``tests/fake_vllm.py``), imported from there; a ``DemoError``
+    saying what to do when the package is not run from a source tree."""
+    path = SOURCE_TREE / "tests" / "fake_vllm.py"
+    if not (in_source_tree() and path.is_file()):
+        raise DemoError(
+            "demo --pipeline serves its requests from a fake vLLM, a test double that is not "
+            "installed with the package: run it from a clone of the repository (`./run demo "
+            "--pipeline`, or `pip install -e '.[dev]'` there). `derender-worker demo` and "
+            "`demo --offline` run from the installed package."
+        )
+    if str(SOURCE_TREE) not in sys.path:
+        sys.path.insert(0, str(SOURCE_TREE))
+    module = importlib.import_module("tests.fake_vllm")
+    if Path(module.__file__ or "").resolve() != path:
+        raise DemoError(f"`tests.fake_vllm` was imported from {module.__file__}, not from {path}")
+    return module
+
+
 def recordings(stream: Path) -> list[Recording]:
     """One recording per request of a file of input envelopes (lines that are not envelopes skipped)."""
+    recording = fake_vllm().Recording
     by_request: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for line in stream.read_bytes().splitlines():
         with contextlib.suppress(orjson.JSONDecodeError):
@@ -54,7 +84,7 @@ def recordings(stream: Path) -> list[Recording]:
             if isinstance(value, dict) and isinstance(value.get("body"), dict) and "seq" in value:
                 by_request[value["request_id"]].append(value)
     return [
-        Recording.from_envelopes(rid, sorted(envelopes, key=lambda e: e["seq"]))
+        recording.from_envelopes(rid, sorted(envelopes, key=lambda e: e["seq"]))
         for rid, envelopes in by_request.items()
     ]
 
@@ -210,7 +240,7 @@ def run_pipeline_demo(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace, tmp: Path) -> int:
     stream = Path(args.stream) if args.stream else DEMO_STREAM
-    model_dir = args.tokenizer or str(SAMPLES / "models" / "qwen3")
+    model_dir = args.tokenizer or str(DEMO_MODEL_DIR)
     served = recordings(stream)
     requests = [r.request for r in served if r.name in SHOWN and r.endpoint == "chat"]
     if not requests:
@@ -247,7 +277,7 @@ def _demo(args: argparse.Namespace, tmp: Path) -> int:
         requests_connection = Connection(bootstrap, f"{prefix}-setup", KafkaSecurity())
         asyncio.run(requests_connection.ensure_topic(topics["openai-requests"], PARTITIONS))
 
-        fake = FakeVllm(served, served_model_names=(SERVED_MODEL,), pace_s=PACE_S).start()
+        fake = fake_vllm().FakeVllm(served, served_model_names=(SERVED_MODEL,), pace_s=PACE_S).start()
         cleanup.callback(fake.stop)
         print(f"  fake vLLM (render + generate) on {fake.url}: {len(served)} recorded generations")
         processes = Processes(tmp)

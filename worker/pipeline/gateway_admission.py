@@ -16,7 +16,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from schemas.openai import ChatCompletionRequest, CompletionRequest
-from worker.core.envelope_processor import _validation_message
+from worker.core.record_errors import validation_message
 from worker.core.vllm_version import VllmBehaviour
 from worker.settings import GatewayOptions
 
@@ -88,7 +88,7 @@ def admit_body(raw: bytes, endpoint: Endpoint, limits: GatewayOptions) -> Admitt
         context = VllmBehaviour.of(limits.vllm_version).request_context
         request = _MODELS[endpoint].model_validate(body, context=context)
     except ValidationError as exc:
-        message, param = _validation_message(exc)
+        message, param = validation_message(exc)
         raise Refused.bad_request(message, param) from None
     return _within_limits(endpoint, body, raw, request, limits)
 

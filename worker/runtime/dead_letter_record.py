@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 import orjson
 
-from worker.core.envelope_processor import DeadLetter, clip
+from worker.core.envelope_processor import DeadLetter
+from worker.core.record_errors import clip
 
 MAX_DEAD_LETTER_KEY_BYTES = 4096
 MAX_DEAD_LETTER_HEADERS_BYTES = 16 * 1024

@@ -23,8 +23,8 @@ How the state topic is used, from writing to restoring (docs/state.md points her
 * **Exactly-once.** A commit's state records ride in its transaction: docs/exactly-once.md,
   "Exactly-once, and why this design".
 
-The format is versioned (``FORMAT_VERSION``); format 1 records (no ``offset``, written at every
-commit) are read as checkpoints that nothing follows.
+The records' values, their fields and format version, are ``worker.core.state_record``'s; format 1
+records (no ``offset``, written at every commit) are read as checkpoints that nothing follows.
 """
 
 from __future__ import annotations
@@ -38,17 +38,15 @@ from typing import Any
 
 import orjson
 
+from worker.core import state_record
 from worker.core.derenderer import Derenderer
-from worker.core.envelope_processor import EnvelopeProcessor, JsonDict, RequestContext
+from worker.core.envelope_processor import EnvelopeProcessor
+from worker.core.request_context import RequestContext
 from worker.runtime.kafka_client.base import OutgoingRecord
 
 log = logging.getLogger(__name__)
 
-# 3: a choice's ``stream_state`` may hold its window as ids (vLLM 0.34's ``prev_token_ids``), and
-# the progress record names the form (``window``). A build that reads only 1 and 2 would drop that
-# window without a word; it refuses the record instead, and the request fails loudly.
-FORMAT_VERSION = 3
-READABLE_VERSIONS = frozenset({1, 2, 3})
+JsonDict = dict[str, Any]
 PROGRESS_SUFFIX = b"\xffprogress"
 NAMESPACE_END = b"\xfe"
 REPLAY_FROM = b"\xffreplay-from"  # the partition's own key, after the namespace
@@ -90,30 +88,19 @@ class StateKeys:
 
 
 def _progress(ctx: RequestContext, offset: int | None) -> JsonDict:
-    return {
-        "v": FORMAT_VERSION,
-        "kind": "progress",
-        "offset": offset,
-        "last_seq": ctx.last_seq,
-        "sequences": {str(i): orjson.Fragment(s.wire_json()) for i, s in ctx.sequences.items()},
-        # Each state's window key says it too; this is for a reader of the record alone.
-        "window": {str(i): s.form.value for i, s in ctx.sequences.items()},
-        "finished": sorted(ctx.finished),
-        "last_choice_index": ctx.last_choice_index,
-    }
+    return state_record.progress_record(
+        offset=offset,
+        last_seq=ctx.last_seq,
+        sequences=ctx.sequences,
+        finished=ctx.finished,
+        last_choice_index=ctx.last_choice_index,
+    )
 
 
 def encode_context(ctx: RequestContext, offset: int | None = None) -> bytes:
     """The context record: a complete checkpoint, also restorable alone."""
     return orjson.dumps(
-        {
-            "v": FORMAT_VERSION,
-            "kind": "context",
-            "endpoint": ctx.endpoint,
-            "inherited": ctx.inherited,
-            "request": ctx.request_raw,
-            "progress": _progress(ctx, offset),
-        }
+        state_record.context_record(ctx.endpoint, ctx.inherited, ctx.request_raw, _progress(ctx, offset))
     )
 
 
@@ -129,36 +116,23 @@ class Checkpoint:
     offset: int | None  # None: format 1, current as of the committed offset
 
 
-def _version(record: JsonDict) -> None:
-    if record.get("v") not in READABLE_VERSIONS:
-        raise ValueError(f"unknown state record format {record.get('v')!r}")
-
-
 def decode(derenderer: Derenderer, context: bytes, progress: bytes | None = None) -> Checkpoint:
     """A request's checkpoint from its context record and, when newer, its progress record.
 
     Each choice's state is read in the form it was stored in (a record of a worker that matched
     another vLLM version included) and written on in ``derenderer``'s."""
-    data = orjson.loads(context)
-    _version(data)
-    if data.get("kind") != "context":
-        raise ValueError("not a context record")
-    latest = data["progress"]
-    if progress is not None:
-        latest = orjson.loads(progress)
-        _version(latest)
+    stored = state_record.read_request(context, progress)
     ctx = RequestContext.resume(
-        data["endpoint"],
-        data.get("inherited") or {},
-        data.get("request"),
-        last_seq=int(latest["last_seq"]),
-        sequences={int(i): s for i, s in (latest.get("sequences") or {}).items()},
-        finished={int(i) for i in latest.get("finished") or ()},
-        last_choice_index=int(latest.get("last_choice_index", 0)),
+        stored.endpoint,
+        stored.inherited,
+        stored.request,
+        last_seq=stored.last_seq,
+        sequences=stored.sequences,
+        finished=stored.finished,
+        last_choice_index=stored.last_choice_index,
         derenderer=derenderer,
     )
-    offset = latest.get("offset")
-    return Checkpoint(ctx, int(offset) if offset is not None else None)
+    return Checkpoint(ctx, stored.offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +168,7 @@ def restore(keys: StateKeys, latest: Mapping[bytes, bytes], derenderer: Derender
     marker = latest.get(keys.replay_from)
     if marker is not None:
         try:
-            value = orjson.loads(marker)
-            _version(value)
-            replay_from = None if value["offset"] is None else int(value["offset"])
+            replay_from = state_record.read_replay_from(marker)
         except Exception as exc:  # noqa: BLE001 - then nothing is replayed: the next records fail loudly
             log.error("dropping an unreadable replay-from record: %r", exc)
     return Restored(out, replay_from)
@@ -340,7 +312,7 @@ class StateChangelog:
         if replay_from != self._replay_from and (
             replay_from is None or self._replay_from is None or now - self._replay_from_at >= self.interval
         ):
-            marker = orjson.dumps({"v": FORMAT_VERSION, "kind": "replay-from", "offset": replay_from})
+            marker = orjson.dumps(state_record.replay_from_record(replay_from))
             out.append(self._record(self.keys.replay_from, marker))
             self._replay_from, self._replay_from_at = replay_from, now
         return out
