@@ -4,7 +4,6 @@ cleaned up after."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -16,7 +15,7 @@ from pathlib import Path
 
 from worker.demo_view import DemoView
 from worker.errors import DemoError
-from worker.settings import KafkaConnection, env_vars_of
+from worker.settings import DemoOptions, KafkaConnection, env_vars_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = REPO_ROOT / "samples"
@@ -42,7 +41,7 @@ def worker_model_args(model_dir: str) -> list[str]:
     ]
 
 
-def given_bootstrap(args: argparse.Namespace) -> tuple[str, str] | None:
+def given_bootstrap(args: DemoOptions) -> tuple[str, str] | None:
     if args.bootstrap_servers:
         return args.bootstrap_servers.strip(), "--bootstrap-servers"
     for env in BOOTSTRAP_ENVS:

@@ -21,7 +21,7 @@ from worker.errors import ConfigurationError
 from worker.runtime.kafka_client.aiokafka_backend import compression_type
 from worker.runtime.kafka_client.base import CompressionType
 from worker.runtime.kafka_limits import MAX_RECORD_BYTES
-from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.kafka_security import KafkaSecurity, load_kafka
 from worker.runtime.topics import LARGE_RECORDS
 from worker.settings import (
     KafkaConnection,
@@ -29,7 +29,6 @@ from worker.settings import (
     SecuritySettings,
     add_arguments,
     load,
-    load_kafka,
 )
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,6 @@ stopped at the end, and its topics are deleted.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import subprocess
@@ -36,6 +35,7 @@ from worker.errors import DemoError
 from worker.pipeline.connection import Connection
 from worker.pipeline.fake_vllm import FakeVllm, Recording
 from worker.runtime.kafka_security import KafkaSecurity
+from worker.settings import DemoOptions
 
 PARTITIONS = 4
 PACE_S = 0.03
@@ -196,7 +196,7 @@ def _messages(base_url: str, request: dict[str, Any]) -> None:
     print(f"  stop_reason: {message.stop_reason}")
 
 
-def run_pipeline_demo(args: argparse.Namespace) -> int:
+def run_pipeline_demo(args: DemoOptions) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="derender-pipeline-demo-") as tmp:
             return _demo(args, Path(tmp))
@@ -208,7 +208,7 @@ def run_pipeline_demo(args: argparse.Namespace) -> int:
         return 130
 
 
-def _demo(args: argparse.Namespace, tmp: Path) -> int:
+def _demo(args: DemoOptions, tmp: Path) -> int:
     stream = Path(args.stream) if args.stream else DEMO_STREAM
     model_dir = args.tokenizer or str(SAMPLES / "models" / "qwen3")
     served = recordings(stream)

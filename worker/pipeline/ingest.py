@@ -52,6 +52,7 @@ from worker.pipeline.ingest_health import serving_health
 from worker.pipeline.vllm_client import VllmClient
 from worker.runtime.genai_metrics import request_start_header
 from worker.runtime.kafka_client.aiokafka_backend import fetch_committed
+from worker.runtime.structured_logging import configure
 from worker.runtime.tracing import Headers, propagated
 from worker.settings import IngestOptions, LoggingSettings, MetricsServerSettings, add_arguments, load
 
@@ -886,7 +887,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    load(LoggingSettings, args).configure()
+    configure(load(LoggingSettings, args))
     settings = load(IngestOptions, args)
     connection = Connection.from_args(args, "ingest")
     health = load(MetricsServerSettings, args)
