@@ -43,7 +43,7 @@ def _audit(args: argparse.Namespace) -> int:
         options = load(AuditOptions, args)
         check_files(options)
         model = load(ModelSettings, args)
-        # Loaded before the model: a wrong or missing address fails in seconds.
+        # Checked now (a missing address is a usage error); the model loads at the first record.
         kafka = load_kafka(ProducingTopics, args) if options.needs_kafka else None
         loaded: list[Derenderer] = []
 
