@@ -131,7 +131,7 @@ class Flood:
         self.tasks = [
             OwnedPartition(
                 TopicPartition("in", p),
-                EnvelopeProcessor(derenderer, live_parsers=self.pool),
+                EnvelopeProcessor(derenderer, live_parsers=self.pool, admission=self.budget),
                 _NullSink(),
                 topics,
                 Metrics(),
