@@ -58,6 +58,7 @@ from worker.core.parsing import ChatParsing, ParseRequest, adapter_for
 from worker.core.parsing.registry import tool_parsers
 from worker.core.vllm_version import VllmVersion
 from worker.errors import ParseBudgetExceededError
+from worker.runtime.composition import load_derenderer
 from worker.settings import ModelSettings
 
 MODELS = Path(__file__).resolve().parent.parent / "samples" / "models"
@@ -410,7 +411,7 @@ def _stream_record(endpoint: str, ids: list[int], logprobs: JsonDict | None = No
 
 
 def _record_cost(settings: ModelSettings, value: bytes, rounds: int) -> list[float]:
-    derenderer = settings.build_derenderer()
+    derenderer = load_derenderer(settings)
 
     def once() -> None:
         result = EnvelopeProcessor(derenderer, max_record_bytes=64 << 20).process(value)
@@ -424,7 +425,7 @@ def _record_rows(rounds: int) -> list[tuple[str, list[float], list[float]]]:
     rows = []
     for model in ("qwen3", "mistral-7b-v0.3"):
         settings = _settings(model, max_model_len=40960)
-        backend = settings.build_derenderer().tokenizer.backend
+        backend = load_derenderer(settings).tokenizer.backend
         lead = backend.token_to_id("<0xE2>")
         if lead is None:
             lead = backend.token_to_id("â")  # byte-level spelling of the lone byte 0xE2
@@ -439,8 +440,8 @@ def _record_rows(rounds: int) -> list[tuple[str, list[float], list[float]]]:
             )
         )
     settings = _settings("qwen3")
-    limit = settings.build_derenderer().options.max_model_len
-    backend = settings.build_derenderer().tokenizer.backend
+    limit = load_derenderer(settings).options.max_model_len
+    backend = load_derenderer(settings).tokenizer.backend
     ids = (backend.encode(FILLER * 8000, add_special_tokens=False).ids)[: limit - len(PROMPT)]
     rows.append(
         (
@@ -450,7 +451,7 @@ def _record_rows(rounds: int) -> list[tuple[str, list[float], list[float]]]:
         )
     )
     settings = _settings("qwen3", max_model_len=40960)
-    max_logprobs = settings.build_derenderer().options.max_logprobs
+    max_logprobs = load_derenderer(settings).options.max_logprobs
     positions = 4000
     ids = (backend.encode(FILLER * 2000, add_special_tokens=False).ids)[:positions]
     content = [
@@ -502,7 +503,7 @@ def _oneshot_rows(rounds: int, only: list[str]) -> list[tuple[str, list[float], 
         if not _wanted(f"{parser} one-shot", only):
             continue
         settings = _settings(model, tool_parser=parser, enable_auto_tool_choice=True)
-        backend = settings.build_derenderer().tokenizer.backend
+        backend = load_derenderer(settings).tokenizer.backend
         for n in (1000, 2000, 4000):
             ids = backend.encode(prefix + unit * n, add_special_tokens=False).ids[:n]
             ordinary = backend.encode(FILLER * (n // 4), add_special_tokens=False).ids[: len(ids)]
@@ -542,7 +543,7 @@ def _parser_stream_costs(
     assert parsing is not None
     request = ParseRequest(tools=tools, tool_choice="auto", parallel_tool_calls=None)
     settings = _settings(model)
-    decoder = settings.build_derenderer().decoder
+    decoder = load_derenderer(settings).decoder
     ids: list[int] = loaded.backend.encode(text, add_special_tokens=False).ids
     window = decoder.seed_window([1], False)
     texts = [decoder.extend(window, [token], False) for token in ids]

@@ -21,6 +21,7 @@ from worker.audit import Auditor
 from worker.core.derenderer import Derenderer
 from worker.core.vllm_version import VllmVersion
 from worker.replay import replay_lines
+from worker.runtime.composition import load_derenderer, new_processor
 from worker.settings import ModelSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +49,7 @@ def _records() -> list[bytes]:
 
 def _replay(settings: ModelSettings, derenderer: Derenderer, records: list[bytes]) -> bytes:
     out = io.BytesIO()
-    replay_lines(records, settings.processor_for(derenderer), out, io.StringIO())
+    replay_lines(records, new_processor(settings, derenderer), out, io.StringIO())
     return out.getvalue()
 
 
@@ -57,7 +58,7 @@ def _audit(
 ) -> tuple[float, float]:
     """One audit; the seconds spent derendering and comparing."""
     started = time.perf_counter()
-    auditor = Auditor(lambda: settings.processor_for(derenderer))
+    auditor = Auditor(lambda: new_processor(settings, derenderer))
     for value in records:
         auditor.add_input(value)
     derendered = time.perf_counter()
@@ -102,7 +103,7 @@ def main(argv: list[str]) -> None:
         f"{'derender µs/rec':>16} {'compare µs/rec':>15}"
     )
     for name, settings in configs.items():
-        derenderer = settings.build_derenderer()
+        derenderer = load_derenderer(settings)
         recorded = _replay(settings, derenderer, records).splitlines()
         replay_rate = _rate(functools.partial(_replay, settings, derenderer, records), len(records))
         phases = [_audit(settings, derenderer, records, recorded) for _ in range(ROUNDS)]

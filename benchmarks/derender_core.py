@@ -30,6 +30,7 @@ from schemas.envelope import InputEnvelope
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.vllm_version import VllmVersion
 from worker.replay import replay_file
+from worker.runtime.composition import load_derenderer, load_processor
 from worker.settings import ModelSettings
 
 MODELS = Path(__file__).resolve().parent.parent / "samples" / "models"
@@ -80,7 +81,7 @@ def bench_model(model: str) -> dict[str, float]:
     settings = ModelSettings(
         vllm_version=VllmVersion.V0_34, tokenizer=str(MODELS / model), served_model_names=("bench",)
     )
-    derenderer = settings.build_derenderer()
+    derenderer = load_derenderer(settings)
     backend = derenderer.tokenizer.backend
     ids: list[int] = []
     while len(ids) < TOKENS:
@@ -145,7 +146,7 @@ def bench_model(model: str) -> dict[str, float]:
         long_records = _records(model, ids, prompt)[: LATER_RECORDS + 1]
         figures[f"later @{length}"] = []
         for _ in range(ROUNDS):
-            processor = settings.build_processor()
+            processor = load_processor(settings)
             processor.process(long_records[0])
             start = time.perf_counter()
             for record in long_records[1:]:
@@ -161,7 +162,7 @@ def bench_model(model: str) -> dict[str, float]:
                     out.write(record.replace(b'"bench"', rid, 2) + b"\n")
         figures["end-to-end"], figures["end-to-end cpu"] = [], []
         for _ in range(ROUNDS):
-            processor = settings.build_processor()
+            processor = load_processor(settings)
             with open(os.devnull, "wb") as sink:
                 start, cpu = time.perf_counter(), time.process_time()
                 replay_file(str(path), processor, out=sink, err=io.StringIO())

@@ -31,6 +31,7 @@ from aiokafka import TopicPartition
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.live_parsers import LiveParserPool
 from worker.core.vllm_version import VllmVersion
+from worker.runtime.composition import load_derenderer
 from worker.runtime.delivery import PRODUCER_BATCH_BYTES
 from worker.runtime.kafka_client.base import OutgoingRecord
 from worker.runtime.memory import MemoryBudget
@@ -120,7 +121,7 @@ class Flood:
             tool_parser=config.get("DERENDER_TOOL_PARSER"),
             enable_auto_tool_choice=config.get("DERENDER_ENABLE_AUTO_TOOL_CHOICE") == "true",
         )
-        derenderer = settings.build_derenderer()
+        derenderer = load_derenderer(settings)
         self.max_model_len = derenderer.options.max_model_len
         self.budget = MemoryBudget(
             int(config["DERENDER_MAX_OPEN_REQUESTS"]), int(config["DERENDER_MAX_STATE_BYTES"])
@@ -130,7 +131,7 @@ class Flood:
         self.tasks = [
             OwnedPartition(
                 TopicPartition("in", p),
-                EnvelopeProcessor(derenderer, live_parsers=self.pool),
+                EnvelopeProcessor(derenderer, live_parsers=self.pool, admission=self.budget),
                 _NullSink(),
                 topics,
                 Metrics(),

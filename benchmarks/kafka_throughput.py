@@ -69,6 +69,7 @@ from benchmarks.kafka_harness import (  # noqa: E402
     raise_failed_send,
 )
 from tests.kafka_helpers import fetched_bytes  # noqa: E402
+from worker.runtime.composition import load_derenderer  # noqa: E402
 from worker.runtime.topics import TopicNames, create_topics  # noqa: E402
 
 TRACE_HEADERS = [
@@ -593,12 +594,12 @@ def observability_overhead(args: argparse.Namespace) -> None:
             self.topic, self.partition, self.offset = "in", 0, offset
             self.key, self.value, self.headers, self.timestamp = key, value, headers, 1_000_000 + offset
 
-    derenderer = ModelSettings(
-        vllm_version=VllmVersion.V0_34, tokenizer=str(MODEL_DIR), served_model_names=("qwen3",)
-    ).build_derenderer()
+    derenderer = load_derenderer(
+        ModelSettings(vllm_version=VllmVersion.V0_34, tokenizer=str(MODEL_DIR), served_model_names=("qwen3",))
+    )
     load = make_workload(min(args.sequences, 200), args.tokens, "o")
     variants: list[tuple[str, Any, Any]] = [
-        ("off (no headers, no hook)", lambda m: RecordObserver(propagate=False), None),
+        ("off (no headers, no hook)", lambda m: RecordObserver(None, propagate=False), None),
         ("trace headers + GenAI metrics", lambda m: RecordObserver("g", metrics=m), TRACE_HEADERS),
     ]
     try:

@@ -27,6 +27,7 @@ import orjson
 
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.vllm_version import VllmVersion
+from worker.runtime.composition import load_derenderer, new_processor
 from worker.settings import ModelSettings
 
 MODELS = Path(__file__).resolve().parent.parent / "samples" / "models"
@@ -51,7 +52,7 @@ JsonDict = dict[str, Any]
 
 
 def _generation(settings: ModelSettings) -> list[int]:
-    backend = settings.build_derenderer().tokenizer.backend
+    backend = load_derenderer(settings).tokenizer.backend
     prose = "Let me write that file for you. It holds notes about derendering, caching and streams. "
     body = "Line of content with some words, numbers 12345 and punctuation; café, 北京, 🚀. "
     ids: list[int] = backend.encode(prose, add_special_tokens=False).ids
@@ -68,7 +69,7 @@ def _generation(settings: ModelSettings) -> list[int]:
 
 def _harmony_generation(settings: ModelSettings) -> list[int]:
     """Harmony: an analysis message, then a call whose JSON argument is cut and closed, ``<|call|>``."""
-    backend = settings.build_derenderer().tokenizer.backend
+    backend = load_derenderer(settings).tokenizer.backend
     prose = "Let me write that file for you. It holds notes about derendering, caching and streams. "
     body = "Line of content with some words, numbers 12345 and punctuation; café, 北京, 🚀. "
     head = (
@@ -176,7 +177,7 @@ FAMILIES: list[tuple[str, str, str | None, str, str]] = [
 
 def _family_records(settings: ModelSettings, shape: str) -> list[JsonDict]:
     """About TOKENS tokens of ``shape`` (its long argument grown to fit), prompted in the family's ids."""
-    backend = settings.build_derenderer().tokenizer.backend
+    backend = load_derenderer(settings).tokenizer.backend
     unit = "Line of content with some words, numbers 12345 and punctuation; café, 北京, 🚀. "
     head, tail = shape.split("{}")
     head, tail = head.replace("{{", "{").replace("}}", "}"), tail.replace("{{", "{").replace("}}", "}")
@@ -202,9 +203,9 @@ def _family_rows() -> None:
             tool_parser=tools,
             enable_auto_tool_choice=True,
         )
-        derenderer = settings.build_derenderer()
+        derenderer = load_derenderer(settings)
         records = _family_records(settings, shape)
-        costs = _run(lambda: settings.processor_for(derenderer), records, carry=False)  # noqa: B023
+        costs = _run(lambda: new_processor(settings, derenderer), records, carry=False)  # noqa: B023
         deciles = _deciles(costs)
         print(
             f"{family:<14}{len(records):>8}{sum(costs):>9.3f}  "
@@ -229,14 +230,14 @@ def main(argv: list[str]) -> None:
     plain = ModelSettings(
         vllm_version=VllmVersion.V0_34, tokenizer=str(MODELS / "qwen3"), served_model_names=("bench",)
     )
-    hermes_derenderer = hermes.build_derenderer()
-    plain_derenderer = plain.build_derenderer()
+    hermes_derenderer = load_derenderer(hermes)
+    plain_derenderer = load_derenderer(plain)
     ids = _generation(hermes)
     records = _records(ids)
     paths = {
-        "warm": _run(lambda: hermes.processor_for(hermes_derenderer), records, carry=False),
-        "cold": _run(lambda: hermes.processor_for(hermes_derenderer), records, carry=True),
-        "plain": _run(lambda: plain.processor_for(plain_derenderer), records, carry=False),
+        "warm": _run(lambda: new_processor(hermes, hermes_derenderer), records, carry=False),
+        "cold": _run(lambda: new_processor(hermes, hermes_derenderer), records, carry=True),
+        "plain": _run(lambda: new_processor(plain, plain_derenderer), records, carry=False),
     }
     print(f"parser paths: {len(ids)}-token hermes generation, Qwen3, 1-token chunks")
     print(f"{'path':<7}{'total s':>9}  per-decile mean µs per chunk (first → last){'':>6}last/first")
@@ -258,9 +259,11 @@ def main(argv: list[str]) -> None:
         tool_parser="openai",
         enable_auto_tool_choice=True,
     )
-    harmony_derenderer = harmony.build_derenderer()
+    harmony_derenderer = load_derenderer(harmony)
     harmony_ids = _harmony_generation(harmony)
-    harmony_warm = _run(lambda: harmony.processor_for(harmony_derenderer), _records(harmony_ids), carry=False)
+    harmony_warm = _run(
+        lambda: new_processor(harmony, harmony_derenderer), _records(harmony_ids), carry=False
+    )
     deciles = _deciles(harmony_warm)
     print(
         f"{'gpt-oss':<7}{sum(harmony_warm):>9.3f}  "

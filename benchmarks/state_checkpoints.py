@@ -37,6 +37,7 @@ from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.request_context import RequestContext
 from worker.core.sequence_state import SequenceState
 from worker.core.vllm_version import VllmVersion
+from worker.runtime.composition import load_derenderer
 from worker.runtime.kafka_client.base import OutgoingRecord
 from worker.runtime.state_changelog import (
     StateChangelog,
@@ -70,7 +71,7 @@ def _processor() -> EnvelopeProcessor:
         tool_parser="hermes",
         enable_auto_tool_choice=True,
     )
-    return EnvelopeProcessor(settings.build_derenderer())
+    return EnvelopeProcessor(load_derenderer(settings))
 
 
 class _Clock:

@@ -16,6 +16,7 @@ from tests.stream_builders import written
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.vllm_version import VllmVersion
+from worker.runtime.composition import load_derenderer, new_processor
 from worker.settings import ModelSettings
 
 DEMO_STREAM = REPO_ROOT / "samples" / "streams" / "demo-qwen3.jsonl"
@@ -72,12 +73,12 @@ def settings_for(flags: list[str]) -> ModelSettings:
     )
 
 
-_LOAD = ModelSettings.build_derenderer
+_LOAD = load_derenderer
 _DERENDERERS: dict[ModelSettings, Derenderer] = {}
 
 
 def shared_derenderer(settings: ModelSettings) -> Derenderer:
-    """``ModelSettings.build_derenderer`` loading each configuration once per test session (a tokenizer
+    """``composition.load_derenderer`` loading each configuration once per test session (a tokenizer
     takes seconds to load; a derenderer holds no request state, so tests can share it).
     """
     if settings not in _DERENDERERS:
@@ -96,7 +97,7 @@ def with_carried_state(
     previous output's ``stream_state`` and the request's context, as a stateless client sends them.
     """
     settings = settings_for(flags)
-    processor = settings.processor_for(shared_derenderer(settings))
+    processor = new_processor(settings, shared_derenderer(settings))
     by_request: dict[str, list[Envelope]] = defaultdict(list)
     for envelope in envelopes:
         by_request[envelope["request_id"]].append(envelope)
@@ -135,7 +136,7 @@ def round_robin(envelopes: list[Envelope]) -> list[Envelope]:
 def replay_outputs(flags: list[str], envelopes: list[Envelope]) -> list[Envelope]:
     """Each record's output through one ``EnvelopeProcessor`` (the worker's core), in order."""
     settings = settings_for(flags)
-    processor: EnvelopeProcessor = settings.processor_for(shared_derenderer(settings))
+    processor: EnvelopeProcessor = new_processor(settings, shared_derenderer(settings))
     outputs = []
     for envelope in envelopes:
         result = processor.process(orjson.dumps(envelope))

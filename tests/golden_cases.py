@@ -13,6 +13,7 @@ from typing import Any
 from tests.paths import REPO_ROOT
 from worker.core.derenderer import Derenderer
 from worker.core.vllm_version import VllmVersion
+from worker.runtime.composition import load_derenderer
 from worker.settings import ModelSettings
 
 GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
@@ -87,7 +88,7 @@ def settings_for(config: dict[str, Any], version: VllmVersion = GOLDEN_VERSION) 
 
 @functools.cache
 def _derenderer(key: str, version: VllmVersion) -> Derenderer:
-    return settings_for(json.loads(key), version).build_derenderer()
+    return load_derenderer(settings_for(json.loads(key), version))
 
 
 def derenderer_for(config: dict[str, Any], version: VllmVersion = GOLDEN_VERSION) -> Derenderer:

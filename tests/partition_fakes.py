@@ -14,13 +14,15 @@ from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.dead_letter_policy import DeadLetterPolicy
 from worker.runtime.kafka_client.base import OutgoingRecord
+from worker.runtime.kafka_security import load_kafka
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.observer import NO_OBSERVER, RecordObserver
 from worker.runtime.partition import OwnedPartition
+from worker.runtime.poison import ResetTracker
 from worker.runtime.state_changelog import StateChangelog, StateKeys
 from worker.runtime.topics import TopicNames
-from worker.settings import KafkaSettings, load_kafka
+from worker.settings import KafkaSettings
 
 TOPICS = TopicNames("in", "out", "state", "dlq")
 TEST_KEYS = StateKeys("test-group")  # the group of every partition these fakes make
@@ -93,20 +95,23 @@ def owned_partition(
     changelog: StateChangelog | None = None,
     dead_letters: DeadLetterPolicy | None = None,
     budget: MemoryBudget | None = None,
+    resets: ResetTracker | None = None,
+    metrics: Metrics | None = None,
     observer: RecordObserver = NO_OBSERVER,
 ) -> OwnedPartition:
     """A fresh partition-2 task with nothing persisted yet, writing to ``sink``; the keyword
     options go to ``OwnedPartition`` as they are."""
     return OwnedPartition(
         TopicPartition("in", 2),
-        EnvelopeProcessor(derenderer),
+        EnvelopeProcessor(derenderer, admission=budget),  # the budget's caps refuse new requests
         sink,
         TOPICS,
-        Metrics(),
+        metrics or Metrics(),
         position=0,
         changelog=changelog or changelog_for(TopicPartition("in", 2)),
         dead_letters=dead_letters,
         budget=budget,
+        resets=resets,
         observer=observer,
     )
 

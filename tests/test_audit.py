@@ -34,16 +34,16 @@ from tests.audit_streams import (
 )
 from tests.golden_cases import normalize as golden_normalize
 from tests.paths import REPO_ROOT
+from worker import audit_command
 from worker.audit import IdRenamer, Progress, first_difference, normalize
 from worker.cli import main
 from worker.core.parsing.families.mistral import mistral_tool_call_id
 from worker.core.parsing.ids import random_tool_call_id
-from worker.settings import ModelSettings
 
 
 @pytest.fixture(autouse=True)
 def _load_each_tokenizer_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ModelSettings, "build_derenderer", shared_derenderer)
+    monkeypatch.setattr(audit_command, "load_derenderer", shared_derenderer)
 
 
 def audit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -295,9 +295,8 @@ def test_usage_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Captur
     assert status == 2 and err.count("\n") == 1 and "no such file" in err
     status, err = audit(["--input-file", str(tmp_path / "x"), "--from-offset", "3", *DEMO_FLAGS], capsys)
     assert status == 2 and "not of --input-file" in err
-    with pytest.raises(SystemExit) as exit_info:
-        main(["audit", "--from-offset", "notanumber"])
-    assert exit_info.value.code == 2
+    status, err = audit(["--bootstrap-servers", "k:9092", "--from-offset", "notanumber", *DEMO_FLAGS], capsys)
+    assert status == 2 and err.count("\n") == 1 and "--from-offset: Input should be a valid integer" in err
 
 
 def test_unreachable_broker_exits_2_with_one_line(tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import signal
@@ -162,10 +161,9 @@ def test_demo_without_a_bootstrap_uses_the_local_script_and_stops_what_it_starte
     monkeypatch.setattr(demo_setup, "LOCAL_KAFKA_SCRIPT", script)
     for env in demo_setup.BOOTSTRAP_ENVS:
         monkeypatch.delenv(env, raising=False)
-    args = argparse.Namespace(
-        offline=False, stream=None, tokenizer=None, bootstrap_servers=None, pace_ms=demo.PACE_MS
-    )
-    assert demo.run_demo(args) == 1
+    from worker.cli import build_parser
+
+    assert demo.run_demo(build_parser("demo").parse_args(["demo"])) == 1
     err = capsys.readouterr().err
     assert "the local Kafka broker did not start" in err
     assert "missing: maven" in err

@@ -15,6 +15,7 @@ from tests.paths import REPO_ROOT
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.replay import line_batches, replay_batches, replay_file, replay_lines
+from worker.runtime.composition import load_derenderer
 from worker.settings import ModelSettings
 
 SAMPLE = REPO_ROOT / "samples" / "streams" / "qwen3-sample.jsonl"
@@ -22,7 +23,7 @@ SAMPLE = REPO_ROOT / "samples" / "streams" / "qwen3-sample.jsonl"
 
 def _processor() -> EnvelopeProcessor:
     settings = ModelSettings(tokenizer=str(MODELS_DIR / "qwen3"), served_model_names=("test-model",))
-    built = settings.build_derenderer()
+    built = load_derenderer(settings)
     fixed = Derenderer(built.tokenizer, built.options, built.parsing, clock=lambda: 0.0)
     return EnvelopeProcessor(fixed)
 

@@ -6,24 +6,33 @@ covered without touching this file.
 
 from __future__ import annotations
 
+import argparse
 import enum
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 from pydantic.fields import FieldInfo
 
+from tests.paths import REPO_ROOT
 from worker.cli import build_parser, main
 from worker.errors import ConfigurationError
-from worker.runtime.kafka_security import Secret
+from worker.runtime.composition import load_derenderer, worker_parts
+from worker.runtime.kafka_security import Secret, kafka_security
 from worker.settings import (
     RUN_SECTIONS,
     RUN_SETTINGS_BY_ENV,
+    AuditOptions,
+    DlqReplaySelection,
     ModelSettings,
+    ProduceOptions,
     RunConfig,
     Section,
     SecuritySettings,
     flags_of,
+    load,
     setting_text,
     vars_of,
 )
@@ -128,25 +137,25 @@ def test_every_run_flag_changes_the_setting_it_declares(
     else:
         assert setting_text(value) == " ".join(words)
     if section is SecuritySettings:  # and the Kafka clients' options follow
-        assert config.kafka.security == config.security.kafka_security()
+        assert kafka_security(config.security) != kafka_security(before.security)
 
 
 def test_model_limits_reach_every_processor() -> None:
     """The core's per-request limits are flags too: the processors `run` makes carry them."""
     from tests.golden_cases import derenderer_for
     from tests.kafka_helpers import QWEN3_CONFIG
-    from worker.runtime.worker import Worker
 
     args = build_parser().parse_args(
         ["run", *REQUIRED, "--max-request-state-bytes", "1000", "--max-output-bytes", "2000",
          "--max-live-parsers", "0", "--max-record-bytes", "3000"]
     )  # fmt: skip
     config = RunConfig.from_args(args)
-    worker = Worker(config.kafka, derenderer_for(QWEN3_CONFIG), model=config.model)
-    assert worker.parsers.capacity == 0  # the worker-wide pool
-    processor = worker.model.processor_for(worker.derenderer, live_parsers=worker.parsers)
+    parts = worker_parts(config.kafka, config.model, derenderer_for(QWEN3_CONFIG))
+    assert parts.parsers.capacity == 0  # the worker-wide pool
+    processor = parts.processor()  # what each owned partition gets
     assert (processor.max_request_state_bytes, processor.max_output_bytes) == (1000, 2000)
-    assert (processor.parsers, processor.max_record_bytes) == (worker.parsers, 3000)
+    assert (processor.parsers, processor.max_record_bytes) == (parts.parsers, 3000)
+    assert processor.admission is parts.budget
 
 
 def _int_settings() -> list[tuple[type[Section], str, bool]]:
@@ -238,6 +247,102 @@ def test_the_parse_budget_window_reaches_the_parsers() -> None:
             ["run", "--tokenizer", str(MODELS_DIR / "qwen3"), "--bootstrap-servers", "k:9092",
              "--tool-parser", "hermes", "--enable-auto-tool-choice", *flag]
         )  # fmt: skip
-        parsing = RunConfig.from_args(args).model.build_derenderer().parsing
+        parsing = load_derenderer(RunConfig.from_args(args).model).parsing
         assert parsing is not None
         assert parsing.new_stream(WEATHER_REQUEST, None)._parser.reread_window == expected
+
+
+# --- settings are data ------------------------------------------------------------------------------
+
+# What importing the settings must not bring in: the runtime, the pipeline, the core's heavy parts
+# (tokenizer, parsers, processor), and the libraries they stand on.
+NOT_SETTINGS = (
+    "worker.runtime",
+    "worker.pipeline",
+    "worker.core.derenderer",
+    "worker.core.envelope_processor",
+    "worker.core.live_parsers",
+    "worker.core.model_dir",
+    "worker.core.parsing",
+    "aiokafka",
+    "confluent_kafka",
+    "tokenizers",
+    "transformers",
+    "prometheus_client",
+    "aiohttp",
+)
+
+
+def test_the_settings_module_imports_no_runtime_module() -> None:
+    """A fresh interpreter that imports ``worker.settings`` (and declares every command's flags)
+    holds none of the modules the settings configure."""
+    code = (
+        "import argparse, sys\n"
+        "import worker.settings as s\n"
+        "sections = [c for c in vars(s).values() if isinstance(c, type) and issubclass(c, s.Section)]\n"
+        "for section in sections:\n"
+        "    s.add_arguments(argparse.ArgumentParser(), section)\n"
+        "print(len(sections))\n"
+        "print('\\n'.join(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPO_ROOT
+    )
+    count, *loaded = done.stdout.split()
+    assert int(count) > 20  # the sections were found, so their flags were declared
+    assert "worker.settings" in loaded
+    assert [name for name in loaded if name.startswith(NOT_SETTINGS)] == []
+
+
+OUT_OF_BOUNDS: dict[str, list[str]] = {
+    "replay": ["replay", "-", "--tokenizer", "m", "--max-logprobs", "-2"],
+    "run": ["run", *REQUIRED, "--max-poll-records", "0"],
+    "topics create": ["topics", "create", "--bootstrap-servers", "k:9092", "--partitions", "0"],
+    "dlq replay": ["dlq", "replay", "--bootstrap-servers", "k:9092", "--limit", "0"],
+    "audit": ["audit", "--bootstrap-servers", "k:9092", "--tokenizer", "m", "--from-offset", "-1"],
+    "audit, an inverted range": [
+        "audit", "--bootstrap-servers", "k:9092", "--tokenizer", "m", "--from-offset", "5", "--to-offset", "5"
+    ],
+    "produce": ["produce", "-", "--bootstrap-servers", "k:9092", "--topic", ""],
+    "consume": ["consume", "--bootstrap-servers", "k:9092", "--topic", "t", "--max-records", "0"],
+    "demo": ["demo", "--pace-ms", "-1"],
+    "ingest": ["ingest", "--bootstrap-servers", "k:9092", "--max-inflight", "0"],
+    "gateway": ["gateway", "--bootstrap-servers", "k:9092", "--allow-no-api-key", "--port", "70000"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", OUT_OF_BOUNDS.values(), ids=OUT_OF_BOUNDS.keys())
+def test_every_command_refuses_an_out_of_bounds_value_as_a_configuration_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused before anything connects or loads: exit 2, one line naming the flag."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    flag = next(word for word in reversed(argv) if word.startswith("--"))
+    assert flag in err or "range is empty" in err, err
+
+
+def test_one_off_flags_have_no_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What one run of a command reads or writes is never taken from the environment."""
+    monkeypatch.setenv("DERENDER_LIMIT", "0")  # would be refused if it were read
+    monkeypatch.setenv("DERENDER_TOPIC", "from-the-environment")
+    assert load(DlqReplaySelection).limit is None
+    with pytest.raises(ConfigurationError, match="--topic is required"):
+        load(ProduceOptions)
+    assert "env" not in _help_of("consume", "--max-records")
+
+
+def _help_of(command: str, flag: str) -> str:
+    parser = build_parser(command)
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    (action,) = [a for a in sub.choices[command]._actions if flag in a.option_strings]
+    return str(action.help)
+
+
+def test_a_repeatable_flag_collects_every_value() -> None:
+    args = build_parser("audit").parse_args(["audit", "--partition", "1", "--partition", "3"])
+    assert load(AuditOptions, args).partitions == (1, 3)
+    args = build_parser("audit").parse_args(["audit", "--partition", "-1"])
+    with pytest.raises(ConfigurationError, match="--partition: partitions are numbered from 0"):
+        load(AuditOptions, args)

@@ -23,7 +23,6 @@ This module is the engine, the report and the file mode; reading and writing Kaf
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.parsing.families.mistral import MISTRAL_TOOL_CALL_ID
 from worker.core.parsing.ids import RANDOM_TOOL_CALL_ID
 from worker.errors import AuditUsageError
+from worker.settings import AuditFiles
 
 JsonDict = dict[str, Any]
 Position = tuple[str, int, int]  # input topic, partition, offset
@@ -652,44 +652,31 @@ def feed_output_file(auditor: Auditor, path: str, progress: Progress) -> None:
     progress.stop()
 
 
-def finish(report: AuditReport, args: argparse.Namespace, err: TextIO) -> int:
+def finish(report: AuditReport, options: AuditFiles, err: TextIO) -> int:
     """Write ``--report`` and the summary; the exit status."""
-    if args.report:
-        with open(args.report, "wb") as out:
+    if options.report:
+        with open(options.report, "wb") as out:
             report.write_jsonl(out)
     print(report.summary(), file=err)
     return report.exit_status
 
 
-def check_args(args: argparse.Namespace) -> None:
-    if not args.input_file and not getattr(args, "bootstrap_servers", None):
-        raise AuditUsageError("give --input-file, or --bootstrap-servers to read the input topic")
-    range_flags = ("from_time", "from_offset", "to_time", "to_offset", "partitions")
-    if args.input_file and any(getattr(args, name, None) is not None for name in range_flags):
-        raise AuditUsageError(
-            "--from/--to/--from-offset/--to-offset/--partition select a range of the input topic, "
-            "not of --input-file"
-        )
-    for path in (args.input_file, args.output_file):
+def check_files(options: AuditFiles) -> None:
+    for path in (options.input_file, options.output_file):
         if path and not Path(path).is_file():
             raise AuditUsageError(f"no such file: {path}")
 
 
-def needs_kafka(args: argparse.Namespace) -> bool:
-    return not (args.input_file and args.output_file) or bool(getattr(args, "emit_topic", None))
-
-
-def audit_files(
-    args: argparse.Namespace, processor_factory: Callable[[], EnvelopeProcessor], err: TextIO
-) -> int:
+def audit_files(options: AuditFiles, processor_factory: Callable[[], EnvelopeProcessor], err: TextIO) -> int:
     """The audit of ``--input-file`` against ``--output-file`` (no Kafka)."""
     auditor = Auditor(processor_factory)
     progress = Progress(err)
-    emit_file = open(args.emit_file, "wb") if args.emit_file else None  # noqa: SIM115
+    assert options.input_file and options.output_file  # both files, or the audit needs Kafka
+    emit_file = open(options.emit_file, "wb") if options.emit_file else None  # noqa: SIM115
     try:
-        feed_input_file(auditor, args.input_file, emit_file, progress)
+        feed_input_file(auditor, options.input_file, emit_file, progress)
     finally:
         if emit_file is not None:
             emit_file.close()
-    feed_output_file(auditor, args.output_file, progress)
-    return finish(auditor.finish(), args, err)
+    feed_output_file(auditor, options.output_file, progress)
+    return finish(auditor.finish(), options, err)

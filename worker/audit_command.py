@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from worker.audit import EXIT_USAGE, audit_files, check_args, needs_kafka
+from worker.audit import EXIT_USAGE, audit_files, check_files
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import AuditUsageError, ConfigurationError
 from worker.runtime.audit_source import add_kafka_arguments, audit_with_kafka
-from worker.settings import ModelSettings, add_arguments, load
+from worker.runtime.composition import load_derenderer, new_processor
+from worker.runtime.kafka_security import load_kafka
+from worker.settings import AuditOptions, ModelSettings, ProducingTopics, add_arguments, load
 
 # --- the command --------------------------------------------------------------------------------
 
@@ -29,20 +31,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="re-derender an input range and compare it with the recorded outputs",
         description=DESCRIPTION,
     )
-    files = audit.add_argument_group("files (instead of topics)")
-    files.add_argument("--input-file", default=None, help="input envelopes, JSON Lines")
-    files.add_argument(
-        "--output-file",
-        default=None,
-        help="recorded output envelopes, JSON Lines (e.g. a dump of the output topic)",
-    )
-    result = audit.add_argument_group("results")
-    result.add_argument("--report", default=None, help="write one JSON line per non-identical request here")
-    result.add_argument(
-        "--emit-file",
-        default=None,
-        help="write the re-derendered outputs here, as output envelopes (JSON Lines)",
-    )
+    add_arguments(audit, AuditOptions)
     add_kafka_arguments(audit)
     add_arguments(audit, ModelSettings)
     audit.set_defaults(handler=_audit)
@@ -51,23 +40,24 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def _audit(args: argparse.Namespace) -> int:
     err = sys.stderr
     try:
-        check_args(args)
+        options = load(AuditOptions, args)
+        check_files(options)
         model = load(ModelSettings, args)
+        # Checked now (a missing address is a usage error); the model loads at the first record.
+        kafka = load_kafka(ProducingTopics, args) if options.needs_kafka else None
         loaded: list[Derenderer] = []
 
         def factory() -> EnvelopeProcessor:
             # Loaded at the first record, after Kafka answered: a bad address fails in seconds.
             if not loaded:
-                loaded.append(model.build_derenderer())
-            processor = model.processor_for(loaded[0])
+                loaded.append(load_derenderer(model))
             # Records read from the input topic follow the worker's placement rule (keyed by
             # request_id); JSON Lines files have no keys, as for replay.
-            processor.require_key = args.input_file is None
-            return processor
+            return new_processor(model, loaded[0], require_key=options.input_file is None)
 
-        if not needs_kafka(args):
-            return audit_files(args, factory, err)
-        return audit_with_kafka(args, factory, err)
+        if kafka is None:
+            return audit_files(options, factory, err)
+        return audit_with_kafka(options, kafka, factory, err)
     except (AuditUsageError, ConfigurationError, OSError) as exc:
         print(f"derender-worker audit: {exc}", file=err)
         return EXIT_USAGE

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from worker.errors import ConfigurationError, DerenderWorkerError
-from worker.settings import ModelSettings, add_arguments, load
+from worker.settings import ModelSettings, ReplayFileOptions, add_arguments, load
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -36,17 +36,16 @@ _REGISTRARS = {
 
 def _replay(args: argparse.Namespace) -> int:
     from worker.replay import replay_file
+    from worker.runtime.composition import load_processor
 
-    return replay_file(args.file, load(ModelSettings, args).build_processor(), assemble=args.assemble)
+    assemble = load(ReplayFileOptions, args).assemble
+    return replay_file(args.file, load_processor(load(ModelSettings, args)), assemble=assemble)
 
 
 def _register_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replay = commands.add_parser("replay", help="derender a JSON Lines file of input envelopes to stdout")
     replay.add_argument("file", nargs="?", default="-", help="input envelopes, one per line ('-': stdin)")
-    replay.add_argument(
-        "--assemble", action="store_true", help="also print each assembled response to stderr at the end"
-    )
-    add_arguments(replay, ModelSettings)
+    add_arguments(replay, ReplayFileOptions, ModelSettings)
     replay.set_defaults(handler=_replay)
 
 

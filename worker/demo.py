@@ -56,7 +56,8 @@ from worker.demo_setup import (
     worker_model_args,
 )
 from worker.demo_view import DeadLetterSeen, DemoState, DemoView, RequestProgress, make_view
-from worker.errors import ConfigurationError, DemoError
+from worker.errors import DemoError
+from worker.runtime.composition import load_processor
 from worker.runtime.delivery import (
     PRODUCER_BATCH_BYTES,
     PRODUCER_REQUEST_TIMEOUT_MS,
@@ -75,14 +76,13 @@ from worker.runtime.kafka_client.base import (
 )
 from worker.runtime.kafka_limits import MAX_RECORD_BYTES, TRANSACTION_TIMEOUT_MS
 from worker.runtime.kafka_security import KafkaSecurity
-from worker.settings import ModelSettings
+from worker.settings import DemoOptions, ModelSettings, add_arguments, load
 
 WORKERS = 2
 PARTITIONS = 6
 # Readiness probes: one unparseable record per input partition. Dead-lettered like any bad record,
 # each proves its partition is open and served end to end; the demo's counts leave them out.
 PROBE_KEY_PREFIX = "derender-demo-readiness-probe-"
-PACE_MS = 50  # between produced records: ~85 records in ~4 s, slow enough to watch
 COMMIT_INTERVAL_MS = 50  # outputs become visible (read_committed) at most this long after processing
 # Heartbeats every session/4: the second worker's join is noticed by the first within ~1.5 s.
 SESSION_TIMEOUT_MS = 6000  # the broker minimum (group.min.session.timeout.ms)
@@ -104,7 +104,7 @@ def _demo_parsers(model_dir: str) -> tuple[str, str]:
     return "qwen3", "hermes"
 
 
-def run_offline_demo(args: argparse.Namespace) -> int:
+def run_offline_demo(args: DemoOptions) -> int:
     stream = Path(args.stream) if args.stream else DEMO_STREAM
     model_dir = args.tokenizer or str(DEMO_MODEL_DIR)
     reasoning, tools = _demo_parsers(model_dir)
@@ -115,7 +115,7 @@ def run_offline_demo(args: argparse.Namespace) -> int:
         tool_parser=tools,
         enable_auto_tool_choice=True,
     )
-    processor = settings.build_processor()
+    processor = load_processor(settings)
     assembler = Assembler()
     out = sys.stdout
     out.write(f"derendering {stream.name} with the tokenizer in {Path(model_dir).name}/\n\n")
@@ -491,7 +491,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # SIGTERM takes the same cleanup path as Ctrl-C
 
 
-def run_kafka_demo(args: argparse.Namespace) -> int:
+def run_kafka_demo(args: DemoOptions) -> int:
     view = make_view()
     # aiokafka logs every failed connection attempt; the demo says itself what went wrong.
     logging.getLogger("aiokafka").addHandler(logging.NullHandler())
@@ -511,7 +511,7 @@ def run_kafka_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kafka_demo(args: argparse.Namespace, view: DemoView, tmp: Path) -> None:
+def _kafka_demo(args: DemoOptions, view: DemoView, tmp: Path) -> None:
     stream = Path(args.stream) if args.stream else DEMO_STREAM
     model_dir = args.tokenizer or str(DEMO_MODEL_DIR)
     plan = build_plan(stream)
@@ -601,15 +601,14 @@ def _kafka_demo(args: argparse.Namespace, view: DemoView, tmp: Path) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    if getattr(args, "pipeline", False):
+    options = load(DemoOptions, args)
+    if options.pipeline:
         from worker.pipeline.demo import run_pipeline_demo
 
-        return run_pipeline_demo(args)
-    if args.offline:
-        return run_offline_demo(args)
-    if args.pace_ms < 0:
-        raise ConfigurationError(f"--pace-ms must not be negative, got {args.pace_ms}")
-    return run_kafka_demo(args)
+        return run_pipeline_demo(options)
+    if options.offline:
+        return run_offline_demo(options)
+    return run_kafka_demo(options)
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -617,20 +616,5 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "demo",
         help="run the recorded Qwen3 streams through a local Kafka and two workers, showing them live",
     )
-    demo.add_argument("--stream", help="input envelopes (default: the bundled Qwen3 sample)")
-    demo.add_argument("--tokenizer", help="model directory (default: the bundled Qwen3 tokenizer)")
-    demo.add_argument("--offline", action="store_true", help="derender in-process, without Kafka")
-    demo.add_argument(
-        "--pipeline",
-        action="store_true",
-        help="the whole pipeline: fake vLLM, ingest, two workers, gateway and an openai client",
-    )
-    demo.add_argument(
-        "--bootstrap-servers",
-        help="use this Kafka instead of starting deploy/local/kafka "
-        "(env DERENDER_BOOTSTRAP_SERVERS, else KAFKA_BOOTSTRAP_SERVERS)",
-    )
-    demo.add_argument(
-        "--pace-ms", type=float, default=PACE_MS, help=f"pause between produced records (default {PACE_MS})"
-    )
+    add_arguments(demo, DemoOptions)
     demo.set_defaults(handler=run_demo)

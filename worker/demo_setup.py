@@ -8,7 +8,6 @@ given broker) the demo says how to get a broker instead."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from worker.demo_view import DemoView
 from worker.errors import DemoError
-from worker.settings import KafkaConnection, env_vars_of
+from worker.settings import DemoOptions, KafkaConnection, env_vars_of
 
 DEMO_SAMPLES = Path(__file__).resolve().parent / "demo_samples"
 DEMO_STREAM = DEMO_SAMPLES / "streams" / "demo-qwen3.jsonl"
@@ -48,7 +47,7 @@ def worker_model_args(model_dir: str) -> list[str]:
     ]
 
 
-def given_bootstrap(args: argparse.Namespace) -> tuple[str, str] | None:
+def given_bootstrap(args: DemoOptions) -> tuple[str, str] | None:
     if args.bootstrap_servers:
         return args.bootstrap_servers.strip(), "--bootstrap-servers"
     for env in BOOTSTRAP_ENVS:

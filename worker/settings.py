@@ -9,8 +9,13 @@ Precedence: a flag given on the command line, else the environment variable, els
 A command adds the flags of the sections it uses (``add_arguments``) and builds them from its parsed
 arguments (``load``); argparse only collects strings, the sections parse and check them, so a flag
 and its environment variable are read and refused the same way (a configuration error: exit 2).
-``run`` builds one ``RunConfig`` from its sections (``worker.runtime.commands`` builds the worker
-from it).
+``run`` builds one ``RunConfig`` from its sections. The flags that choose what one run of a command
+reads or writes are sections too (``CommandOptions``), without environment variables.
+
+The settings are data and their checks: this module imports only leaf modules of types, enums and
+defaults (``kafka_config``, ``defaults``, ``core.limits``, ``core.vllm_version``), never the runtime,
+and loads or calls nothing. The composition root (``worker.runtime.composition``) builds the
+derenderer, the processors and the worker's parts from them.
 
 Adding a setting is a one-place change: add a field to the section it belongs to (with a help text
 and, where a value is impossible, a ``ge``/``gt`` bound); the commands that use the section get the
@@ -24,12 +29,12 @@ from __future__ import annotations
 import argparse
 import enum
 import inspect
-import logging
 import os
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, TypeVar
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeVar
 
 from pydantic import (
     AliasChoices,
@@ -41,55 +46,50 @@ from pydantic import (
     model_validator,
 )
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from worker.core.derenderer import DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_N_SEQUENCES, Derenderer, ServerOptions
-from worker.core.envelope_processor import (
+from worker.core.limits import (
     DEFAULT_MAX_LIVE_PARSERS,
+    DEFAULT_MAX_LOGPROBS,
+    DEFAULT_MAX_N_SEQUENCES,
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_RECORD_BYTES,
     DEFAULT_MAX_REQUEST_STATE_BYTES,
-    EnvelopeProcessor,
 )
-from worker.core.live_parsers import LiveParserPool
-from worker.core.model_dir import load_tokenizer
-from worker.core.parsing import ChatParsing, adapter_for
-from worker.core.parsing.registry import reasoning_parsers, tool_parsers
-from worker.core.vllm_version import DEFAULT_VLLM_VERSION, VllmBehaviour, VllmVersion
-from worker.errors import ConfigurationError
-from worker.runtime.dead_letter_policy import (
+from worker.core.parser_names import REASONING_PARSERS, TOOL_PARSERS
+from worker.core.vllm_version import DEFAULT_VLLM_VERSION, VllmVersion
+from worker.defaults import (
     DEFAULT_MAX_CONSECUTIVE,
     DEFAULT_MAX_RATIO,
+    DEFAULT_MAX_RECORD_RETRIES,
+    DEFAULT_METRICS_HOST,
+    DEFAULT_METRICS_PORT,
     DEFAULT_MIN_RECORDS,
     DEFAULT_WINDOW,
-    DeadLetterLimits,
 )
-from worker.runtime.health_server import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
-from worker.runtime.kafka_client.base import (
+from worker.errors import ConfigurationError
+from worker.kafka_config import (
+    COMMIT_BUDGET_MS,
+    MAX_RECORD_BYTES,
+    RECORD_BUDGET_MS,
     AssignmentStrategy,
     ClientKind,
     CompressionType,
     GroupProtocol,
+    SaslMechanism,
+    Secret,
+    SecurityProtocol,
+    TopicNames,
     TransactionalIdMode,
+    transaction_timeout_ms,
     transactional_id,
 )
-from worker.runtime.kafka_limits import (
-    COMMIT_BUDGET_MS,
-    MAX_RECORD_BYTES,
-    RECORD_BUDGET_MS,
-    transaction_timeout_ms,
-)
-from worker.runtime.kafka_oauth import OidcClientCredentials
-from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
-from worker.runtime.poison import DEFAULT_MAX_RECORD_RETRIES
-from worker.runtime.structured_logging import configure_logging
-from worker.runtime.topics import TopicNames
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from worker.runtime.kafka_security import KafkaSecurity
 
 ENV_PREFIX = "DERENDER_"
 FALLBACK_BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
-DEFAULT_GROUP_ID = "derender-worker"
 _OFF = ("off", "none", "disabled")
 
 
@@ -101,6 +101,7 @@ class Cli:
     group: str | None = None  # default: the section's GROUP
     default_text: str | None = None  # --help's "default: ..." when the value alone says too little
     choices: Callable[[], Iterable[str]] | None = None  # named in --help (the field checks them)
+    repeatable: bool = False  # a tuple field given as ``--flag A --flag B`` (else ``--flag A B``)
 
 
 class Section(BaseSettings):
@@ -115,6 +116,22 @@ class Section(BaseSettings):
         arbitrary_types_allowed=True,  # Secret, KafkaSecurity
     )
     GROUP: ClassVar[str] = "settings"
+    # False: the section's flags have no environment variable (what one run of a command reads or
+    # writes, not how a deployment is set up).
+    ENVIRONMENT: ClassVar[bool] = True
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        if not cls.ENVIRONMENT:
+            return (init_settings,)
+        return init_settings, env_settings, dotenv_settings, file_secret_settings
 
     @field_validator("*", mode="before")
     @classmethod
@@ -130,7 +147,6 @@ class Section(BaseSettings):
 
 
 S = TypeVar("S", bound=Section)
-K = TypeVar("K", bound="KafkaConnection")
 
 
 def _cli(field: FieldInfo) -> Cli:
@@ -141,7 +157,10 @@ def flags_of(name: str, field: FieldInfo) -> tuple[str, ...]:
     return _cli(field).flags or ("--" + name.replace("_", "-"),)
 
 
-def env_vars_of(name: str, field: FieldInfo) -> tuple[str, ...]:
+def env_vars_of(name: str, field: FieldInfo, section: type[Section] | None = None) -> tuple[str, ...]:
+    """The environment variables of a field (none in a section that reads no environment)."""
+    if section is not None and not section.ENVIRONMENT:
+        return ()
     alias = field.validation_alias
     if isinstance(alias, AliasChoices):
         return tuple(str(choice) for choice in alias.choices)
@@ -169,7 +188,7 @@ def _default_text(field: FieldInfo) -> str:
     return str(value)
 
 
-def _help(name: str, field: FieldInfo) -> str:
+def _help(name: str, field: FieldInfo, section: type[Section]) -> str:
     cli = _cli(field)
     text = field.description or ""
     if cli.choices is not None:
@@ -177,9 +196,10 @@ def _help(name: str, field: FieldInfo) -> str:
     enum_type = _enum_type(field)
     if enum_type is not None:
         text += f"; one of: {', '.join(str(m.value) for m in enum_type)}"
-    envs = " or ".join(env_vars_of(name, field))
+    envs = " or ".join(env_vars_of(name, field, section))
+    where = f"; env {envs}" if envs else ""
     # argparse formats help with %: escape the text, which may hold percentages.
-    return f"{text} (default: {_default_text(field)}; env {envs})".replace("%", "%%")
+    return f"{text} (default: {_default_text(field)}{where})".replace("%", "%%")
 
 
 def _enum_type(field: FieldInfo) -> type[enum.Enum] | None:
@@ -216,13 +236,15 @@ def add_arguments(parser: argparse.ArgumentParser, *sections: type[Section]) -> 
             seen.add(name)
             title = _cli(field).group or _declaring(section, name).GROUP
             group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
-            kwargs: dict[str, Any] = {"dest": name, "default": None, "help": _help(name, field)}
+            kwargs: dict[str, Any] = {"dest": name, "default": None, "help": _help(name, field, section)}
             if not _is_bool(field):
                 kwargs["metavar"] = flags_of(name, field)[0].removeprefix("--").replace("-", "_").upper()
             if _is_bool(field):
                 kwargs["action"] = argparse.BooleanOptionalAction if field.default else "store_const"
                 if not field.default:
                     kwargs["const"] = True
+            elif _is_list(field) and _cli(field).repeatable:
+                kwargs["action"] = "append"
             elif _is_list(field):
                 kwargs["nargs"] = "+"
             elif "Secret" in str(field.annotation):
@@ -257,7 +279,8 @@ def describe_errors(section: type[Section], exc: ValidationError) -> str:
         if field is None:
             lines.append(error["msg"])
             continue
-        where = f"{flags_of(name, field)[0]} (env {' or '.join(env_vars_of(name, field))})"
+        envs = env_vars_of(name, field, section)
+        where = flags_of(name, field)[0] + (f" (env {' or '.join(envs)})" if envs else "")
         if error["type"] == "missing":
             lines.append(f"{where} is required")
             continue
@@ -296,11 +319,11 @@ def _one_of(names: Callable[[], Iterable[str]], raw: Any) -> Any:
 
 
 def _reasoning_parser_names() -> Iterable[str]:
-    return reasoning_parsers().keys()
+    return REASONING_PARSERS.keys()
 
 
 def _tool_parser_names() -> Iterable[str]:
-    return tool_parsers().keys()
+    return TOOL_PARSERS.keys()
 
 
 class ModelSettings(Section):
@@ -391,61 +414,6 @@ class ModelSettings(Section):
     def _known_tool_parser(cls, raw: Any) -> Any:
         return _one_of(_tool_parser_names, raw)
 
-    def build_derenderer(self) -> Derenderer:
-        if self.tool_parser and not self.enable_auto_tool_choice:
-            log.warning(
-                "--tool-parser %s does nothing without --enable-auto-tool-choice (as in vLLM): "
-                "tool calls stay text",
-                self.tool_parser,
-            )
-        tokenizer = load_tokenizer(self.tokenizer)
-        max_len = self.max_model_len or tokenizer.max_position_embeddings
-        if max_len is None or max_len <= 0:
-            raise ConfigurationError(
-                "max_model_len is unknown: pass --max-model-len or give config.json a max_position_embeddings"
-            )
-        names = self.served_model_names or (os.path.basename(os.path.normpath(self.tokenizer)),)
-        options = ServerOptions(
-            served_model_names=names,
-            max_model_len=max_len,
-            max_logprobs=self.max_logprobs,
-            max_n_sequences=self.max_n_sequences,
-            behaviour=VllmBehaviour.of(self.vllm_version),
-            return_tokens_as_token_ids=self.return_tokens_as_token_ids,
-        )
-        # None when no parser applies (a gpt-oss model always has one: Harmony, as in vLLM).
-        parsing = ChatParsing.create(
-            adapter_for(tokenizer),
-            reasoning_parser=self.reasoning_parser,
-            tool_parser=self.tool_parser,
-            enable_auto_tool_choice=self.enable_auto_tool_choice,
-            reread_window=self.parse_budget_window,
-            reasoning_streams_all=VllmBehaviour.of(self.vllm_version).reasoning_engine_streams_all,
-            llama3_json_on_engine=VllmBehaviour.of(self.vllm_version).llama3_json_on_engine,
-        )
-        return Derenderer(tokenizer, options, parsing)
-
-    def build_processor(self) -> EnvelopeProcessor:
-        return self.processor_for(self.build_derenderer())
-
-    def processor_for(
-        self,
-        derenderer: Derenderer,
-        *,
-        live_parsers: LiveParserPool | None = None,
-        require_key: bool = False,
-    ) -> EnvelopeProcessor:
-        """A new processor (its own request state) sharing ``derenderer`` (and ``live_parsers``)."""
-        return EnvelopeProcessor(
-            derenderer,
-            max_record_bytes=self.max_record_bytes,
-            max_live_parsers=self.max_live_parsers,
-            max_output_bytes=self.max_output_bytes,
-            max_request_state_bytes=self.max_request_state_bytes,
-            require_key=require_key,
-            live_parsers=live_parsers,
-        )
-
 
 # --- Kafka: connection, security, topics, processing -------------------------------------------
 
@@ -480,12 +448,15 @@ class KafkaConnection(Section):
         default_factory=_client_id, min_length=1, description="the Kafka client id"
     )
 
-    # Not a flag: ``load_kafka`` builds it from ``SecuritySettings``.
-    _security: KafkaSecurity = PrivateAttr(default_factory=KafkaSecurity)
+    # Not a flag: the composition root's ``load_kafka`` builds it from ``SecuritySettings``.
+    _security: Any = PrivateAttr(None)
 
     @property
     def security(self) -> KafkaSecurity:
-        return self._security
+        if self._security is None:
+            raise ConfigurationError(f"{type(self).__name__} was built without its security: use load_kafka")
+        security: KafkaSecurity = self._security
+        return security
 
     @field_validator("bootstrap_servers", mode="before")
     @classmethod
@@ -531,31 +502,6 @@ class SecuritySettings(Section):
     @classmethod
     def _secret(cls, raw: Any) -> Any:
         return (Secret(raw) if raw else None) if isinstance(raw, str) else raw
-
-    def kafka_security(self) -> KafkaSecurity:
-        oauth = None
-        if self.sasl_oauth_token_endpoint or self.sasl_oauth_client_id or self.sasl_oauth_client_secret:
-            oauth = OidcClientCredentials(
-                self.sasl_oauth_token_endpoint or "",
-                self.sasl_oauth_client_id or "",
-                self.sasl_oauth_client_secret or None,
-                self.sasl_oauth_scope or None,
-            )
-        security = KafkaSecurity(
-            protocol=self.security_protocol,
-            sasl_mechanism=self.sasl_mechanism,
-            sasl_username=self.sasl_username or None,
-            sasl_password=self.sasl_password or None,
-            ssl_cafile=self.ssl_cafile or None,
-            ssl_certfile=self.ssl_certfile or None,
-            ssl_keyfile=self.ssl_keyfile or None,
-            ssl_key_password=self.ssl_key_password or None,
-            ssl_check_hostname=self.ssl_check_hostname,
-            oauth=oauth,
-            aws_region=self.aws_region or None,
-        )
-        security.validate()
-        return security
 
 
 class InputTopic(Section):
@@ -641,7 +587,7 @@ class KafkaSettings(ProducingTopics, KafkaClientChoice):
 
     GROUP: ClassVar[str] = "processing"
 
-    group_id: str = Field(DEFAULT_GROUP_ID, min_length=1, description="the consumer group")
+    group_id: str = Field("derender-worker", min_length=1, description="the consumer group")
     mode: DeliveryMode = Field(
         DeliveryMode.EXACTLY_ONCE, description="exactly-once (transactions) or at-least-once"
     )
@@ -767,13 +713,6 @@ class KafkaSettings(ProducingTopics, KafkaClientChoice):
         return transactional_id(self.group_id, self.input_topic, self.client_id)
 
 
-def load_kafka(section: type[K], args: argparse.Namespace) -> K:
-    """A Kafka section with the security settings built in (``security`` is no flag of its own)."""
-    settings = load(section, args)
-    settings._security = load(SecuritySettings, args).kafka_security()  # a private attribute
-    return settings
-
-
 # --- the rest of `run` ----------------------------------------------------------------------------
 
 
@@ -805,16 +744,12 @@ class DeadLetterSettings(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> DeadLetterSettings:
-        self.limits()  # refuses a window smaller than --dlq-min-records
+        if self.dlq_min_records > self.dlq_window:
+            raise ConfigurationError(
+                f"--dlq-min-records must be in [1, --dlq-window={self.dlq_window}], "
+                f"got {self.dlq_min_records}"
+            )
         return self
-
-    def limits(self) -> DeadLetterLimits:
-        return DeadLetterLimits(
-            max_ratio=self.dlq_max_ratio,
-            window=self.dlq_window,
-            min_records=self.dlq_min_records,
-            max_consecutive=self.dlq_max_consecutive,
-        )
 
 
 class PoisonSettings(Section):
@@ -847,11 +782,6 @@ class LoggingSettings(Section):
     log_format: LogFormat = Field(LogFormat.TEXT, description="json: one JSON object per line")
     aiokafka_debug: bool = Field(False, description="keep aiokafka's INFO lines (every retry of an outage)")
 
-    def configure(self) -> None:
-        configure_logging(
-            self.log_level.value, json=self.log_format is LogFormat.JSON, aiokafka_debug=self.aiokafka_debug
-        )
-
 
 class MetricsServerSettings(Section):
     """Where ``/metrics``, ``/healthz`` and ``/readyz`` are served (``run`` and ``ingest``)."""
@@ -883,6 +813,213 @@ class TopicsCreateSettings(Section):
         12, gt=0, description="partitions of every topic; the state topic must match the input topic"
     )
     replication_factor: int = Field(1, gt=0, description="replicas of every topic")
+
+
+# --- one-off commands: what one run reads or writes (flags only, no environment variable) -----------
+
+
+def epoch_ms(raw: Any) -> Any:
+    """A point in time: epoch milliseconds, or an ISO 8601 time (UTC when it has no offset)."""
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError("must be epoch milliseconds or an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _one_at_most(**given: object) -> None:
+    named = [flag for flag, value in given.items() if value is not None]
+    if len(named) > 1:
+        raise ConfigurationError(f"{' and '.join(named)} exclude each other: give one")
+
+
+class CommandOptions(Section):
+    ENVIRONMENT: ClassVar[bool] = False
+
+
+class ReplayFileOptions(CommandOptions):
+    """``replay``'s own flag (its model flags are ``ModelSettings``)."""
+
+    GROUP: ClassVar[str] = "replay"
+
+    assemble: bool = Field(False, description="also print each assembled response to stderr at the end")
+
+
+class AuditFiles(CommandOptions):
+    GROUP: ClassVar[str] = "files (instead of topics)"
+
+    input_file: str | None = Field(None, min_length=1, description="input envelopes, JSON Lines")
+    output_file: str | None = Field(
+        None,
+        min_length=1,
+        description="recorded output envelopes, JSON Lines (e.g. a dump of the output topic)",
+    )
+    report: Annotated[str | None, Cli(group="results")] = Field(
+        None, min_length=1, description="write one JSON line per non-identical request here"
+    )
+    emit_file: Annotated[str | None, Cli(group="results")] = Field(
+        None,
+        min_length=1,
+        description="write the re-derendered outputs here, as output envelopes (JSON Lines)",
+    )
+
+
+class AuditRange(CommandOptions):
+    """``audit``'s range of the input topic, and where a backfill goes."""
+
+    GROUP: ClassVar[str] = "input range (Kafka)"
+
+    from_time: Annotated[int | None, Cli(flags=("--from",))] = Field(
+        None, ge=0, description="first record at or after this time (ISO 8601 or epoch ms)"
+    )
+    from_offset: int | None = Field(None, ge=0, description="first offset, in every partition")
+    to_time: Annotated[int | None, Cli(flags=("--to",))] = Field(
+        None, ge=0, description="stop before this time (ISO 8601 or epoch ms)"
+    )
+    to_offset: int | None = Field(None, ge=0, description="stop before this offset, in every partition")
+    partitions: Annotated[
+        tuple[int, ...] | None, Cli(flags=("--partition",), repeatable=True, default_text="all")
+    ] = Field(None, description="audit this input partition (repeatable)")
+    emit_topic: str | None = Field(
+        None,
+        min_length=1,
+        description="write the re-derendered outputs to this topic, in one transaction (a backfill)",
+    )
+
+    @field_validator("from_time", "to_time", mode="before")
+    @classmethod
+    def _time(cls, raw: Any) -> Any:
+        return epoch_ms(raw)
+
+    @field_validator("partitions")
+    @classmethod
+    def _partitions(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and any(partition < 0 for partition in value):
+            raise ValueError("partitions are numbered from 0")
+        return value
+
+    @model_validator(mode="after")
+    def _a_range(self) -> AuditRange:
+        _one_at_most(**{"--from": self.from_time, "--from-offset": self.from_offset})
+        _one_at_most(**{"--to": self.to_time, "--to-offset": self.to_offset})
+        if self.from_offset is not None and self.to_offset is not None and self.from_offset >= self.to_offset:
+            raise ConfigurationError(
+                f"the range is empty or inverted: --from-offset {self.from_offset} is not before "
+                f"--to-offset {self.to_offset}"
+            )
+        if self.from_time is not None and self.to_time is not None and self.from_time >= self.to_time:
+            raise ConfigurationError(
+                f"the range is empty or inverted: --from ({self.from_time} ms) is not before --to "
+                f"({self.to_time} ms)"
+            )
+        return self
+
+    @property
+    def selects_a_range(self) -> bool:
+        return any(v is not None for v in (self.from_time, self.from_offset, self.to_time, self.to_offset))
+
+
+class AuditOptions(AuditFiles, AuditRange):
+    """Everything ``audit`` reads or writes besides Kafka and the model."""
+
+    @model_validator(mode="after")
+    def _files_or_range(self) -> AuditOptions:
+        if self.input_file and (self.selects_a_range or self.partitions is not None):
+            raise ConfigurationError(
+                "--from/--to/--from-offset/--to-offset/--partition select a range of the input topic, "
+                "not of --input-file"
+            )
+        return self
+
+    @property
+    def needs_kafka(self) -> bool:
+        return not (self.input_file and self.output_file) or bool(self.emit_topic)
+
+
+class DlqReplaySelection(CommandOptions):
+    """``dlq replay``: which dead letters go back, and where."""
+
+    GROUP: ClassVar[str] = "replay"
+
+    from_offset: int | None = Field(None, ge=0, description="start every partition at this offset")
+    since: int | None = Field(
+        None,
+        ge=0,
+        description="start at the first dead letter written at or after this time (ISO 8601 or epoch ms)",
+    )
+    reason_contains: str | None = Field(
+        None, min_length=1, description="replay only dead letters whose reason contains this text"
+    )
+    to_topic: Annotated[str | None, Cli(default_text="--input-topic")] = Field(
+        None, min_length=1, description="the topic the dead letters go back to"
+    )
+    limit: Annotated[int | None, Cli(default_text="all")] = Field(
+        None, gt=0, description="replay at most this many records"
+    )
+    dry_run: bool = Field(False, description="print what would be sent, send nothing")
+
+    @field_validator("since", mode="before")
+    @classmethod
+    def _time(cls, raw: Any) -> Any:
+        return epoch_ms(raw)
+
+    @model_validator(mode="after")
+    def _one_start(self) -> DlqReplaySelection:
+        _one_at_most(**{"--from-offset": self.from_offset, "--since": self.since})
+        return self
+
+
+class ProduceOptions(CommandOptions):
+    GROUP: ClassVar[str] = "produce"
+
+    topic: str = Field(min_length=1, description="the topic to send to")
+
+
+class ConsumeOptions(CommandOptions):
+    GROUP: ClassVar[str] = "consume"
+
+    topic: str = Field(min_length=1, description="the topic to read")
+    follow: bool = Field(False, description="keep reading new records (Ctrl-C stops)")
+    from_beginning: Annotated[bool, Cli(default_text="the end")] = Field(
+        False, description="start at the oldest record"
+    )
+    assemble: bool = Field(False, description="print each assembled response of output envelopes to stderr")
+    max_records: Annotated[int | None, Cli(default_text="no limit")] = Field(
+        None, gt=0, description="stop after this many records"
+    )
+
+
+DEMO_PACE_MS = 50.0  # between produced records: ~85 records in ~4 s, slow enough to watch
+
+
+class DemoOptions(CommandOptions):
+    GROUP: ClassVar[str] = "demo"
+
+    stream: Annotated[str | None, Cli(default_text="the bundled Qwen3 sample")] = Field(
+        None, min_length=1, description="input envelopes"
+    )
+    tokenizer: Annotated[str | None, Cli(default_text="the bundled Qwen3 tokenizer")] = Field(
+        None, min_length=1, description="model directory"
+    )
+    offline: bool = Field(False, description="derender in-process, without Kafka")
+    pipeline: bool = Field(
+        False, description="the whole pipeline: fake vLLM, ingest, two workers, gateway and an openai client"
+    )
+    bootstrap_servers: Annotated[
+        str | None,
+        Cli(
+            default_text="DERENDER_BOOTSTRAP_SERVERS, else KAFKA_BOOTSTRAP_SERVERS, else a local broker "
+            "started by deploy/local/kafka"
+        ),
+    ] = Field(None, min_length=1, description="use this Kafka instead of starting a local one")
+    pace_ms: float = Field(DEMO_PACE_MS, ge=0, le=60_000, description="pause between produced records")
 
 
 # --- the pipeline: `ingest` and `gateway` ------------------------------------------------------------
@@ -1172,7 +1309,7 @@ class RunConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunConfig:
         return cls(
-            kafka=load_kafka(KafkaSettings, args),
+            kafka=load(KafkaSettings, args),
             security=load(SecuritySettings, args),
             model=load(ModelSettings, args),
             dead_letters=load(DeadLetterSettings, args),

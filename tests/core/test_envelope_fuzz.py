@@ -29,6 +29,7 @@ from tests.paths import REPO_ROOT
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult
 from worker.runtime import dead_letter_record
+from worker.runtime.composition import load_derenderer
 from worker.runtime.dlq_replay import decode_dead_letter
 from worker.runtime.state_changelog import decode, encode_context, encode_progress
 from worker.settings import ModelSettings
@@ -44,13 +45,14 @@ FUZZ = settings(
 
 @functools.cache
 def _derenderer(parsers: bool) -> Derenderer:
-    return ModelSettings(
+    settings = ModelSettings(
         tokenizer=str(MODELS_DIR / "qwen3"),
         served_model_names=(MODEL,),
         reasoning_parser="qwen3" if parsers else None,
         tool_parser="hermes" if parsers else None,
         enable_auto_tool_choice=parsers,
-    ).build_derenderer()
+    )
+    return load_derenderer(settings)
 
 
 @functools.cache

@@ -14,6 +14,7 @@ from tests.golden_cases import GOLDEN_034_DIR, GOLDEN_DIR, GoldenCase, load_case
 from tests.stream_builders import written
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.vllm_version import VllmVersion
+from worker.runtime.composition import load_derenderer
 
 PROBES = ("chat-stream", "chat-nonstream", "completion-nonstream")
 
@@ -38,7 +39,7 @@ def _with_field(case: GoldenCase, value: bool | None) -> list[dict[str, Any]]:
 
 def _run(case: GoldenCase, envelopes: list[dict[str, Any]], version: VllmVersion, flag: bool) -> list[Any]:
     settings = settings_for(case.config, version).model_copy(update={"return_tokens_as_token_ids": flag})
-    processor = EnvelopeProcessor(settings.build_derenderer())
+    processor = EnvelopeProcessor(load_derenderer(settings))
     return normalize([written(processor.process(orjson.dumps(e))) for e in envelopes])
 
 

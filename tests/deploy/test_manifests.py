@@ -55,6 +55,7 @@ from tests.deploy.manifests import (
 from tests.golden_cases import MODELS_DIR
 from tests.paths import REPO_ROOT
 from worker.cli import build_parser
+from worker.runtime.composition import load_processor
 from worker.settings import (
     RUN_SETTINGS_BY_ENV,
     ModelSettings,
@@ -609,7 +610,7 @@ def test_model_settings_load_the_bundled_model(source: str, clean_env: pytest.Mo
     assert settings.tool_parser == env["DERENDER_TOOL_PARSER"]
     assert settings.enable_auto_tool_choice is True
     assert settings.served_model_names == (env["DERENDER_SERVED_MODEL_NAME"],)
-    settings.build_processor()
+    load_processor(settings)
 
 
 # ---- Compose ----------------------------------------------------------------------------------------

@@ -37,8 +37,8 @@ from tests.audit_streams import (
 from tests.golden_cases import normalize, sample_config
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import TopicReader, WorkerGroup, WorkerTopics, make_worker_topics, produce
+from worker import audit_command
 from worker.cli import main
-from worker.settings import ModelSettings
 
 pytestmark = pytest.mark.kafka
 
@@ -47,7 +47,7 @@ DEMO_CONFIG = sample_config(parsers=True, served_model_name="qwen3-demo")
 
 @pytest.fixture(autouse=True)
 def _load_each_tokenizer_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ModelSettings, "build_derenderer", shared_derenderer)
+    monkeypatch.setattr(audit_command, "load_derenderer", shared_derenderer)
 
 
 @dataclass

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import worker.runtime.worker as worker_module
-from tests.golden_cases import derenderer_for
-from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
+from tests.kafka_helpers import generate_sequences
 from tests.partition_fakes import FakeRecord, PollingConsumer, RecordingSink, owned_partition, run_settings
+from tests.runtime.worker_fakes import new_worker
 from worker.runtime.commit_schedule import commit_delay_s
 from worker.runtime.worker import Worker
 from worker.settings import ModelSettings
@@ -49,9 +49,8 @@ class _SlowClock:
 
 def _worker(sink: RecordingSink) -> Worker:
     settings = run_settings("--mode", "at-least-once")  # 100 ms commits
-    worker = Worker(settings, derenderer_for(QWEN3_CONFIG), model=ModelSettings(tokenizer="x"))
-    task = owned_partition(worker.derenderer, sink)
-    task.metrics = worker.metrics
+    worker = new_worker(settings, ModelSettings(tokenizer="x"))
+    task = owned_partition(worker.derenderer, sink, metrics=worker.metrics)
     worker.tasks[task.tp] = task
     return worker
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from worker.errors import ConfigurationError, IllegalBreakerTransitionError
+from worker.runtime.composition import dead_letter_limits
 from worker.runtime.dead_letter_policy import (
     TRANSITIONS,
     BreakerState,
@@ -157,7 +158,7 @@ def test_invalid_limits_are_configuration_errors(kwargs: dict[str, Any], message
 def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser, DeadLetterSettings)
-    assert load(DeadLetterSettings, parser.parse_args([])).limits() == DeadLetterLimits()
+    assert dead_letter_limits(load(DeadLetterSettings, parser.parse_args([]))) == DeadLetterLimits()
     args = parser.parse_args(
         [
             "--dlq-max-ratio",
@@ -170,13 +171,13 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             "off",
         ]
     )
-    assert load(DeadLetterSettings, args).limits() == DeadLetterLimits(0.25, 50, 10, None)
+    assert dead_letter_limits(load(DeadLetterSettings, args)) == DeadLetterLimits(0.25, 50, 10, None)
 
     monkeypatch.setenv("DERENDER_DLQ_MAX_RATIO", "off")
     monkeypatch.setenv("DERENDER_DLQ_MAX_CONSECUTIVE", "7")
     parser = argparse.ArgumentParser()
     add_arguments(parser, DeadLetterSettings)
-    limits = load(DeadLetterSettings, parser.parse_args([])).limits()
+    limits = dead_letter_limits(load(DeadLetterSettings, parser.parse_args([])))
     assert (limits.max_ratio, limits.max_consecutive) == (None, 7)
 
     monkeypatch.setenv("DERENDER_DLQ_WINDOW", "many")

@@ -35,7 +35,13 @@ from tests.paths import REPO_ROOT
 from worker.errors import ConfigurationError, TokenError
 from worker.runtime.kafka_client import confluent_backend
 from worker.runtime.kafka_oauth import MskIamTokenProvider, OidcClientCredentials, OidcTokenProvider
-from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
+from worker.runtime.kafka_security import (
+    KafkaSecurity,
+    SaslMechanism,
+    Secret,
+    SecurityProtocol,
+    kafka_security,
+)
 from worker.settings import (
     SecuritySettings,
     add_arguments,
@@ -247,7 +253,7 @@ def test_oauthbearer_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     def security(*argv: str) -> KafkaSecurity:
         parser = argparse.ArgumentParser()
         add_arguments(parser, SecuritySettings)
-        return load(SecuritySettings, parser.parse_args(list(argv))).kafka_security()
+        return kafka_security(load(SecuritySettings, parser.parse_args(list(argv))))
 
     base = ["--security-protocol", "SASL_SSL", "--sasl-mechanism", "OAUTHBEARER"]
     monkeypatch.setenv("DERENDER_SASL_OAUTH_CLIENT_SECRET", CLIENT_SECRET)

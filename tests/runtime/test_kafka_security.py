@@ -20,6 +20,7 @@ from worker.runtime.kafka_security import (
     SaslMechanism,
     Secret,
     SecurityProtocol,
+    kafka_security,
 )
 from worker.settings import (
     SecuritySettings,
@@ -54,7 +55,7 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 
 def _security(*argv: str) -> KafkaSecurity:
-    return load(SecuritySettings, _parse(*argv)).kafka_security()
+    return kafka_security(load(SecuritySettings, _parse(*argv)))
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +226,7 @@ def test_environment(monkeypatch: pytest.MonkeyPatch, pki: dict[str, Path]) -> N
 def test_password_never_shows(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("DERENDER_SASL_PASSWORD", PASSWORD)
     args = _parse("--security-protocol", "SASL_SSL", "--sasl-mechanism", "PLAIN", "--sasl-username", "u")
-    security = load(SecuritySettings, args).kafka_security()
+    security = kafka_security(load(SecuritySettings, args))
     from_flag = _parse("--sasl-password", PASSWORD)
     caplog.set_level(logging.DEBUG)
     logging.getLogger("test").info("settings %s %r %s %s", args, security, security.describe(), from_flag)

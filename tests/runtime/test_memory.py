@@ -18,6 +18,7 @@ from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, changelog_f
 from worker.core.envelope_processor import EnvelopeProcessor, Refusal
 from worker.core.live_parsers import LIVE_PARSER_BYTES, LiveParserPool
 from worker.core.sequence_state import SequenceState
+from worker.runtime.composition import load_derenderer
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
@@ -27,7 +28,9 @@ from worker.settings import ModelSettings
 FACTOR = 2.0
 
 
-def _processor(parsers: bool, pool: LiveParserPool | None = None) -> EnvelopeProcessor:
+def _processor(
+    parsers: bool, pool: LiveParserPool | None = None, budget: MemoryBudget | None = None
+) -> EnvelopeProcessor:
     settings = ModelSettings(
         tokenizer=str(MODELS_DIR / "qwen3"),
         served_model_names=("test-model",),
@@ -35,8 +38,9 @@ def _processor(parsers: bool, pool: LiveParserPool | None = None) -> EnvelopePro
         tool_parser="hermes" if parsers else None,
         enable_auto_tool_choice=parsers,
     )
-    derenderer = settings.build_derenderer()
-    return EnvelopeProcessor(derenderer, live_parsers=pool if pool is not None else LiveParserPool(10_000))
+    derenderer = load_derenderer(settings)
+    pool = pool if pool is not None else LiveParserPool(10_000)
+    return EnvelopeProcessor(derenderer, live_parsers=pool, admission=budget)
 
 
 # A message's extra structure (vLLM's messages take any extra field): a request small encoded
@@ -248,7 +252,7 @@ def test_the_budget_never_passes_its_cap_under_a_flood() -> None:
     tasks = []
     sinks = [RecordingSink() for _ in range(4)]
     for p, sink in enumerate(sinks):
-        processor = _processor(True, pool)
+        processor = _processor(True, pool, budget)  # the budget refuses new requests
         tasks.append(
             OwnedPartition(
                 TopicPartition("in", p),

@@ -14,11 +14,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from worker.errors import ConfigurationError
 from worker.runtime import metrics_names as m
+from worker.runtime.composition import dead_letter_limits
 from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.health_server import (
     HealthServer,
     ReadinessState,
 )
+from worker.runtime.kafka_security import kafka_security, load_kafka
 from worker.runtime.metrics import Metrics
 from worker.runtime.prometheus_export import (
     ExportedMetrics,
@@ -39,7 +41,6 @@ from worker.settings import (
     SecuritySettings,
     add_arguments,
     load,
-    load_kafka,
 )
 
 
@@ -252,8 +253,8 @@ def test_flags_coexist_with_the_run_command(monkeypatch: pytest.MonkeyPatch) -> 
     observability = load(ObservabilitySettings, args)
     assert (observability.metrics_port, load_kafka(KafkaSettings, args).dlq_topic) == (9464, "dl")
     assert load(LoggingSettings, args).log_format is LogFormat.TEXT
-    assert load(DeadLetterSettings, args).limits().window == 50
-    assert load(SecuritySettings, args).kafka_security().client_kwargs() == {"security_protocol": "PLAINTEXT"}
+    assert dead_letter_limits(load(DeadLetterSettings, args)).window == 50
+    assert kafka_security(load(SecuritySettings, args)).client_kwargs() == {"security_protocol": "PLAINTEXT"}
 
 
 # --- the HTTP server --------------------------------------------------------------------------

@@ -22,9 +22,10 @@ from tests.partition_fakes import (
     owned_partition,
     run_settings,
 )
+from tests.runtime.worker_fakes import new_worker
 from worker.core.envelope_processor import ProcessResult
 from worker.errors import ConfigurationError, DeliveryFailedError, KafkaClientError, RecordTooLargeError
-from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
+from worker.runtime.dead_letter_policy import DeadLetterLimits
 from worker.runtime.kafka_client.aiokafka_backend import parse_max_message_bytes
 from worker.runtime.kafka_client.base import OutgoingRecord, TopicPartition
 from worker.runtime.kafka_limits import MAX_RECORD_BYTES
@@ -156,11 +157,10 @@ def test_topics_must_accept_what_the_producers_send() -> None:
 
 def test_resets_feed_the_breaker_and_both_survive_a_revocation() -> None:
     limits = DeadLetterLimits(max_ratio=None, max_consecutive=3)
-    worker = Worker(
+    worker = new_worker(
         run_settings(),
-        derenderer_for(QWEN3_CONFIG),
-        model=ModelSettings(tokenizer="x", max_record_bytes=1024),
-        dead_letters=DeadLetterPolicy(limits),
+        ModelSettings(tokenizer="x", max_record_bytes=1024),
+        dead_letters=limits,
         resets=ResetTracker(max_retries=5),
     )
     tp = TopicPartition("derender-requests", 3)
@@ -244,15 +244,18 @@ def test_a_poison_skip_is_counted_once_it_is_sent() -> None:
 
 def _worker(sink: RecordingSink, limits: DeadLetterLimits, retries: int = 3) -> tuple[Worker, OwnedPartition]:
     """A worker owning partition 2 through a task that writes to ``sink`` (no broker)."""
-    worker = Worker(
+    worker = new_worker(
         run_settings("--commit-interval-ms", "60000", "--mode", "at-least-once"),
-        derenderer_for(QWEN3_CONFIG),
-        model=ModelSettings(tokenizer="x", max_record_bytes=1 << 20),
-        dead_letters=DeadLetterPolicy(limits),
+        dead_letters=limits,
         resets=ResetTracker(max_retries=retries),
     )
-    task = owned_partition(worker.derenderer, sink)
-    task.dead_letters, task.resets, task.metrics = worker.dead_letters, worker.resets, worker.metrics
+    task = owned_partition(
+        worker.derenderer,
+        sink,
+        dead_letters=worker.dead_letters,
+        resets=worker.resets,
+        metrics=worker.metrics,
+    )
     worker.tasks[task.tp] = task
     return worker, task
 
@@ -284,7 +287,7 @@ def test_a_failing_observer_never_stops_a_partition() -> None:
     sink = RecordingSink()
     resets = ResetTracker(max_retries=1)
     task = owned_partition(derenderer, sink)
-    task.resets, task.observer = resets, _BrokenObserver()
+    task.resets, task.observer = resets, _BrokenObserver("g")
     parent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     resets.record_failed(2, 0, "TypeError('x')")  # offset 0 is a poison record: its skip is observed too
     records = [FakeRecord(0, seq.envelopes[0]), FakeRecord(1, seq.envelopes[1])]

@@ -15,12 +15,12 @@ from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssigno
 from confluent_kafka import OFFSET_END, Consumer
 from confluent_kafka import TopicPartition as LibTopicPartition
 
-from tests.golden_cases import derenderer_for
-from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
+from tests.kafka_helpers import generate_sequences
 from tests.partition_fakes import StubConsumer, changelog_for, run_settings
-from tests.runtime.worker_fakes import FakeTransactionalProducer, handle_record, per_worker_tasks
+from tests.runtime.worker_fakes import FakeTransactionalProducer, handle_record, new_worker, per_worker_tasks
 from worker.cli import main
 from worker.errors import ConfigurationError
+from worker.runtime.composition import new_processor
 from worker.runtime.delivery import COMMIT_LINGER_MS, PRODUCER_LINGER_MS, TransactionalSink
 from worker.runtime.kafka_client import aiokafka_backend, confluent_backend
 from worker.runtime.kafka_client.base import (
@@ -138,10 +138,9 @@ def test_both_backends_map_the_fetch_settings() -> None:
 def test_only_librdkafka_exactly_once_workers_batch_under_the_commit() -> None:
     """``Worker._batches_under_commit``: held fetches and a long linger for transactional sends."""
     model = ModelSettings(tokenizer="x", max_record_bytes=1024)
-    derenderer = derenderer_for(QWEN3_CONFIG)
 
     def worker(*argv: str) -> Worker:
-        return Worker(run_settings(*argv), derenderer, model=model)
+        return new_worker(run_settings(*argv), model)
 
     batching = worker()  # confluent, exactly-once, 100 ms commits
     config = batching._consumer_config()
@@ -394,9 +393,7 @@ def test_a_partial_revocation_commits_the_shared_transaction_whole() -> None:
 def test_a_partial_revocation_commits_only_the_revoked_partitions_transactions() -> None:
     a, b = generate_sequences(2, seed=6, prefix="own")
     settings = run_settings("--transactional-id-mode", "per-partition")
-    worker = Worker(
-        settings, derenderer_for(QWEN3_CONFIG), model=ModelSettings(tokenizer="x", max_record_bytes=1 << 20)
-    )
+    worker = new_worker(settings)
     _running(worker)
     producers = {}
     for partition in (1, 2):
@@ -405,7 +402,7 @@ def test_a_partial_revocation_commits_only_the_revoked_partitions_transactions()
         sink = TransactionalSink(producers[partition], lambda: "group-metadata", Metrics())
         worker.tasks[tp] = OwnedPartition(
             tp,
-            worker.model.processor_for(worker.derenderer),
+            new_processor(worker.model, worker.derenderer),
             sink,
             settings.topics,
             Metrics(),
@@ -445,11 +442,7 @@ def test_per_partition_offsets_name_the_group_alone() -> None:
         consumer._consumer.close()
     # Generation -1, group "g", no member, no instance id (a static member's would be checked).
     assert metadata == b"CGMDv2:\xff\xff\xff\xffg\x00\x00\x01"
-    worker = Worker(
-        run_settings("--transactional-id-mode", "per-partition"),
-        derenderer_for(QWEN3_CONFIG),
-        model=ModelSettings(tokenizer="x", max_record_bytes=1 << 20),
-    )
+    worker = new_worker(run_settings("--transactional-id-mode", "per-partition"))
 
     class _Group:
         def group_id_metadata(self) -> object:

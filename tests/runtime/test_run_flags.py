@@ -6,7 +6,8 @@ import pytest
 
 from worker.cli import build_parser
 from worker.errors import ConfigurationError
-from worker.settings import DeliveryMode, KafkaSettings, load_kafka
+from worker.runtime.kafka_security import load_kafka
+from worker.settings import DeliveryMode, KafkaSettings
 
 
 def _settings(argv: list[str]) -> KafkaSettings:

@@ -23,6 +23,7 @@ from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
 from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, owned_partition, run_settings
 from tests.paths import REPO_ROOT
+from tests.runtime.worker_fakes import new_worker
 from worker.cli import build_parser, main
 from worker.errors import ConfigurationError
 from worker.runtime import metrics_names as m
@@ -31,16 +32,16 @@ from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.delivery import PRODUCER_LINGER_MS, producer_config
 from worker.runtime.kafka_client import aiokafka_backend
 from worker.runtime.kafka_client.base import TopicPartition
+from worker.runtime.kafka_security import load_kafka
 from worker.runtime.memory import OPENING_FACTOR, REQUEST_BASE_BYTES, MemoryBudget
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.prometheus_export import labelled
-from worker.runtime.worker import Worker, configuration_error
+from worker.runtime.worker import configuration_error
 from worker.settings import (
     KafkaTopics,
     ModelSettings,
     ObservabilitySettings,
     load,
-    load_kafka,
 )
 
 SASL = [
@@ -137,11 +138,11 @@ def test_security_kwargs_reach_every_client(monkeypatch: pytest.MonkeyPatch) -> 
         *SASL, *aiokafka, "--input-topic", "i", "--output-topic", "o", "--state-topic", "s"
     )
     model = ModelSettings(tokenizer="x", max_record_bytes=1024)
-    worker = Worker(settings, derenderer_for(QWEN3_CONFIG), model=model)
+    worker = new_worker(settings, model)
     asyncio.run(worker._start_clients())
     worker._new_sink(TopicPartition("i", 0))  # exactly-once: a transactional producer
     at_least_once = run_settings(*SASL, *aiokafka, "--mode", "at-least-once")
-    Worker(at_least_once, derenderer_for(QWEN3_CONFIG), model=model)._new_sink(TopicPartition("i", 1))
+    new_worker(at_least_once, model)._new_sink(TopicPartition("i", 1))
     asyncio.run(topics.create_topics("k:9092", TOPICS, 1, 1, settings.security.client_kwargs()))
     kinds = [kind for kind, _ in made]
     assert sorted(set(kinds)) == ["Admin", "Consumer", "Producer"]
@@ -328,8 +329,9 @@ def test_a_one_shot_request_is_not_refused_at_the_cap() -> None:
 
 def test_an_unchosen_metrics_port_falls_back_to_a_free_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two workers on one host (`demo`) without --metrics-port: the second one takes a free port."""
+    from worker.defaults import DEFAULT_METRICS_PORT
     from worker.runtime.commands import start_health_server
-    from worker.runtime.health_server import DEFAULT_METRICS_PORT, ReadinessState
+    from worker.runtime.health_server import ReadinessState
     from worker.runtime.prometheus_export import ExportedMetrics, build_registry
 
     monkeypatch.delenv("DERENDER_METRICS_PORT", raising=False)

@@ -10,12 +10,20 @@ from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG
 from tests.partition_fakes import TOPICS, FakeRecord, StubConsumer, changelog_for, run_settings
 from worker.core.envelope_processor import EnvelopeProcessor
+from worker.runtime.composition import worker_parts
 from worker.runtime.delivery import SharedSink, Transaction
 from worker.runtime.kafka_client.base import CommitTimings, Offsets, OutgoingRecord, TopicPartition
 from worker.runtime.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.worker import Worker
-from worker.settings import ModelSettings
+from worker.settings import KafkaSettings, ModelSettings
+
+
+def new_worker(settings: KafkaSettings, model: ModelSettings | None = None, **parts: Any) -> Worker:
+    """A worker of ``settings`` over the shared Qwen3 derenderer, its parts built by the composition
+    root (``parts``: ``worker_parts``' keywords: metrics, dead-letter limits, resets, ...)."""
+    model = model or ModelSettings(tokenizer="x", max_record_bytes=1 << 20)
+    return Worker(settings, worker_parts(settings, model, derenderer_for(QWEN3_CONFIG), **parts))
 
 
 class FakeTransactionalProducer:
@@ -65,9 +73,7 @@ class FakeTransactionalProducer:
 def per_worker_tasks(producer: FakeTransactionalProducer) -> tuple[Worker, list[OwnedPartition]]:
     """A per-worker-transaction worker owning input partitions 1 and 2, committing through ``producer``."""
     settings = run_settings("--transactional-id-mode", "per-worker", "--kafka-client", "confluent")
-    worker = Worker(
-        settings, derenderer_for(QWEN3_CONFIG), model=ModelSettings(tokenizer="x", max_record_bytes=1 << 20)
-    )
+    worker = new_worker(settings)
     worker.committer.shared = Transaction(producer, lambda: "group-metadata", worker.metrics)
     tasks = []
     for partition in (1, 2):

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 
 from schemas.derender import DerenderChatStreamRequest, DerenderCompletionStreamRequest
 from schemas.generate import GenerateTokensResponse, GenerateTokensStreamChoice
+from worker.core.limits import DEFAULT_MAX_LOGPROBS as DEFAULT_MAX_LOGPROBS
+from worker.core.limits import DEFAULT_MAX_N_SEQUENCES as DEFAULT_MAX_N_SEQUENCES
 from worker.core.vllm_version import DEFAULT_BEHAVIOUR, VllmBehaviour
 from worker.errors import ModelNotFoundError, RequestError
-
-DEFAULT_MAX_LOGPROBS = 20
-DEFAULT_MAX_N_SEQUENCES = 16384
 
 STREAM_STOP_STRINGS_ERROR = (
     "stop strings are not supported by streaming derender because text already sent cannot be cut. "

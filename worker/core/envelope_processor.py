@@ -41,6 +41,10 @@ from schemas.openai import ChatCompletionRequest, CompletionRequest
 from worker.core.cycle_collection import pause_cycle_collection, resume_cycle_collection
 from worker.core.derenderer import Derenderer
 from worker.core.json_scan import json_depth_exceeds
+from worker.core.limits import DEFAULT_MAX_LIVE_PARSERS as DEFAULT_MAX_LIVE_PARSERS
+from worker.core.limits import DEFAULT_MAX_OUTPUT_BYTES as DEFAULT_MAX_OUTPUT_BYTES
+from worker.core.limits import DEFAULT_MAX_RECORD_BYTES as DEFAULT_MAX_RECORD_BYTES
+from worker.core.limits import DEFAULT_MAX_REQUEST_STATE_BYTES as DEFAULT_MAX_REQUEST_STATE_BYTES
 from worker.core.live_parsers import LiveParserPool
 from worker.core.record_errors import (
     clip,
@@ -68,13 +72,6 @@ from worker.errors import (
 JsonDict = dict[str, Any]
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
-DEFAULT_MAX_RECORD_BYTES = 8 * 1024 * 1024
-DEFAULT_MAX_LIVE_PARSERS = 10_000
-# Under the producers' 16 MiB max request size, with room for the key and the batch overhead.
-DEFAULT_MAX_OUTPUT_BYTES = 15 * 1024 * 1024
-# A request's context plus progress (what its state records hold); under the output limit, so its
-# context record (context + progress) always fits in one Kafka record.
-DEFAULT_MAX_REQUEST_STATE_BYTES = 12 * 1024 * 1024
 _INHERITED_FIELDS = ("model", "prompt_tokens", "prompt_token_ids")
 _REQUEST_FIELD = {"chat": "chat_request", "completion": "completion_request"}
 _CLOSED_MEMORY = 65536

@@ -34,7 +34,7 @@ from worker.runtime.kafka_client.base import (
     ReaderConfig,
 )
 from worker.runtime.kafka_limits import MAX_RECORD_BYTES, TRANSACTION_TIMEOUT_MS
-from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.kafka_security import KafkaSecurity, load_kafka
 from worker.runtime.topics import LARGE_RECORDS, partition_counts
 from worker.settings import (
     KafkaConnection,
@@ -42,7 +42,6 @@ from worker.settings import (
     SecuritySettings,
     add_arguments,
     load,
-    load_kafka,
 )
 
 log = logging.getLogger(__name__)

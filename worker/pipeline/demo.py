@@ -12,7 +12,6 @@ dev dependency: this demo runs from a source tree (``./run demo --pipeline``), a
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import importlib
@@ -43,6 +42,7 @@ from worker.demo_view import make_view
 from worker.errors import DemoError
 from worker.pipeline.connection import Connection
 from worker.runtime.kafka_security import KafkaSecurity
+from worker.settings import DemoOptions
 
 if TYPE_CHECKING:
     from tests.fake_vllm import Recording
@@ -226,7 +226,7 @@ def _messages(base_url: str, request: dict[str, Any]) -> None:
     print(f"  stop_reason: {message.stop_reason}")
 
 
-def run_pipeline_demo(args: argparse.Namespace) -> int:
+def run_pipeline_demo(args: DemoOptions) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="derender-pipeline-demo-") as tmp:
             return _demo(args, Path(tmp))
@@ -238,7 +238,7 @@ def run_pipeline_demo(args: argparse.Namespace) -> int:
         return 130
 
 
-def _demo(args: argparse.Namespace, tmp: Path) -> int:
+def _demo(args: DemoOptions, tmp: Path) -> int:
     stream = Path(args.stream) if args.stream else DEMO_STREAM
     model_dir = args.tokenizer or str(DEMO_MODEL_DIR)
     served = recordings(stream)

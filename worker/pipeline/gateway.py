@@ -40,6 +40,7 @@ from worker.pipeline.connection import Connection, add_connection_arguments, top
 from worker.pipeline.gateway_admission import Admitted, Budget, Endpoint, Refused, admit_body, error_body
 from worker.pipeline.gateway_delivery import Delivery, Mailbox, SseWriter, shutdown_error
 from worker.pipeline.gateway_edge import ANONYMOUS, API_KEY_NAME, ApiKeys, edge_trace
+from worker.runtime.structured_logging import configure
 from worker.runtime.tracing import NO_HEADERS, Headers
 from worker.settings import GatewayOptions, LoggingSettings, add_arguments, load
 
@@ -456,7 +457,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    load(LoggingSettings, args).configure()
+    configure(load(LoggingSettings, args))
     settings = load(GatewayOptions, args)
     connection = Connection.from_args(args, "gateway")
 

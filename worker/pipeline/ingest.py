@@ -63,6 +63,7 @@ from worker.runtime.kafka_client.base import (
     TopicPartition,
 )
 from worker.runtime.kafka_client.ranges import RangeReader
+from worker.runtime.structured_logging import configure
 from worker.runtime.tracing import Headers, propagated
 from worker.settings import IngestOptions, LoggingSettings, MetricsServerSettings, add_arguments, load
 
@@ -951,7 +952,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    load(LoggingSettings, args).configure()
+    configure(load(LoggingSettings, args))
     settings = load(IngestOptions, args)
     connection = Connection.from_args(args, "ingest")
     health = load(MetricsServerSettings, args)

@@ -25,6 +25,7 @@ from worker.pipeline.connection import (
 )
 from worker.runtime.kafka_client.aiokafka_plain import PlainClientError
 from worker.runtime.kafka_client.base import TopicPartition
+from worker.settings import ConsumeOptions, ProduceOptions, add_arguments, load
 
 
 def record_key(value: Any) -> bytes | None:
@@ -169,28 +170,30 @@ def _open(path: str) -> BinaryIO:
 
 
 def _produce(args: argparse.Namespace) -> int:
+    options = load(ProduceOptions, args)
     connection = Connection.from_args(args, "produce")
     source = _open(args.file)
     try:
-        return asyncio.run(produce_lines(connection, args.topic, bounded_lines(source), sys.stderr))
+        return asyncio.run(produce_lines(connection, options.topic, bounded_lines(source), sys.stderr))
     finally:
         if source is not sys.stdin.buffer:
             source.close()
 
 
 def _consume(args: argparse.Namespace) -> int:
+    options = load(ConsumeOptions, args)
     connection = Connection.from_args(args, "consume")
     try:
         return asyncio.run(
             consume_records(
                 connection,
-                args.topic,
+                options.topic,
                 sys.stdout.buffer,
                 sys.stderr,
-                follow=args.follow,
-                from_beginning=args.from_beginning,
-                assemble=args.assemble,
-                max_records=args.max_records,
+                follow=options.follow,
+                from_beginning=options.from_beginning,
+                assemble=options.assemble,
+                max_records=options.max_records,
             )
         )
     except KeyboardInterrupt:
@@ -200,19 +203,11 @@ def _consume(args: argparse.Namespace) -> int:
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     produce = commands.add_parser("produce", help="send JSON Lines to a topic, keyed by request_id")
     produce.add_argument("file", help="JSON Lines ('-': stdin)")
-    produce.add_argument("--topic", required=True)
+    add_arguments(produce, ProduceOptions)
     add_connection_arguments(produce, producing=True)
     produce.set_defaults(handler=_produce)
 
     consume = commands.add_parser("consume", help="print a topic's committed records as JSON Lines")
-    consume.add_argument("--topic", required=True)
-    consume.add_argument("--follow", action="store_true", help="keep reading new records (Ctrl-C stops)")
-    consume.add_argument(
-        "--from-beginning", action="store_true", help="start at the oldest record (default: the end)"
-    )
-    consume.add_argument(
-        "--assemble", action="store_true", help="print each assembled response of output envelopes to stderr"
-    )
-    consume.add_argument("--max-records", type=int, default=None, help="stop after this many records")
+    add_arguments(consume, ConsumeOptions)
     add_connection_arguments(consume)
     consume.set_defaults(handler=_consume)

@@ -35,6 +35,8 @@ Modules, in the order a record meets them:
                        dead letters
 * ``memory``        -- the caps on open requests and state bytes (a new request past one gets 503)
 * ``worker``        -- the poll / process / commit loop, backpressure, pausing, shutdown
+* ``composition``   -- the composition root: the derenderer, processors and a worker's parts,
+                       built from the settings and passed to constructors
 * ``metrics_names`` / ``metrics`` -- metric names (one place) and an in-process registry
 * ``prometheus_export`` / ``health_server`` -- ``/metrics``, ``/healthz``, ``/readyz``
 * ``kafka_security`` -- TLS / SASL options, passed to every Kafka client

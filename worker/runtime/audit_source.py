@@ -26,7 +26,6 @@ from worker.audit import Auditor, InputRange, Progress, count_lines, feed_output
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import AuditUsageError, ConfigurationError, KafkaClientError
 from worker.runtime.delivery import producer_config
-from worker.runtime.dlq_replay import parse_since
 from worker.runtime.kafka_client import make_client
 from worker.runtime.kafka_client.base import (
     ClientKind,
@@ -37,13 +36,12 @@ from worker.runtime.kafka_client.base import (
 )
 from worker.runtime.topics import partition_counts
 from worker.settings import (
-    KafkaConnection,
+    AuditOptions,
+    AuditRange,
     KafkaTopics,
     ProducingTopics,
     SecuritySettings,
     add_arguments,
-    load,
-    load_kafka,
 )
 
 OUTPUT_LOOKBACK_MS = 5 * 60 * 1000
@@ -52,82 +50,36 @@ IDLE_TIMEOUT_S = 60.0
 _POLL_MS = 500
 
 
-def _time(flag: str) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        try:
-            return parse_since(raw)
-        except argparse.ArgumentTypeError:
-            raise argparse.ArgumentTypeError(
-                f"{flag} must be epoch milliseconds or an ISO 8601 time, got {raw!r}"
-            ) from None
-
-    return parse
-
-
 def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
-    """``audit``'s Kafka flags: the connection, topic and security flags of ``run``, and the range."""
+    """``audit``'s Kafka flags: the connection, topic and security flags of ``run``."""
     add_arguments(parser, ProducingTopics, SecuritySettings)
-    group = parser.add_argument_group("input range (Kafka)")
-    start = group.add_mutually_exclusive_group()
-    start.add_argument(
-        "--from", dest="from_time", type=_time("--from"), default=None, help="ISO 8601 time or epoch ms"
-    )
-    start.add_argument("--from-offset", type=int, default=None, help="first offset, in every partition")
-    end = group.add_mutually_exclusive_group()
-    end.add_argument(
-        "--to", dest="to_time", type=_time("--to"), default=None, help="stop before this time (ISO 8601 / ms)"
-    )
-    end.add_argument(
-        "--to-offset", type=int, default=None, help="stop before this offset, in every partition"
-    )
-    group.add_argument(
-        "--partition",
-        dest="partitions",
-        type=int,
-        action="append",
-        default=None,
-        help="audit this input partition (repeatable; default: all)",
-    )
-    group.add_argument(
-        "--emit-topic",
-        default=None,
-        help="write the re-derendered outputs to this topic, in one transaction (a backfill)",
-    )
 
 
 def audit_with_kafka(
-    args: argparse.Namespace, new_processor: Callable[[], EnvelopeProcessor], err: TextIO
+    options: AuditOptions,
+    settings: ProducingTopics,
+    new_processor: Callable[[], EnvelopeProcessor],
+    err: TextIO,
 ) -> int:
     """The audit when a topic is involved (inputs, outputs or ``--emit-topic``); the exit status."""
     # The failure is reported once, as the exception's one line: not also as aiokafka's log lines.
     logging.getLogger("aiokafka").addHandler(logging.NullHandler())
     try:
-        return asyncio.run(_audit(args, new_processor, err))
+        return asyncio.run(_audit(options, settings, new_processor, err))
     except KafkaClientError as exc:
-        raise AuditUsageError(f"Kafka at {load(KafkaConnection, args).bootstrap_servers}: {exc}") from exc
+        raise AuditUsageError(f"Kafka at {settings.bootstrap_servers}: {exc}") from exc
 
 
 async def _audit(
-    args: argparse.Namespace, new_processor: Callable[[], EnvelopeProcessor], err: TextIO
+    args: AuditOptions, settings: ProducingTopics, new_processor: Callable[[], EnvelopeProcessor], err: TextIO
 ) -> int:
-    settings = load_kafka(ProducingTopics, args)
-    if any(offset is not None and offset < 0 for offset in (args.from_offset, args.to_offset)):
-        raise AuditUsageError("--from-offset and --to-offset must not be negative")
-    if args.from_offset is not None and args.to_offset is not None and args.from_offset >= args.to_offset:
-        raise AuditUsageError(
-            f"the range is empty or inverted: --from-offset {args.from_offset} is not before "
-            f"--to-offset {args.to_offset}"
-        )
-    if args.from_time is not None and args.to_time is not None and args.from_time >= args.to_time:
-        raise AuditUsageError(
-            f"the range is empty or inverted: --from ({args.from_time} ms) is not before --to "
-            f"({args.to_time} ms)"
-        )
     security = settings.security.client_kwargs()
     auditor = Auditor(new_processor)
     progress = Progress(err)
     if args.emit_topic in (settings.topics.input, settings.topics.output):
-        raise AuditUsageError("--emit-topic must be a topic of its own, beside the input and output topics")
+        raise ConfigurationError(
+            "--emit-topic must be a topic of its own, beside the input and output topics"
+        )
     # Every topic checked before any work: a wrong address or name fails at once.
     needed = [args.emit_topic] if args.emit_topic else []
     needed += [] if args.input_file else [settings.topics.input]
@@ -199,7 +151,7 @@ async def _offsets_at(
 
 
 async def read_input_range(
-    args: argparse.Namespace,
+    args: AuditRange,
     settings: KafkaTopics,
     security: dict[str, Any],
     auditor: Auditor,

@@ -12,12 +12,15 @@ import threading
 from prometheus_client.registry import CollectorRegistry
 
 from worker.core.cycle_collection import freeze_startup_objects
+from worker.defaults import DEFAULT_METRICS_PORT
 from worker.errors import ConfigurationError
-from worker.runtime.dead_letter_policy import DeadLetterPolicy
+from worker.runtime.composition import dead_letter_limits, load_derenderer, worker_parts
 from worker.runtime.dlq_replay import register_dlq
-from worker.runtime.health_server import DEFAULT_METRICS_PORT, HealthServer, LivenessCheck, ReadinessState
+from worker.runtime.health_server import HealthServer, LivenessCheck, ReadinessState
+from worker.runtime.kafka_security import load_kafka, with_security
 from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_reachable
+from worker.runtime.structured_logging import configure
 from worker.settings import (
     RUN_SECTIONS,
     KafkaTopics,
@@ -28,7 +31,6 @@ from worker.settings import (
     TopicsCreateSettings,
     add_arguments,
     load,
-    load_kafka,
 )
 
 log = logging.getLogger(__name__)
@@ -106,15 +108,15 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def run_worker(config: RunConfig) -> int:
-    """The composition root: every part of a worker process, built from its one configuration."""
-    from worker.runtime.observer import RecordObserver
+    """A worker process from its one configuration: its parts from ``composition``, in the order
+    start-up needs them (logging, the Kafka check, the health server, the tokenizer, the worker)."""
     from worker.runtime.prometheus_export import ExportedMetrics, build_registry
     from worker.runtime.tracing import build_spans
     from worker.runtime.worker import Worker
 
-    config.logging.configure()
-    settings, model = config.kafka, config.model
-    dead_letters = DeadLetterPolicy(config.dead_letters.limits())
+    configure(config.logging)
+    settings, model = with_security(config.kafka, config.security), config.model
+    limits = dead_letter_limits(config.dead_letters)
     resets = ResetTracker(config.poison.max_record_retries)
     spans = build_spans(config.observability.otel_endpoint)  # tracing: NO_SPANS unless asked for
     log.info("kafka %s", settings.security.describe())
@@ -127,23 +129,24 @@ def run_worker(config: RunConfig) -> int:
     early_stop = _EarlyStop()
     server = start_health_server(config.observability, build_registry(metrics), readiness)
     try:
-        derenderer = model.build_derenderer()  # before joining: loading a tokenizer takes seconds
+        derenderer = load_derenderer(model)  # before joining: loading a tokenizer takes seconds
         freeze_startup_objects()
         if early_stop.requested:
             log.info("stopped before joining the group")
             return 0
 
         async def main() -> int:
-            worker = Worker(
+            parts = worker_parts(
                 settings,
+                model,
                 derenderer,
-                model=model,
                 metrics=metrics,
                 readiness=readiness,
-                dead_letters=dead_letters,
+                dead_letters=limits,
                 resets=resets,
-                observer=RecordObserver(settings.group_id, spans, metrics=metrics),
+                spans=spans,
             )
+            worker = Worker(settings, parts)
             loop = asyncio.get_running_loop()
             deadline = ExitDeadline(settings.shutdown_timeout_s + EXIT_GRACE_S)
 

@@ -38,12 +38,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from worker.defaults import DEFAULT_MAX_CONSECUTIVE, DEFAULT_MAX_RATIO, DEFAULT_MIN_RECORDS, DEFAULT_WINDOW
 from worker.errors import ConfigurationError, IllegalBreakerTransitionError
-
-DEFAULT_MAX_RATIO = 0.5
-DEFAULT_WINDOW = 100
-DEFAULT_MIN_RECORDS = 20
-DEFAULT_MAX_CONSECUTIVE = 20
 
 
 class BreakerState(enum.Enum):

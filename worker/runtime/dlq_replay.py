@@ -35,7 +35,6 @@ import binascii
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import orjson
@@ -55,9 +54,9 @@ from worker.runtime.kafka_client.base import (
     ReaderConfig,
     TopicPartition,
 )
-from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.kafka_security import KafkaSecurity, load_kafka
 from worker.runtime.topics import partition_counts
-from worker.settings import ProducingTopics, SecuritySettings, add_arguments, load_kafka
+from worker.settings import DlqReplaySelection, ProducingTopics, SecuritySettings, add_arguments, load
 
 _POLL_MS = 500
 DEFAULT_IDLE_TIMEOUT_S = 60.0
@@ -103,22 +102,6 @@ def decode_dead_letter(value: bytes | None, kafka_key: bytes | None) -> ReplayIt
     return ReplayItem(letter.reason, original, key, headers)
 
 
-def parse_since(raw: str) -> int:
-    """``--since``: epoch milliseconds, or an ISO 8601 time (UTC when it has no offset)."""
-    text = raw.strip()
-    if text.isdigit():
-        return int(text)
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"--since must be epoch milliseconds or an ISO 8601 time, got {raw!r}"
-        ) from exc
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
-
-
 # --- options and report -------------------------------------------------------------------------
 
 
@@ -140,23 +123,20 @@ class ReplayOptions:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ReplayOptions:
         settings = load_kafka(ProducingTopics, args)
-        if args.from_offset is not None and args.from_offset < 0:
-            raise ConfigurationError("--from-offset must not be negative")
-        if args.limit is not None and args.limit <= 0:
-            raise ConfigurationError("--limit must be positive")
+        selection = load(DlqReplaySelection, args)
         client_id = f"{settings.client_id}-dlq-replay"
         return cls(
             bootstrap_servers=settings.bootstrap_servers,
             client_id=client_id,
             dlq_topic=settings.topics.dlq,
-            to_topic=args.to_topic or settings.topics.input,
+            to_topic=selection.to_topic or settings.topics.input,
             producer=producer_config(settings, client_id),
             security=settings.security,
-            from_offset=args.from_offset,
-            since_ms=args.since,
-            reason_contains=args.reason_contains,
-            limit=args.limit,
-            dry_run=args.dry_run,
+            from_offset=selection.from_offset,
+            since_ms=selection.since,
+            reason_contains=selection.reason_contains,
+            limit=selection.limit,
+            dry_run=selection.dry_run,
         )
 
 
@@ -317,22 +297,7 @@ def register_dlq(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_arguments(replay, ProducingTopics, SecuritySettings)
-    group = replay.add_argument_group("replay")
-    start = group.add_mutually_exclusive_group()
-    start.add_argument("--from-offset", type=int, default=None, help="start every partition at this offset")
-    start.add_argument(
-        "--since",
-        type=parse_since,
-        default=None,
-        help="start at the first dead letter written at or after this time (ISO 8601 or epoch ms)",
-    )
-    group.add_argument(
-        "--reason-contains", default=None, help="replay only dead letters whose reason contains this text"
-    )
-    group.add_argument("--to-topic", default=None, help="default: --input-topic")
-    group.add_argument("--limit", type=int, default=None, help="replay at most this many records")
-    group.add_argument("--dry-run", action="store_true", help="print what would be sent, send nothing")
+    add_arguments(replay, ProducingTopics, SecuritySettings, DlqReplaySelection)
     replay.set_defaults(handler=_dlq_replay)
 
 

@@ -31,13 +31,12 @@ import orjson
 from prometheus_client import make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
+from worker.defaults import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from worker.errors import ConfigurationError
 from worker.runtime.dead_letter_policy import Trip
 
 log = logging.getLogger(__name__)
 
-DEFAULT_METRICS_PORT = 9464
-DEFAULT_METRICS_HOST = "0.0.0.0"
 # Lifecycle states (``WorkerState.value``) in which the worker may be ready.
 READY_PHASES = frozenset({"running", "rebalancing"})
 _POLL_INTERVAL_S = 0.1  # how fast stop() is noticed by serve_forever

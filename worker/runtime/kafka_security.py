@@ -26,69 +26,22 @@ log that dict).
 
 from __future__ import annotations
 
-import enum
+import argparse
 import os
 import ssl
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka.helpers import create_ssl_context
 
 from worker.errors import ConfigurationError
+from worker.kafka_config import SaslMechanism as SaslMechanism
+from worker.kafka_config import Secret as Secret
+from worker.kafka_config import SecurityProtocol as SecurityProtocol
 from worker.runtime.kafka_oauth import MskIamTokenProvider, OidcClientCredentials, OidcTokenProvider
+from worker.settings import KafkaConnection, SecuritySettings, load
 
-
-class SecurityProtocol(enum.StrEnum):
-    PLAINTEXT = "PLAINTEXT"
-    SSL = "SSL"
-    SASL_PLAINTEXT = "SASL_PLAINTEXT"
-    SASL_SSL = "SASL_SSL"
-
-    @property
-    def uses_ssl(self) -> bool:
-        return self in (SecurityProtocol.SSL, SecurityProtocol.SASL_SSL)
-
-    @property
-    def uses_sasl(self) -> bool:
-        return self in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL)
-
-
-class SaslMechanism(enum.StrEnum):
-    PLAIN = "PLAIN"
-    SCRAM_SHA_256 = "SCRAM-SHA-256"
-    SCRAM_SHA_512 = "SCRAM-SHA-512"
-    OAUTHBEARER = "OAUTHBEARER"
-    AWS_MSK_IAM = "AWS_MSK_IAM"  # OAUTHBEARER with a token signed by the AWS MSK IAM signer
-
-    @property
-    def uses_password(self) -> bool:
-        return self not in (SaslMechanism.OAUTHBEARER, SaslMechanism.AWS_MSK_IAM)
-
-
-class Secret:
-    """A string that never shows itself in ``repr``/``str`` (argparse namespaces, dataclasses, logs)."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('********')"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
-
-    def __bool__(self) -> bool:
-        return bool(self._value)
+K = TypeVar("K", bound=KafkaConnection)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,3 +209,48 @@ class KafkaSecurity:
                 f"check_hostname={self.ssl_check_hostname}"
             )
         return " ".join(parts)
+
+
+# --- from the settings ----------------------------------------------------------------------------
+
+
+def kafka_security(settings: SecuritySettings) -> KafkaSecurity:
+    """The TLS / SASL options of every Kafka client, checked (a ``ConfigurationError`` names the flag)."""
+    oauth = None
+    if (
+        settings.sasl_oauth_token_endpoint
+        or settings.sasl_oauth_client_id
+        or settings.sasl_oauth_client_secret
+    ):
+        oauth = OidcClientCredentials(
+            settings.sasl_oauth_token_endpoint or "",
+            settings.sasl_oauth_client_id or "",
+            settings.sasl_oauth_client_secret or None,
+            settings.sasl_oauth_scope or None,
+        )
+    security = KafkaSecurity(
+        protocol=settings.security_protocol,
+        sasl_mechanism=settings.sasl_mechanism,
+        sasl_username=settings.sasl_username or None,
+        sasl_password=settings.sasl_password or None,
+        ssl_cafile=settings.ssl_cafile or None,
+        ssl_certfile=settings.ssl_certfile or None,
+        ssl_keyfile=settings.ssl_keyfile or None,
+        ssl_key_password=settings.ssl_key_password or None,
+        ssl_check_hostname=settings.ssl_check_hostname,
+        oauth=oauth,
+        aws_region=settings.aws_region or None,
+    )
+    security.validate()
+    return security
+
+
+def with_security(settings: K, security: SecuritySettings) -> K:
+    """``settings`` carrying the Kafka security that ``security`` describes (no flag of its own)."""
+    settings._security = kafka_security(security)  # a private attribute: not a setting
+    return settings
+
+
+def load_kafka(section: type[K], args: argparse.Namespace) -> K:
+    """A Kafka section from the command line, with the security settings built in."""
+    return with_security(load(section, args), load(SecuritySettings, args))

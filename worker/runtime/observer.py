@@ -22,13 +22,15 @@ class RecordObserver:
 
     def __init__(
         self,
-        group_id: str = "",
+        group_id: str | None,
         spans: Spans = NO_SPANS,
         *,
         metrics: Metrics | None = None,
         propagate: bool = True,
     ) -> None:
-        self.group_id = group_id
+        if spans is not NO_SPANS and group_id is None:
+            raise ValueError("spans name the consumer group: an observer with spans needs its group id")
+        self.group_id = group_id  # None only without spans: nothing reports it
         self.spans = spans
         self.genai = GenAiMetrics(metrics) if metrics is not None else None
         self.propagate = propagate
@@ -43,7 +45,7 @@ class RecordObserver:
         headers = propagated(record.headers) if self.propagate else NO_HEADERS
         if self.spans is NO_SPANS:
             return headers
-        info = RecordInfo(record.topic, record.partition, record.offset, self.group_id)
+        info = RecordInfo(record.topic, record.partition, record.offset, self._group())
         return self.spans.observe(result.request_id, info, headers, result.output, result.closed, tokens)
 
     def expired(self, result: ProcessResult) -> Headers:
@@ -53,8 +55,12 @@ class RecordObserver:
             self.genai.expired(result)
         if self.spans is NO_SPANS or result.request_id is None:
             return NO_HEADERS
-        info = RecordInfo("", -1, -1, self.group_id)
+        info = RecordInfo("", -1, -1, self._group())
         return self.spans.observe(result.request_id, info, NO_HEADERS, result.output, True)
+
+    def _group(self) -> str:
+        assert self.group_id is not None  # an observer with spans has one (``__init__``)
+        return self.group_id
 
     def partition_closed(self, partition: int) -> None:
         """The partition's requests continue elsewhere: end their spans here."""
@@ -64,4 +70,4 @@ class RecordObserver:
         self.spans.shutdown()
 
 
-NO_OBSERVER = RecordObserver()
+NO_OBSERVER = RecordObserver(None)  # no spans, no metrics: no group to name

@@ -70,8 +70,11 @@ class OwnedPartition:
         self.oldest_timestamp_ms: int | None = None  # create time of the first uncommitted input
         self.dead_letters = dead_letters or DeadLetterPolicy(DeadLetterLimits(None, max_consecutive=None))
         self.trip: Trip | None = None  # set by the record that tripped this partition's breaker
-        self.budget = budget or MemoryBudget()
-        processor.admission = self.budget  # new requests past a cap get a 503 (``memory``)
+        if processor.admission is not budget:
+            # The processor refuses new requests past the budget's caps (a 503, ``memory``): it must
+            # have been built with this very budget (``composition.WorkerParts.processor``).
+            raise ValueError("the processor's admission is not the partition's memory budget")
+        self.budget = budget if budget is not None else MemoryBudget()  # none: no caps, as the processor's
         self.resets = resets or ResetTracker()  # the worker's: it outlives this task
         self.observer = observer  # trace context, spans, GenAI metrics
         # Estimated live bytes per open request, as added to the budget (see ``memory``).

@@ -15,21 +15,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.core.derenderer import Derenderer
-from worker.core.live_parsers import LiveParserPool
 from worker.errors import PartitionNotAssignedError
 from worker.runtime import state_changelog
-from worker.runtime.dead_letter_policy import DeadLetterPolicy
+from worker.runtime.composition import WorkerParts, owned_partition
 from worker.runtime.delivery import Sink
 from worker.runtime.kafka_client.base import TopicPartition
-from worker.runtime.memory import MemoryBudget
-from worker.runtime.metrics import Metrics
-from worker.runtime.observer import RecordObserver
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.poison import ResetTracker
-from worker.runtime.state_changelog import StateChangelog
 from worker.runtime.state_store import StateRestorer
-from worker.settings import KafkaSettings, ModelSettings
+from worker.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -48,30 +41,10 @@ class Opened:
 class PartitionOpener:
     """Builds the tasks of newly assigned partitions from committed offsets and the state topic."""
 
-    def __init__(
-        self,
-        settings: KafkaSettings,
-        model: ModelSettings,
-        derenderer: Derenderer,
-        *,
-        restorer: StateRestorer,
-        parsers: LiveParserPool,
-        metrics: Metrics,
-        dead_letters: DeadLetterPolicy,
-        budget: MemoryBudget,
-        resets: ResetTracker,
-        observer: RecordObserver,
-    ) -> None:
+    def __init__(self, settings: KafkaSettings, parts: WorkerParts, restorer: StateRestorer) -> None:
         self.settings = settings
-        self.model = model
-        self.derenderer = derenderer
+        self.parts = parts
         self.restorer = restorer
-        self.parsers = parsers
-        self.metrics = metrics
-        self.dead_letters = dead_letters
-        self.budget = budget
-        self.resets = resets
-        self.observer = observer
 
     async def open(
         self,
@@ -102,7 +75,9 @@ class PartitionOpener:
                 if committed is None:
                     committed = await consumer.beginning_offset(tp)
                 positions[tp] = committed
-                restored = state_changelog.restore(self.restorer.keys, latest[tp.partition], self.derenderer)
+                restored = state_changelog.restore(
+                    self.parts.keys, latest[tp.partition], self.parts.derenderer
+                )
                 restores[tp] = restored
                 start = restores[tp].replay_from
                 if start is not None and start < committed:
@@ -124,46 +99,9 @@ class PartitionOpener:
                 await sinks[tp].close()
                 continue
             replay = replays.get(tp, [])
-            opened.tasks[tp] = self._task(tp, sinks[tp], positions[tp], restores[tp], replay, now, epoch)
+            opened.tasks[tp] = owned_partition(
+                self.settings, self.parts, tp, sinks[tp], positions[tp], restores[tp], replay, now, epoch
+            )
             opened.restored_requests += len(restores[tp].checkpoints)
             opened.replayed_records += len(replays.get(tp, []))
         return opened
-
-    def _task(
-        self,
-        tp: TopicPartition,
-        sink: Sink,
-        position: int,
-        restored: state_changelog.Restored,
-        replay: list[Any],
-        now: float,
-        epoch: int,
-    ) -> OwnedPartition:
-        processor = self.model.processor_for(
-            self.derenderer,
-            live_parsers=self.parsers,
-            require_key=True,  # key-less records are dead letters (placement by request_id)
-        )
-        state_changelog.install(processor, restored.checkpoints, now)
-        replayed = state_changelog.replay_after(processor, restored.checkpoints, replay)
-        changelog = StateChangelog(
-            self.settings.topics.state,
-            tp.partition,
-            self.restorer.keys,
-            checkpoint_interval_s=self.settings.state_checkpoint_interval_ms / 1000,
-        )
-        changelog.restored(restored, replayed)
-        return OwnedPartition(
-            tp,
-            processor,
-            sink,
-            self.settings.topics,
-            self.metrics,
-            position=position,
-            changelog=changelog,
-            epoch=epoch,
-            dead_letters=self.dead_letters,
-            budget=self.budget,
-            resets=self.resets,
-            observer=self.observer,
-        )

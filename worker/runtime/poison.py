@@ -37,9 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from worker.defaults import DEFAULT_MAX_RECORD_RETRIES
 from worker.errors import ConfigurationError
-
-DEFAULT_MAX_RECORD_RETRIES = 3
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,10 @@ at scrape time, by a custom collector that reads the registry:
 * gauge   ``derender.requests.open``     -> ``derender_requests_open`` (gauge)
 * timing  ``derender.commit_ms``         -> ``derender_commit_seconds`` (histogram, seconds: the
   Prometheus base unit). Histograms need every sample, so they come from ``ExportedMetrics``, a
-  ``Metrics`` that also folds each timing into cumulative buckets; hand one to ``Worker(metrics=...)``.
-  With a plain ``Metrics`` the collector falls back to the recent-window quantiles of ``snapshot()``
-  as the gauge ``derender_commit_recent_seconds{quantile="0.5|0.99|1"}``.
+  ``Metrics`` that also folds each timing into cumulative buckets; hand one to
+  ``composition.worker_parts(metrics=...)``. With a plain ``Metrics`` the collector falls back to
+  the recent-window quantiles of ``snapshot()`` as the gauge
+  ``derender_commit_recent_seconds{quantile="0.5|0.99|1"}``.
 
 Labels: the registry has none, so a label set travels in the name: ``labelled(m.CONSUMER_LAG,
 partition=3)`` is the key ``derender.consumer.lag{partition=3}``, exported as

@@ -20,6 +20,8 @@ from typing import Any, TextIO
 
 import orjson
 
+from worker.settings import LogFormat, LoggingSettings
+
 # Context fields a caller may pass with ``extra=``; anything else in ``extra`` is left out so a
 # stray attribute can never break the line's schema.
 CONTEXT_FIELDS: tuple[str, ...] = ("request_id", "partition", "topic", "offset", "group_id")
@@ -72,3 +74,12 @@ def configure_logging(
     # aiokafka logs every retry of a broker outage; keep its INFO chatter out.
     if not aiokafka_debug:
         logging.getLogger("aiokafka").setLevel(max(logging.WARNING, root.level))
+
+
+def configure(settings: LoggingSettings) -> None:
+    """Root logging as ``settings`` say (``--log-level``, ``--log-format``, ``--aiokafka-debug``)."""
+    configure_logging(
+        settings.log_level.value,
+        json=settings.log_format is LogFormat.JSON,
+        aiokafka_debug=settings.aiokafka_debug,
+    )

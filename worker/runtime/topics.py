@@ -19,16 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.errors import ConfigurationError
+from worker.kafka_config import TopicNames as TopicNames
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class TopicNames:
-    input: str
-    output: str
-    state: str
-    dlq: str
 
 
 _LEADER_WAIT_S = 30.0

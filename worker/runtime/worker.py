@@ -30,8 +30,6 @@ import time
 from dataclasses import replace
 from typing import Any, Literal
 
-from worker.core.derenderer import Derenderer
-from worker.core.live_parsers import LiveParserPool
 from worker.errors import (
     ConfigurationError,
     GroupRejectedError,
@@ -43,7 +41,8 @@ from worker.runtime import metrics_names as m
 from worker.runtime.assignment import LayoutWatch
 from worker.runtime.commit_schedule import CommitSchedule
 from worker.runtime.committer import Committer, LostWork
-from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy, Trip
+from worker.runtime.composition import WorkerParts
+from worker.runtime.dead_letter_policy import Trip
 from worker.runtime.delivery import (
     AtLeastOnceSink,
     SharedSink,
@@ -52,7 +51,6 @@ from worker.runtime.delivery import (
     TransactionalSink,
     producer_config,
 )
-from worker.runtime.health_server import ReadinessState
 from worker.runtime.kafka_client import make_client
 from worker.runtime.kafka_client.base import (
     ClientKind,
@@ -66,18 +64,13 @@ from worker.runtime.kafka_client.base import (
 )
 from worker.runtime.kafka_limits import transaction_timeout_ms
 from worker.runtime.lifecycle import Lifecycle, WorkerState
-from worker.runtime.memory import MemoryBudget
-from worker.runtime.metrics import Metrics
-from worker.runtime.observer import RecordObserver
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.partition_opener import PartitionOpener
-from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_record_limits
 from worker.runtime.prometheus_export import labelled
-from worker.runtime.state_changelog import StateKeys
 from worker.runtime.state_store import StateRestorer
 from worker.runtime.topics import check_layout, max_message_bytes, partition_counts
-from worker.settings import KafkaSettings, ModelSettings
+from worker.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -126,40 +119,26 @@ def configuration_error(exc: BaseException, settings: KafkaSettings) -> Configur
 
 
 class Worker:
-    def __init__(
-        self,
-        settings: KafkaSettings,
-        derenderer: Derenderer,
-        *,
-        model: ModelSettings,
-        metrics: Metrics | None = None,
-        readiness: ReadinessState | None = None,
-        dead_letters: DeadLetterPolicy | None = None,
-        resets: ResetTracker | None = None,
-        observer: RecordObserver | None = None,
-    ) -> None:
+    def __init__(self, settings: KafkaSettings, parts: WorkerParts) -> None:
+        """``parts``: from ``composition.worker_parts``, which builds them from the settings."""
         self.settings = settings
-        self.derenderer = derenderer
-        self.model = model  # the processors' limits
-        self.metrics = metrics or Metrics()
+        self.parts = parts
+        self.model = parts.model  # the processors' limits
+        self.derenderer = parts.derenderer
+        self.metrics = parts.metrics
         self.lifecycle = Lifecycle()
-        self.readiness = readiness or ReadinessState()
+        self.readiness = parts.readiness
         self.readiness.bind_phase(lambda: self.lifecycle.state.value)
-        # Library use defaults to a breaker that never trips; `run` passes the flags' limits.
-        self.dead_letters = dead_letters or DeadLetterPolicy(
-            DeadLetterLimits(max_ratio=None, max_consecutive=None)
-        )
-        self.budget = MemoryBudget(settings.max_open_requests, settings.max_state_bytes)
+        self.dead_letters = parts.dead_letters
+        self.budget = parts.budget
         # Resets per partition and offset; like the breakers, they outlive tasks and revocations.
-        self.resets = resets or ResetTracker()
+        self.resets = parts.resets
         self.metrics.gauge(m.REQUESTS_OPEN_LIMIT, settings.max_open_requests)  # observability
         self.metrics.gauge(m.STATE_BYTES_LIMIT, settings.max_state_bytes)  # observability
-        self.observer = observer or RecordObserver(settings.group_id, metrics=self.metrics)  # observability
-        self.derenderer = self.observer.measured(derenderer)  # observability: GenAI metrics see tokens
+        self.observer = parts.observer  # observability
         self._security = settings.security.client_kwargs()  # one SSLContext, shared by every client
         self._client: KafkaClient = make_client(settings.kafka_client, settings.security, self._security)
-        # One pool for every partition's processor: --max-live-parsers is worker-wide.
-        self.parsers = LiveParserPool(model.max_live_parsers)
+        self.parsers = parts.parsers  # one pool for every partition's processor
         self._parser_evictions = 0
         self.tasks: dict[TopicPartition, OwnedPartition] = {}
         self._lock = asyncio.Lock()
@@ -240,21 +219,10 @@ class Worker:
         check_layout(topics, await partition_counts(s.bootstrap_servers, names, self._security))
         check_record_limits(topics, await max_message_bytes(s.bootstrap_servers, names, self._security))
         self._restorer = StateRestorer(
-            self._client, s.bootstrap_servers, s.client_id, topics.state, StateKeys(s.group_id), s.security
+            self._client, s.bootstrap_servers, s.client_id, topics.state, self.parts.keys, s.security
         )
         await self._restorer.start()
-        self._opener = PartitionOpener(
-            s,
-            self.model,
-            self.derenderer,
-            restorer=self._restorer,
-            parsers=self.parsers,
-            metrics=self.metrics,
-            dead_letters=self.dead_letters,
-            budget=self.budget,
-            resets=self.resets,
-            observer=self.observer,
-        )
+        self._opener = PartitionOpener(s, self.parts, self._restorer)
         if s.per_worker_transactions:
             producer = self._client.transactional_producer(
                 self._producer_config(s.client_id, transactional=True), s.worker_transactional_id()

@@ -31,11 +31,17 @@ Contracts every backend keeps:
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+# The choices are settings' types too: they live in the leaf module the settings import.
+from worker.kafka_config import AssignmentStrategy as AssignmentStrategy
+from worker.kafka_config import ClientKind as ClientKind
+from worker.kafka_config import CompressionType as CompressionType
+from worker.kafka_config import GroupProtocol as GroupProtocol
+from worker.kafka_config import TransactionalIdMode as TransactionalIdMode
+from worker.kafka_config import transactional_id as transactional_id
 from worker.runtime.kafka_security import KafkaSecurity
 
 MAX_MESSAGE_BYTES = "max.message.bytes"  # the topic configuration that caps a record's size
@@ -81,52 +87,6 @@ class ConsumedRecord(Protocol):
 Partitions = set[TopicPartition]
 PartitionsCallback = Callable[[Partitions], Coroutine[Any, Any, None]]
 Offsets = Mapping[TopicPartition, int]
-
-
-class ClientKind(enum.Enum):
-    AIOKAFKA = "aiokafka"
-    CONFLUENT = "confluent"
-
-
-def transactional_id(group_id: str, topic: str, owner: int | str) -> str:
-    """A transactional producer's id, for the input partition (or the worker) ``owner`` of ``topic``
-    in ``group_id``: stable across restarts, so a new producer with it fences the last one."""
-    return f"{group_id}-{topic}-{owner}"
-
-
-class TransactionalIdMode(enum.Enum):
-    # One transactional producer per input partition (``transactional_id``), so the next
-    # owner's init_transactions fences the last one. Works without KIP-447 (aiokafka, Redpanda).
-    PER_PARTITION = "per-partition"
-    # One per worker; zombies are fenced by the group generation in the offsets (KIP-447).
-    PER_WORKER = "per-worker"
-
-
-class AssignmentStrategy(enum.Enum):
-    # Incremental (KIP-429): a rebalance revokes only the partitions that move.
-    COOPERATIVE_STICKY = "cooperative-sticky"
-    # Eager: every member gives up every partition at each rebalance.
-    RANGE = "range"
-    ROUNDROBIN = "roundrobin"
-
-    @property
-    def incremental(self) -> bool:
-        return self is AssignmentStrategy.COOPERATIVE_STICKY
-
-
-class CompressionType(enum.Enum):
-    """A producer's batch codec; both backends take every one (aiokafka through cramjam)."""
-
-    NONE = "none"
-    GZIP = "gzip"
-    SNAPPY = "snappy"
-    LZ4 = "lz4"
-    ZSTD = "zstd"
-
-
-class GroupProtocol(enum.Enum):
-    CLASSIC = "classic"  # JoinGroup/SyncGroup; the client assigns
-    CONSUMER = "consumer"  # KIP-848: the broker assigns, always incrementally
 
 
 @dataclass(frozen=True, slots=True)
