@@ -14,6 +14,7 @@ from typing import cast
 import aiohttp
 from aiohttp import web
 
+from schemas.envelope import Origin
 from tests.async_helpers import serving_app
 from worker.pipeline.apis.batch import BatchApi, BatchStore
 from worker.pipeline.apis.chat_source import JsonDict
@@ -34,7 +35,12 @@ class RecordingChat:
         self.clients: asyncio.Queue[str] = asyncio.Queue()
 
     async def chat(
-        self, body: JsonDict, trace: Headers, request_id: str | None = None, client: str = "-"
+        self,
+        body: JsonDict,
+        trace: Headers,
+        request_id: str | None = None,
+        client: str = "-",
+        origin: Origin | None = None,
     ) -> AsyncGenerator[JsonDict, None]:
         self.clients.put_nowait(client)
         yield {"error": {"message": "refused", "code": 429}}
