@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from schemas.envelope import InputEnvelope
+from schemas.envelope import InputEnvelope, Origin
 from schemas.pipeline import IngestErrorRecord, RequestEnvelope
 from tests.audit_streams import (
     DEMO_FLAGS,
@@ -29,6 +29,7 @@ from tests.audit_streams import (
 from tests.golden_cases import normalize
 from worker.assembly import Assembler, origin_name, render_text
 from worker.cli import main
+from worker.pipeline.ingest import error_record
 from worker.settings import ModelSettings
 
 MESSAGE = {"api": "messages", "id": "msg_0123abcd"}
@@ -94,6 +95,16 @@ def test_the_wire_models_take_an_origin_and_leave_it_out_when_absent() -> None:
     error = {"message": "m", "type": "t", "code": 500}
     record = {"request_id": "a", "seq": 0, "endpoint": "chat", "error": error, "origin": MESSAGE}
     assert IngestErrorRecord.model_validate(record).origin is not None
+
+
+def test_ingests_error_records_carry_the_requests_origin() -> None:
+    origin = Origin.model_validate(BATCH_LINE)
+    record = error_record("batch_77-4", 3, "chat", {"message": "cut", "type": "t", "code": 503}, origin)
+    assert orjson.loads(record)["origin"] == BATCH_LINE
+    assert IngestErrorRecord.model_validate_json(record).origin == origin
+    assert "origin" not in orjson.loads(
+        error_record("r", 0, "chat", {"message": "m", "type": "t", "code": 400})
+    )
 
 
 def test_assembly_names_each_request_by_its_api() -> None:
