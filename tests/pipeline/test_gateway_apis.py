@@ -113,6 +113,43 @@ def test_messages_stream_gives_the_event_sequence_and_the_same_message(pipeline:
     assert message.stop_reason == "tool_use" and message.usage.output_tokens == 38
 
 
+def test_messages_thinking_and_tool_choice_reach_vllm_as_its_own_chat_request(pipeline: Pipeline) -> None:
+    """The SDK's ``thinking`` and ``tool_choice`` (Claude Code sends both) are converted as vLLM converts
+    them, and the answer still comes as thinking and tool_use blocks."""
+    message = claude(pipeline).messages.create(
+        model="test-model",
+        max_tokens=256,
+        messages=[{"role": "user", "content": QUESTION}],
+        tools=ANTHROPIC_TOOLS,
+        tool_choice={"type": "any"},
+        thinking={"type": "enabled", "budget_tokens": 128},
+    )
+    assert [b.type for b in message.content] == ["thinking", "tool_use"]
+    assert message.stop_reason == "tool_use"
+    request_id = message.id[message.id.index("msg_") :]
+
+    async def request_record() -> dict[str, Any]:
+        reader = await TopicReader(pipeline.bootstrap, pipeline.requests_topic).start()
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                for record in reader.records:
+                    if record.key == request_id.encode() and b'"request"' in record.value:
+                        found: dict[str, Any] = json.loads(record.value)
+                        return found
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"no request record for {request_id}")
+        finally:
+            await reader.stop()
+
+    record = asyncio.run(request_record())
+    assert record["origin"] == {"api": "messages", "id": request_id}
+    chat = record["request"]
+    assert (chat["thinking_token_budget"], chat["tool_choice"]) == (128, "required")
+    assert (chat["max_tokens"], chat["max_completion_tokens"]) == (256, 256)
+    assert chat["tools"] == CHAT_TOOLS
+
+
 def test_messages_errors_come_in_anthropics_shape(pipeline: Pipeline) -> None:
     robot: Any = {"role": "robot", "content": "x"}  # no role the SDK's types allow
     with pytest.raises(anthropic.BadRequestError) as refused:
