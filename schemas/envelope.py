@@ -18,6 +18,37 @@ ENVELOPE_VERSION = 1
 MAX_REQUEST_ID_LENGTH = 512
 
 Endpoint = Literal["chat", "completion"]
+Api = Literal["messages", "responses", "batch"]
+
+
+class Origin(BaseModel):
+    """Which of the gateway's other APIs a chat request came in on, and that API's own id for it.
+
+    The topics carry chat envelopes whatever the API; this names the Anthropic message, the OpenAI
+    response, or the batch and line that a reader (``consume --assemble``, ``audit``) should show.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    api: Api = Field(description="messages (Anthropic Messages), responses (OpenAI Responses) or batch.")
+    id: str = Field(
+        min_length=1,
+        max_length=MAX_REQUEST_ID_LENGTH,
+        description=(
+            "The gateway's message id (msg_...; the Message's id ends with it), the response id (resp_...) "
+            "or the batch id (batch_...)."
+        ),
+    )
+    line: NonNegativeInt64 | None = Field(
+        default=None, description="A batch request's line in the batch's input file (from 0)."
+    )
+
+
+_ORIGIN_DESCRIPTION = (
+    "Set by ingest on each stream's first record (and on a one-shot record) of a request that came in "
+    "on another API; the worker copies it to that record's output envelope. Absent for chat and "
+    "completions requests and in records written before it existed."
+)
 
 
 class InputEnvelope(BaseModel):
@@ -39,6 +70,7 @@ class InputEnvelope(BaseModel):
             "record; stream_state may be null to use the state the worker holds."
         )
     )
+    origin: Origin | None = Field(default=None, description=_ORIGIN_DESCRIPTION)
 
 
 class CloseRecord(BaseModel):
@@ -84,6 +116,9 @@ class OutputEnvelope(BaseModel):
     )
     error: ErrorBody | None = None
     source: SourcePosition | None = Field(default=None, description="Present only when read from Kafka.")
+    origin: Origin | None = Field(
+        default=None, description="The input record's own ``origin``, when it has one."
+    )
 
 
 class DeadLetterRecord(BaseModel):

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.bounds import NonNegativeInt64
-from schemas.envelope import MAX_REQUEST_ID_LENGTH, Endpoint, ErrorBody
+from schemas.envelope import MAX_REQUEST_ID_LENGTH, Endpoint, ErrorBody, Origin
 
 _REQUEST_ID = Field(
     min_length=1, max_length=MAX_REQUEST_ID_LENGTH, description="Equals the Kafka record key; unique."
@@ -46,6 +46,14 @@ class RequestEnvelope(BaseModel):
         description=(
             "Unix time in milliseconds after which nobody waits for the answer: ingest ends a request "
             "still waiting for a stream slot then with a 504 error record, and aborts one still generating."
+        ),
+    )
+    origin: Origin | None = Field(
+        None,
+        description=(
+            "The API the request came in on when it is not chat or completions (the gateway's Messages, "
+            "Responses and Batch routes set it); ingest carries it into the input envelopes and its "
+            "error records."
         ),
     )
 
@@ -85,3 +93,4 @@ class IngestErrorRecord(BaseModel):
     body: None = None
     error: ErrorBody
     terminal: Literal[True] = True
+    origin: Origin | None = None

@@ -1,6 +1,8 @@
 """Fold output envelopes back into whole OpenAI responses, the way a streaming client does.
 
-Used by ``replay --assemble``, the demo and the tests (streamed == one-shot).
+Used by ``replay --assemble``, ``consume --assemble``, the demo and the tests (streamed == one-shot).
+A request that came in on another API (Messages, Responses, Batch) is named by the ``origin`` its
+first output carries.
 """
 
 from __future__ import annotations
@@ -9,6 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 JsonDict = dict[str, Any]
+
+
+def origin_name(origin: Any) -> str | None:
+    """How a report names an envelope's ``origin``: ``messages msg_...``, ``responses resp_...``,
+    ``batch batch_... line 3``; ``None`` without one (a chat or completions request, an older record)."""
+    if not isinstance(origin, dict) or not isinstance(origin.get("api"), str):
+        return None
+    name = f"{origin['api']} {origin.get('id')}"
+    return f"{name} line {origin['line']}" if isinstance(origin.get("line"), int) else name
 
 
 @dataclass
@@ -40,6 +51,7 @@ class AssembledResponse:
     usage: JsonDict | None = None
     error: JsonDict | None = None
     chunks: int = 0
+    origin: JsonDict | None = None  # the API it came in on, from the first record that names it
 
     def choice(self, index: int) -> AssembledChoice:
         return self.choices.setdefault(index, AssembledChoice(index))
@@ -55,6 +67,8 @@ class Assembler:
         rid = envelope["request_id"]
         response = self.responses.setdefault(rid, AssembledResponse(rid, envelope["endpoint"]))
         response.chunks += 1
+        if response.origin is None and isinstance(envelope.get("origin"), dict):
+            response.origin = envelope["origin"]
         if envelope.get("error") is not None:
             response.error = envelope["error"]
             return response
@@ -98,7 +112,9 @@ class Assembler:
 
 def render_text(response: AssembledResponse) -> str:
     """A short human-readable view of one assembled response."""
-    lines = [f"== {response.request_id} ({response.endpoint}, {response.chunks} records)"]
+    named = origin_name(response.origin)
+    title = response.request_id if named is None else f"{named} (request {response.request_id})"
+    lines = [f"== {title} ({response.endpoint}, {response.chunks} records)"]
     if response.error is not None:
         lines.append(f"   error {response.error.get('code')}: {response.error.get('message')}")
     for index in sorted(response.choices):

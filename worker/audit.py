@@ -31,6 +31,7 @@ from typing import Any, BinaryIO, TextIO
 
 import orjson
 
+from worker.assembly import origin_name
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.parsing.families.mistral import MISTRAL_TOOL_CALL_ID
 from worker.core.parsing.ids import RANDOM_TOOL_CALL_ID
@@ -202,6 +203,7 @@ class _Slot:
 class _Request:
     request_id: str
     endpoint: str | None = None
+    origin: JsonDict | None = None  # the API it came in on (Messages, Responses, Batch), when known
     records: int = 0
     first_seq: int | None = None
     last_seq: int | None = None
@@ -315,6 +317,8 @@ class Auditor:
         seq = output.get("seq")
         if request.endpoint is None:
             request.endpoint = output.get("endpoint")
+        if request.origin is None and isinstance(output.get("origin"), dict):
+            request.origin = output["origin"]
         if isinstance(seq, int):
             if request.first_seq is None:
                 request.first_seq = seq
@@ -400,6 +404,8 @@ class Auditor:
                     "status": ERROR,
                     "reason": f"could not be compared: {exc!r}"[:1000],
                 }
+            if request.origin is not None:
+                line = {"request_id": line["request_id"], "origin": request.origin, **line}
             report.add(line)
         return report
 
@@ -531,7 +537,9 @@ class AuditReport:
         for line in differing[:SHOWN_DIFFERENCES]:
             n = len(line["differences"])
             more = f" (and {n - 1} more record{'s' if n > 2 else ''})" if n > 1 else ""
-            text.append(f"  {line['request_id']} {_describe(line['differences'][0])}{more}")
+            named = origin_name(line.get("origin"))
+            who = line["request_id"] if named is None else f"{line['request_id']} ({named})"
+            text.append(f"  {who} {_describe(line['differences'][0])}{more}")
         if len(differing) > SHOWN_DIFFERENCES:
             text.append(f"  ... {len(differing) - SHOWN_DIFFERENCES} more requests differ (see --report)")
         if self.differs:

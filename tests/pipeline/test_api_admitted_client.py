@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from schemas.envelope import Origin
 from tests.async_helpers import serving_app
 from tests.pipeline.memory_stores import MemoryBatchStore, MemoryResponsesStore
 from worker.pipeline.apis.batch import BatchApi
@@ -32,7 +33,12 @@ class RecordingChat:
         self.clients: asyncio.Queue[str] = asyncio.Queue()
 
     async def chat(
-        self, body: JsonDict, trace: Headers, request_id: str | None = None, client: str = "-"
+        self,
+        body: JsonDict,
+        trace: Headers,
+        request_id: str | None = None,
+        client: str = "-",
+        origin: Origin | None = None,
     ) -> AsyncGenerator[JsonDict, None]:
         self.clients.put_nowait(client)
         yield {"error": {"message": "refused", "code": 429}}

@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
+from schemas.envelope import Origin
 from tests.async_helpers import post_json, serving_app
 from worker.pipeline.apis.chat_source import JsonDict
 from worker.pipeline.apis.routes import MessagesApi, ResponsesApi
@@ -31,7 +32,12 @@ class EndlessChat:
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def chat(
-        self, body: JsonDict, trace: Headers, request_id: str | None = None, client: str = "-"
+        self,
+        body: JsonDict,
+        trace: Headers,
+        request_id: str | None = None,
+        client: str = "-",
+        origin: Origin | None = None,
     ) -> AsyncGenerator[JsonDict, None]:
         try:
             while True:
@@ -104,7 +110,12 @@ class OneLargeAnswer(EndlessChat):
     """Answers once, with 16 MiB of content."""
 
     async def chat(
-        self, body: JsonDict, trace: Headers, request_id: str | None = None, client: str = "-"
+        self,
+        body: JsonDict,
+        trace: Headers,
+        request_id: str | None = None,
+        client: str = "-",
+        origin: Origin | None = None,
     ) -> AsyncGenerator[JsonDict, None]:
         message = {"role": "assistant", "content": "x" * (16 * 1024 * 1024)}
         usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}

@@ -16,6 +16,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from schemas.envelope import Origin
 from tests.async_helpers import run_bounded, serving_app
 from tests.pipeline.memory_stores import MemoryBatchStore
 from worker.pipeline.apis import batch_run
@@ -41,13 +42,20 @@ class DelayedChat:
         self.open = 0
         self.peak_open = 0
         self.asked: list[str] = []
+        self.origins: list[Origin | None] = []
         self.topic: list[tuple[str, bytes]] = []  # the batch topic's log, to place each send in it
         self.sends: list[tuple[int, int, int]] = []  # (line, time in ms, records on the topic before it)
 
     async def chat(
-        self, body: JsonDict, trace: Headers, request_id: str | None = None, client: str = "-"
+        self,
+        body: JsonDict,
+        trace: Headers,
+        request_id: str | None = None,
+        client: str = "-",
+        origin: Origin | None = None,
     ) -> AsyncGenerator[JsonDict, None]:
         self.asked.append(str(request_id))
+        self.origins.append(origin)
         line = int(str(request_id).rsplit("-", 1)[1])
         self.sends.append((line, int(time.time() * 1000), len(self.topic)))
         self.open += 1
@@ -132,6 +140,10 @@ def test_a_batch_holds_at_most_its_window_and_writes_its_answers_in_chunks_as_th
     # Every line once, in input order; each request asked once.
     assert [row["custom_id"] for row in out] == [f"line-{i}" for i in range(LINES) if i != BAD_LINE]
     assert [row["id"] for row in errors] == [f"batch_req_{BAD_LINE}"]
+    # Each line's request names its batch and line, for consume --assemble and audit.
+    assert [(o.api, o.id, o.line) if o else None for o in source.origins] == [
+        ("batch", done["id"], int(rid.rsplit("-", 1)[1])) for rid in source.asked
+    ]
     assert sorted(source.asked) == sorted(f"{done['id']}-{i}" for i in range(LINES) if i != BAD_LINE)
     # Bounded: never more than the window open upstream, nor held by the run.
     assert 1 < source.peak_open <= WINDOW

@@ -7,7 +7,9 @@ import asyncio
 import dataclasses
 import json
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -27,7 +29,8 @@ from tests.api_cases import (
 from tests.fake_vllm import Recording
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import TopicReader, wait_for_http
-from tests.pipeline_helpers import Pipeline
+from tests.paths import REPO_ROOT
+from tests.pipeline_helpers import Pipeline, cli
 
 pytestmark = pytest.mark.kafka
 
@@ -108,6 +111,43 @@ def test_messages_stream_gives_the_event_sequence_and_the_same_message(pipeline:
     assert text.type == "text" and text.text == "\n\n"
     assert tool.type == "tool_use" and tool.input == {"city": "Paris", "unit": "celsius"}
     assert message.stop_reason == "tool_use" and message.usage.output_tokens == 38
+
+
+def test_messages_thinking_and_tool_choice_reach_vllm_as_its_own_chat_request(pipeline: Pipeline) -> None:
+    """The SDK's ``thinking`` and ``tool_choice`` (Claude Code sends both) are converted as vLLM converts
+    them, and the answer still comes as thinking and tool_use blocks."""
+    message = claude(pipeline).messages.create(
+        model="test-model",
+        max_tokens=256,
+        messages=[{"role": "user", "content": QUESTION}],
+        tools=ANTHROPIC_TOOLS,
+        tool_choice={"type": "any"},
+        thinking={"type": "enabled", "budget_tokens": 128},
+    )
+    assert [b.type for b in message.content] == ["thinking", "tool_use"]
+    assert message.stop_reason == "tool_use"
+    request_id = message.id[message.id.index("msg_") :]
+
+    async def request_record() -> dict[str, Any]:
+        reader = await TopicReader(pipeline.bootstrap, pipeline.requests_topic).start()
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                for record in reader.records:
+                    if record.key == request_id.encode() and b'"request"' in record.value:
+                        found: dict[str, Any] = json.loads(record.value)
+                        return found
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"no request record for {request_id}")
+        finally:
+            await reader.stop()
+
+    record = asyncio.run(request_record())
+    assert record["origin"] == {"api": "messages", "id": request_id}
+    chat = record["request"]
+    assert (chat["thinking_token_budget"], chat["tool_choice"]) == (128, "required")
+    assert (chat["max_tokens"], chat["max_completion_tokens"]) == (256, 256)
+    assert chat["tools"] == CHAT_TOOLS
 
 
 def test_messages_errors_come_in_anthropics_shape(pipeline: Pipeline) -> None:
@@ -318,3 +358,75 @@ def test_a_responses_client_leaving_mid_stream_aborts_the_generation_upstream(pi
     while not set(pipeline.fake.aborted) - before:
         assert time.monotonic() < deadline, f"no abort reached vLLM\n{pipeline.logs()}"
         time.sleep(0.1)
+
+
+# --- which API a request came in on ------------------------------------------------------------------
+
+
+def test_consume_and_audit_name_the_api_each_request_came_in_on(pipeline: Pipeline, tmp_path: Path) -> None:
+    with claude(pipeline).messages.stream(
+        model="test-model",
+        max_tokens=256,
+        messages=[{"role": "user", "content": QUESTION}],
+        tools=ANTHROPIC_TOOLS,
+    ) as stream:
+        message = stream.get_final_message()
+    # The gateway's id for it, which the message id carries (vLLM's render and generate prefix it).
+    message_id = message.id[message.id.index("msg_") :]
+    assert message.id.endswith(message_id) and len(message_id) == len("msg_") + 32
+    response = oai(pipeline).responses.create(model="test-model", input=QUESTION, tools=RESPONSES_TOOLS)
+    # A Batch line's request as written to the requests topic (batch_<id>-<line>): ingest and the worker
+    # carry its origin through.
+    line_id = f"batch_{uuid.uuid4().hex[:8]}-3"
+    batch_line = {
+        "request_id": line_id,
+        "endpoint": "chat",
+        "request": stream_recording().request,
+        "origin": {"api": "batch", "id": line_id.removesuffix("-3"), "line": 3},
+    }
+
+    async def send_and_wait() -> None:
+        reader = await TopicReader(pipeline.bootstrap, pipeline.topics.output).start()
+        try:
+            await pipeline.send([batch_line])
+            outputs = (await pipeline.outputs(reader, [line_id]))[line_id]
+            assert outputs[0]["origin"] == batch_line["origin"] and "origin" not in outputs[1]
+        finally:
+            await reader.stop()
+
+    asyncio.run(send_and_wait())
+
+    consumed = cli(
+        pipeline.bootstrap, "consume", "--topic", pipeline.topics.output, "--from-beginning", "--assemble"
+    )
+    assert consumed.returncode == 0, consumed.stderr
+    assembled = consumed.stderr.decode()
+    assert f"== messages {message_id} (request {message_id}) (chat, " in assembled
+    assert f"== responses {response.id} (request {response.id}) (chat, " in assembled
+    assert f"== batch {line_id.removesuffix('-3')} line 3 (request {line_id}) (chat, " in assembled
+
+    # Audited without the reasoning parser, all three differ, and the report names their APIs.
+    report = tmp_path / "report.jsonl"
+    audited = cli(
+        pipeline.bootstrap,
+        "audit",
+        "--input-topic",
+        pipeline.topics.input,
+        "--output-topic",
+        pipeline.topics.output,
+        "--tokenizer",
+        str(REPO_ROOT / "samples" / "models" / "qwen3"),
+        "--served-model-name",
+        "test-model",
+        "--tool-parser",
+        "hermes",
+        "--enable-auto-tool-choice",
+        "--report",
+        str(report),
+    )
+    assert audited.returncode == 1, audited.stderr
+    lines = {line["request_id"]: line for line in map(json.loads, report.read_text().splitlines())}
+    assert lines[message_id]["origin"] == {"api": "messages", "id": message_id}
+    assert lines[response.id]["origin"] == {"api": "responses", "id": response.id}
+    assert lines[line_id]["origin"] == batch_line["origin"]
+    assert f"{response.id} (responses {response.id}) seq 0: differing" in audited.stderr.decode()

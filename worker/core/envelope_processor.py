@@ -144,6 +144,16 @@ class ProcessResult:
         return decoded
 
 
+def _echoed(source: JsonDict | None, envelope: InputEnvelope) -> JsonDict:
+    """The fields an output envelope takes from its input record: where it was read, and its origin."""
+    echoed: JsonDict = {}
+    if source is not None:
+        echoed["source"] = source
+    if envelope.origin is not None:
+        echoed["origin"] = envelope.origin.model_dump(exclude_none=True)
+    return echoed
+
+
 _CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
@@ -191,7 +201,7 @@ class EnvelopeProcessor:
         self, value: bytes, key: bytes | None = None, *, source: JsonDict | None = None
     ) -> ProcessResult:
         """One record in, its one outcome out. ``source`` (the record's topic, partition and
-        offset) goes into the output envelope."""
+        offset) and the record's ``origin`` go into the output envelope."""
         pause_cycle_collection()
         try:
             return self._process(value, key, source)
@@ -211,17 +221,18 @@ class EnvelopeProcessor:
         if isinstance(envelope, CloseRecord):
             return self._close_record(envelope.request_id)
         rid, seq, endpoint, body = envelope.request_id, envelope.seq, envelope.endpoint, envelope.body
+        echoed = _echoed(source, envelope)
         stream = body.get("stream") is True
         was_open = rid in self.requests
         try:
             if not stream:
-                return self._one_shot(rid, seq, endpoint, body, too_deep, source)
-            return self._stream(rid, seq, endpoint, body, too_deep, source, len(value))
+                return self._one_shot(rid, seq, endpoint, body, too_deep, echoed)
+            return self._stream(rid, seq, endpoint, body, too_deep, echoed, len(value))
         except RequestError as exc:
             # A gap fails the whole request: report that its state is gone.
             closed = was_open and rid not in self.requests
             result = self.output_result(
-                rid, error_envelope(rid, seq, endpoint, exc), closed=closed, source=source
+                rid, error_envelope(rid, seq, endpoint, exc), closed=closed, echoed=echoed
             )
             return dataclasses.replace(result, sequence_gap=isinstance(exc, SequenceGapError))
         except Exception as exc:  # noqa: BLE001 - every bug becomes this request's 500
@@ -232,7 +243,7 @@ class EnvelopeProcessor:
                 f"internal error while derendering: {exc!r}", code=500, error_type="InternalServerError"
             )
             failed = self.output_result(
-                rid, error_envelope(rid, seq, endpoint, error), closed=True, source=source
+                rid, error_envelope(rid, seq, endpoint, error), closed=True, echoed=echoed
             )
             return dataclasses.replace(failed, internal_error=exc)
 
@@ -281,12 +292,13 @@ class EnvelopeProcessor:
         output: JsonDict,
         *,
         closed: bool = False,
-        source: JsonDict | None = None,
+        echoed: JsonDict | None = None,
     ) -> ProcessResult:
-        """An output envelope, serialized. Output that cannot be written (a 500) or is larger than
-        ``max_output_bytes`` (a 413) becomes an error record instead, which fails the request."""
-        if source is not None:
-            output["source"] = source
+        """An output envelope, serialized, with the fields ``echoed`` from its input record (``source``,
+        ``origin``). Output that cannot be written (a 500) or is larger than ``max_output_bytes`` (a 413)
+        becomes an error record instead, which fails the request."""
+        if echoed:
+            output.update(echoed)
         try:
             payload = orjson.dumps(output)
         except TypeError as exc:  # orjson.JSONEncodeError: a value the input bounds let through
@@ -307,12 +319,12 @@ class EnvelopeProcessor:
         if request_id in self.requests:
             self._close(request_id, output["seq"])  # its client missed this record's text
         failed = error_envelope(request_id, output["seq"], output["endpoint"], error)
-        return self.output_result(request_id, failed, closed=True, source=source)
+        return self.output_result(request_id, failed, closed=True, echoed=echoed)
 
     # --- one-shot ----------------------------------------------------------------------------
 
     def _one_shot(
-        self, rid: str, seq: int, endpoint: Endpoint, body: JsonDict, too_deep: bool, source: JsonDict | None
+        self, rid: str, seq: int, endpoint: Endpoint, body: JsonDict, too_deep: bool, echoed: JsonDict
     ) -> ProcessResult:
         if self._is_duplicate(rid, seq):
             return ProcessResult(request_id=rid, duplicate=True)
@@ -327,7 +339,7 @@ class EnvelopeProcessor:
             completion = _validate(DerenderCompletionRequest, body, self._request_context)
             response = self.derenderer.completion(completion)
         output = {"request_id": rid, "seq": seq, "endpoint": endpoint, "body": response}
-        return self.output_result(rid, output, closed=True, source=source)
+        return self.output_result(rid, output, closed=True, echoed=echoed)
 
     # --- streams -----------------------------------------------------------------------------
 
@@ -338,7 +350,7 @@ class EnvelopeProcessor:
         endpoint: Endpoint,
         body: JsonDict,
         too_deep: bool,
-        source: JsonDict | None,
+        echoed: JsonDict,
         record_bytes: int,
     ) -> ProcessResult:
         if self._is_duplicate(rid, seq):
@@ -348,7 +360,7 @@ class EnvelopeProcessor:
         refusal = self.admission.refusal(record_bytes) if ctx is None and self.admission is not None else None
         if refusal is not None:
             error = RequestError(refusal.message, code=503, error_type="ServiceUnavailableError")
-            refused = self.output_result(rid, error_envelope(rid, seq, endpoint, error), source=source)
+            refused = self.output_result(rid, error_envelope(rid, seq, endpoint, error), echoed=echoed)
             return dataclasses.replace(refused, refused=refusal.cap)
         if ctx is None and seq > 0 and body.get("stream_state") is None:
             self._remember_closed(rid, seq)
@@ -365,7 +377,7 @@ class EnvelopeProcessor:
         try:
             if too_deep:
                 raise too_deep_error()
-            return self._derender_stream(ctx, rid, seq, endpoint, body, source)
+            return self._derender_stream(ctx, rid, seq, endpoint, body, echoed)
         except RequestError as exc:
             # A request that never got going: its later records must not run without its context.
             # One whose state cannot go on (past its state limit or parse budget) neither.
@@ -403,7 +415,7 @@ class EnvelopeProcessor:
         seq: int,
         endpoint: Endpoint,
         body: JsonDict,
-        source: JsonDict | None,
+        echoed: JsonDict,
     ) -> ProcessResult:
         given = {name: body[name] for name in _INHERITED_FIELDS if name in body}
         # What earlier records gave: already validated (reused as is, so a later record costs
@@ -478,7 +490,7 @@ class EnvelopeProcessor:
         )
         if done:
             self._close(rid, seq)
-        return self.output_result(rid, output, closed=done, source=source)
+        return self.output_result(rid, output, closed=done, echoed=echoed)
 
     def _measured_context(
         self, ctx: RequestContext, given: JsonDict, request_raw: JsonDict | None

@@ -34,6 +34,7 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from schemas.envelope import Origin
 from schemas.pipeline import CancelRecord
 from worker.pipeline.apis.routes import add_api_routes
 from worker.pipeline.connection import Connection, add_connection_arguments, topic_partitions, wait_for_topics
@@ -207,7 +208,12 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def _exchange(
-        self, client: str, trace: Headers, admitted: Admitted, request_id: str | None = None
+        self,
+        client: str,
+        trace: Headers,
+        admitted: Admitted,
+        request_id: str | None = None,
+        origin: Origin | None = None,
     ) -> AsyncIterator[Exchange]:
         if self.closing:
             raise Refused(503, error_body(503, "the gateway is shutting down", "ServiceUnavailableError"), 1)
@@ -223,9 +229,12 @@ class Gateway:
         sent = False
         try:
             # The body is JSON already checked: spliced in, not serialized again.
-            envelope = b'{"request_id":%s,"endpoint":"%s","request":%s}' % (
+            envelope = b'{"request_id":%s,"endpoint":"%s",%s"request":%s}' % (
                 orjson.dumps(request_id),
                 admitted.endpoint.encode(),
+                b""
+                if origin is None
+                else b'"origin":%s,' % origin.model_dump_json(exclude_none=True).encode(),
                 admitted.raw,
             )
             await self._send(request_id, envelope, trace)
@@ -246,13 +255,15 @@ class Gateway:
         trace: Headers = NO_HEADERS,
         request_id: str | None = None,
         client: str = ANONYMOUS,
+        origin: Origin | None = None,
     ) -> AsyncGenerator[JsonDict, None]:
         """One chat request for the other APIs (``worker.pipeline.apis``), admitted like any other: its
         chunks (``stream: true``) or its one response body, or a last ``{"error": ...}`` (a refusal's
-        too). Closing it before its end cancels the generation upstream."""
+        too). Closing it before its end cancels the generation upstream. ``origin`` names the API and
+        its object on the request record, for readers of the topics."""
         try:
             admitted = admit_body(orjson.dumps(body), "chat", self.settings)
-            async with self._exchange(client, trace, admitted, request_id) as exchange:
+            async with self._exchange(client, trace, admitted, request_id, origin) as exchange:
                 if admitted.stream:
                     async for event in exchange.delivery.events():
                         yield event

@@ -45,6 +45,7 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
+from schemas.envelope import Origin
 from schemas.pipeline import CancelRecord, IngestMarker, RequestEnvelope
 from worker.errors import PartitionNotAssignedError, RecordTooLargeError, UpstreamError
 from worker.pipeline.connection import Connection, add_connection_arguments, wait_for_topics
@@ -92,21 +93,24 @@ PAUSED_POLL_MS = 10  # a paused member still polls: the group's liveness and its
 REOPEN_INTERVAL_S = 1.0
 
 
-def error_record(request_id: str, seq: int, endpoint: str, error: JsonDict) -> bytes:
+def error_record(
+    request_id: str, seq: int, endpoint: str, error: JsonDict, origin: Origin | None = None
+) -> bytes:
     """An ``IngestErrorRecord``: it ends its stream, whatever its seq."""
     message = error.get("message")
     if isinstance(message, str) and len(message) > MAX_ERROR_MESSAGE_CHARS:
         error = {**error, "message": message[:MAX_ERROR_MESSAGE_CHARS] + "..."}
-    return orjson.dumps(
-        {
-            "request_id": request_id,
-            "seq": seq,
-            "endpoint": endpoint,
-            "body": None,
-            "error": error,
-            "terminal": True,
-        }
-    )
+    record: JsonDict = {
+        "request_id": request_id,
+        "seq": seq,
+        "endpoint": endpoint,
+        "body": None,
+        "error": error,
+        "terminal": True,
+    }
+    if origin is not None:
+        record["origin"] = origin.model_dump(exclude_none=True)
+    return orjson.dumps(record)
 
 
 def close_record(stream_id: str) -> bytes:
@@ -496,7 +500,7 @@ class Ingest:
         self, partition: _Partition, envelope: RequestEnvelope, seq: int, error: JsonDict, trace: Headers
     ) -> None:
         rid = envelope.request_id
-        value = error_record(rid, seq, envelope.endpoint, error)
+        value = error_record(rid, seq, envelope.endpoint, error, envelope.origin)
         partition.emit(self.settings.output_topic, rid, value, headers=trace)
         partition.mark(rid, "done")
 
@@ -533,7 +537,7 @@ class Ingest:
         targets = [sid for sid, seq in request.seqs.items() if seq > 0] or [rid]
         for sid in targets:
             seq = request.seqs.get(sid, 0)
-            value = error_record(sid, seq, request.envelope.endpoint, error)
+            value = error_record(sid, seq, request.envelope.endpoint, error, request.envelope.origin)
             # Tagged with the request: should a commit refuse one of its records, its own error wins.
             request.owner.emit(self.settings.output_topic, sid, value, headers=request.trace, request=request)
             if seq > 0:  # the worker holds state for it: free it now, not at its TTL
@@ -576,7 +580,7 @@ class Ingest:
         streams = {**{sid: seq for sid, seq in request.seqs.items() if seq > 0}, **unsent} or {rid: 0}
         replacements = []
         for sid, seq in streams.items():
-            value = error_record(sid, seq, envelope.endpoint, error)
+            value = error_record(sid, seq, envelope.endpoint, error, envelope.origin)
             replacements.append(
                 _Outgoing(self.settings.output_topic, sid.encode(), value, headers=request.trace)
             )
@@ -687,9 +691,11 @@ class Ingest:
                     if isinstance(choice, dict) and choice.get("finish_reason") is not None:
                         finished.add(choice.get("index"))
                 body: JsonDict = {"stream": True, "generate_chunk": chunk}
-                if seqs[sid] == 0:
+                first = seqs[sid] == 0
+                if first:
                     body.update(self._first_body(envelope, generate_request))
-                value = self._envelope(sid, seqs[sid], envelope.endpoint, body, request.trace)
+                origin = envelope.origin if first else None
+                value = self._envelope(sid, seqs[sid], envelope.endpoint, body, request.trace, origin)
                 partition.emit(
                     self.settings.input_topic,
                     sid,
@@ -713,10 +719,16 @@ class Ingest:
                 "unfinished (no finish_reason)",
             )
 
-    def _envelope(self, sid: str, seq: int, endpoint: str, body: JsonDict, trace: Headers) -> bytes:
-        """An input envelope that fits ``--max-record-bytes``, or the request's 413."""
+    def _envelope(
+        self, sid: str, seq: int, endpoint: str, body: JsonDict, trace: Headers, origin: Origin | None = None
+    ) -> bytes:
+        """An input envelope that fits ``--max-record-bytes``, or the request's 413. ``origin`` goes on a
+        stream's first record only, as the request's other context does."""
+        record: JsonDict = {"request_id": sid, "seq": seq, "endpoint": endpoint, "body": body}
+        if origin is not None:
+            record["origin"] = origin.model_dump(exclude_none=True)
         try:
-            value = orjson.dumps({"request_id": sid, "seq": seq, "endpoint": endpoint, "body": body})
+            value = orjson.dumps(record)
         except orjson.JSONEncodeError as exc:
             raise UpstreamError(502, f"generate's answer cannot be serialized: {exc}") from exc
         size = record_bytes(sid, value, trace)
@@ -758,7 +770,7 @@ class Ingest:
                 completion_request=envelope.request,
             )
         rid = envelope.request_id
-        value = self._envelope(rid, 0, envelope.endpoint, body, request.trace)
+        value = self._envelope(rid, 0, envelope.endpoint, body, request.trace, envelope.origin)
         request.seqs[rid] = 0
         request.owner.emit(
             self.settings.input_topic, rid, value, headers=request.trace, request=request, seq=0

@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator
 
 from aiohttp import web
 
+from schemas.envelope import Origin
 from worker.pipeline.apis import responses
 from worker.pipeline.apis.chat_source import ChatSource, JsonDict
 from worker.pipeline.apis.lease import RENEWALS_PER_LEASE, Holding, expired, lease_of, new_owner
@@ -84,7 +85,8 @@ class BackgroundResponses:
                     OutputTail(self.source.connection, self.source.settings, since_ms, sent)
                 )
                 return chunks(tail, response_id, chat)
-        return self.source.chat(chat, trace, request_id=response_id, client=client)
+        origin = Origin(api="responses", id=response_id)
+        return self.source.chat(chat, trace, request_id=response_id, client=client, origin=origin)
 
     async def _run(self, response_id: str, holding: Holding, trace: Headers, since_ms: int | None) -> None:
         """Run the response to its end, its record rewritten as its events come and its lease renewed."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from schemas.envelope import Origin
 from worker.pipeline.apis.chat_source import ChatSource, JsonDict
 from worker.pipeline.apis.lease import Holding
 from worker.pipeline.apis.reattach import OutputTail, one_answer, written
@@ -286,11 +287,12 @@ class BatchRun:
             self.submitted = min(self._meta()["request_counts"]["total"], index + self.window)
             if not await self._write({}):
                 return False
-        self.inflight[index] = asyncio.create_task(self._answer(request_id, chat))
+        self.inflight[index] = asyncio.create_task(self._answer(request_id, chat, index))
         return True
 
-    async def _answer(self, request_id: str, chat: JsonDict) -> JsonDict:
-        answers = self.source.chat(chat, NO_HEADERS, request_id=request_id, client=self.client)
+    async def _answer(self, request_id: str, chat: JsonDict, index: int) -> JsonDict:
+        origin = Origin(api="batch", id=self.batch_id, line=index)
+        answers = self.source.chat(chat, NO_HEADERS, request_id=request_id, client=self.client, origin=origin)
         async with contextlib.aclosing(answers):
             answer = await anext(answers, None)
         return answer or {"error": {"message": "no answer", "code": 500}}

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from schemas.envelope import Origin
 from worker.pipeline.connection import Connection
 from worker.runtime.tracing import Headers
 from worker.settings import GatewayOptions
@@ -21,11 +22,17 @@ class ChatSource(Protocol):
     connection: Connection
 
     def chat(
-        self, body: JsonDict, trace: Headers, request_id: str | None = None, client: str = "-"
+        self,
+        body: JsonDict,
+        trace: Headers,
+        request_id: str | None = None,
+        client: str = "-",
+        origin: Origin | None = None,
     ) -> AsyncGenerator[JsonDict, None]:
         """The chat request's chunks (``stream: true``) or its one response body, or a last
         ``{"error": ...}``, admitted against ``client``'s share of the gateway's limits. Closing the
-        iterator before its end cancels the generation upstream."""
+        iterator before its end cancels the generation upstream. ``origin`` (the API and its object
+        id) is written on the request record, so ``consume --assemble`` and ``audit`` can name it."""
         ...
 
     def cancel(self, request_id: str) -> None:

@@ -318,13 +318,13 @@ def usage_of(usage: Any) -> JsonDict:
     prompt = usage.get("prompt_tokens") or 0
     details = usage.get("prompt_tokens_details")
     if isinstance(details, dict):
-        if details.get("cached_tokens") is not None:
-            prompt -= details["cached_tokens"]
-            out["cache_read_input_tokens"] = details["cached_tokens"]
         if details.get("created_cache_tokens") is not None:
             prompt -= details["created_cache_tokens"]
             out["cache_creation_input_tokens"] = details["created_cache_tokens"]
-    return {"input_tokens": max(0, prompt), **out}
+        if details.get("cached_tokens") is not None:
+            prompt -= details["cached_tokens"]
+            out["cache_read_input_tokens"] = details["cached_tokens"]
+    return {"input_tokens": max(0, prompt), **out}  # in the order of vLLM's AnthropicUsage
 
 
 def _is_json(text: str) -> bool:
@@ -464,13 +464,13 @@ class MessageStream:
         self.block_index = self.next_index
         self.signature = uuid.uuid4().hex if block["type"] == "thinking" else None
         self.tool_use_id = block.get("id") if block["type"] == "tool_use" else None
-        data = {"type": "content_block_start", "index": self.block_index, "content_block": block}
+        data = {"type": "content_block_start", "content_block": block, "index": self.block_index}
         return ("content_block_start", data)
 
     def _delta(self, delta: JsonDict) -> Event:
         return (
             "content_block_delta",
-            {"type": "content_block_delta", "index": self.block_index, "delta": delta},
+            {"type": "content_block_delta", "delta": delta, "index": self.block_index},
         )
 
     def _stop(self) -> list[Event]:

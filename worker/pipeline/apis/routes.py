@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from schemas.envelope import Origin
 from worker.pipeline.apis import messages, responses
 from worker.pipeline.apis.background import BackgroundResponses
 from worker.pipeline.apis.batch import add_batch_routes
@@ -81,10 +82,12 @@ class MessagesApi:
             chat = messages.to_chat_request(body)
         except BadRequest as exc:
             return json_response(messages.error_body(400, str(exc)), 400)
-        # The id names the API on the topics (an audit report shows it): msg_, resp_, batch_.
-        request_id = f"msg_{uuid.uuid4().hex}"
+        request_id = f"msg_{uuid.uuid4().hex}"  # the message id; the chat request's id on the topics too
         client = http.get(API_KEY_NAME, ANONYMOUS)
-        answers = self.source.chat(chat, self.source.trace(http), request_id=request_id, client=client)
+        origin = Origin(api="messages", id=request_id)
+        answers = self.source.chat(
+            chat, self.source.trace(http), request_id=request_id, client=client, origin=origin
+        )
         async with contextlib.aclosing(answers):
             first = await anext(answers, None)
             if first is None or "error" in first:
@@ -168,7 +171,8 @@ class ResponsesApi:
             assert store is not None
             return await self._background_start(http, body, chat, chat_messages, response_id, trace, client)
         response = responses.response_object(body, response_id, responses.now(), "in_progress")
-        answers = self.source.chat(chat, trace, request_id=response_id, client=client)
+        origin = Origin(api="responses", id=response_id)
+        answers = self.source.chat(chat, trace, request_id=response_id, client=client, origin=origin)
         async with contextlib.aclosing(answers):
             first = await anext(answers, None)
             if first is None or "error" in first:
