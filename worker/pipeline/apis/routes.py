@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -81,7 +80,7 @@ class MessagesApi:
         except BadRequest as exc:
             return json_response(messages.error_body(400, str(exc)), 400)
         # The id names the API on the topics (an audit report shows it): msg_, resp_, batch_.
-        request_id = f"msg_{uuid.uuid4().hex}"
+        request_id = self.source.new_request_id("msg_")
         client = http.get(API_KEY_NAME, ANONYMOUS)
         answers = self.source.chat(chat, self.source.trace(http), request_id=request_id, client=client)
         async with contextlib.aclosing(answers):
@@ -163,7 +162,7 @@ class ResponsesApi:
             chat = responses.to_chat_request(body, chat_messages, stream=stream)
         except BadRequest as exc:
             return self._error(400, str(exc))
-        response_id = responses.new_id("resp")
+        response_id = self.source.new_request_id("resp_")
         trace = self.source.trace(http)
         client = http.get(API_KEY_NAME, ANONYMOUS)
         if body.get("background"):
