@@ -60,10 +60,12 @@ FOLLOW_TIMEOUT_S = 10.0  # a request waits this long for its partitions to be re
 # partition read while it runs instead of each key hashed.
 MAX_MINT_HASHES = 64
 MAX_ROUTED_KEYS = 64
-# The membership's session: a replica that dies is replaced in the group after this.
-SESSION_TIMEOUT_MS = 10_000
+# The membership's session. Long, because it costs little: the partitions of a replica that died
+# are unowned until it expires, so no live replica's requests are steered there; a short one made
+# a loaded replica (or broker) drop out and churn the group, which moves partitions under everyone.
+SESSION_TIMEOUT_MS = 30_000
 HEARTBEAT_MS = 3_000
-REBALANCE_TIMEOUT_MS = 10_000
+REBALANCE_TIMEOUT_MS = 30_000
 
 
 @dataclass
@@ -139,9 +141,10 @@ class ReplyRouting:
     async def start(self) -> None:
         self.count = await self._partition_count()
         await self._follower.start()
-        if self.mode is ReplyRoutingMode.ALL:
-            await self._follower.follow(range(self.count))
         self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._keep())]
+        if self.mode is ReplyRoutingMode.ALL:  # read by the task just started
+            async with asyncio.timeout(FOLLOW_TIMEOUT_S):
+                await self._follower.follow(range(self.count))
         if self._membership is not None:
             await self._membership.start()
 
