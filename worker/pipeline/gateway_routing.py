@@ -55,10 +55,11 @@ LINGER_S = 30.0  # a partition read for requests not steered stays read this lon
 SETTLE_S = 330.0
 CLOCK_SLACK_S = 60.0  # how far a writer's clock may lag the gateway's (record times are theirs)
 FOLLOW_TIMEOUT_S = 10.0  # a request waits this long for its partitions to be read (then 503)
-# Minting hashes at most this many keys per request id on the event loop (about 20 us each); a request
-# with more reply keys than this is not steered, and one with more than ``MAX_ROUTED_KEYS`` has every
-# partition read while it runs instead of each key hashed.
-MAX_MINT_HASHES = 64
+# Minting hashes at most this many keys per request on the event loop (about 20 us each, so 5 ms at
+# worst): a one-key id needs R tries with R replicas, all three keys of a two-prompt stream 8 with
+# half the partitions owned. Past it the candidate with the most keys steered is taken. A request
+# with more than ``MAX_ROUTED_KEYS`` keys has every partition read while it runs instead.
+MAX_MINT_HASHES = 256
 MAX_ROUTED_KEYS = 64
 # The membership's session. Long, because it costs little: the partitions of a replica that died
 # are unowned until it expires, so no live replica's requests are steered there; a short one made
@@ -186,8 +187,10 @@ class ReplyRouting:
         first = prefix + uuid.uuid4().hex
         if not usable:
             return first
-        best, best_score, candidate = first, -1, first
         keys = len(keys_of(first))
+        if keys > MAX_ROUTED_KEYS:  # every partition is read for it anyway
+            return first
+        best, best_score, candidate = first, -1, first
         for _ in range(MAX_MINT_HASHES // keys):
             score = sum(partition_of(k.encode(), self.count) in usable for k in keys_of(candidate))
             if score == keys:
