@@ -21,7 +21,16 @@ from openai import AsyncOpenAI
 
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import TopicReader, free_port
-from tests.pipeline_helpers import STREAM_CASE, Pipeline, assemble, case, recording, request_of
+from tests.pipeline_helpers import (
+    ONE_SHOT_CASE,
+    STREAM_CASE,
+    Pipeline,
+    assemble,
+    case,
+    comparable,
+    recording,
+    request_of,
+)
 from worker.assembly import AssembledResponse
 from worker.pipeline.connection import Connection
 from worker.pipeline.fake_vllm import Fault
@@ -256,6 +265,32 @@ def test_replicas_joining_and_leaving_mid_stream_answer_every_request(pipeline: 
             for outcome in seconds[3:]:  # b's: ended by its shutdown, with an error, not silence
                 assert isinstance(outcome, Exception) and "shutting down" in str(outcome), outcome
             assert a.gateway.routing.stats.delivered > 0
+
+    asyncio.run(go())
+
+
+def test_an_id_the_replica_did_not_choose_is_read_where_it_lands(pipeline: Pipeline) -> None:
+    """A request named by its caller (a Batch line) may hash to another replica's partition: the
+    replica reads that partition too, from before the request is written, while it runs (and a
+    little after), and the answer arrives whole."""
+
+    async def go() -> None:
+        group = f"gw-{uuid.uuid4().hex[:8]}"
+        async with replicas(pipeline, 2, group) as (a, b):
+            await shared_out([a, b], PARTITIONS)
+            elsewhere = min(b.owned)
+            candidates = (f"line-{uuid.uuid4().hex}" for _ in range(10_000))
+            rid = next(r for r in candidates if partition_of(r.encode(), PARTITIONS) == elsewhere)
+            golden_case = case(ONE_SHOT_CASE)
+            body = request_of(recording(ONE_SHOT_CASE))
+            async with asyncio.timeout(60):
+                answers = [event async for event in a.gateway.chat(body, request_id=rid)]
+            (answer,) = answers
+            assert comparable([{"seq": 0, "endpoint": "chat", "body": answer}]) == comparable(
+                golden_case.expected
+            )
+            assert elsewhere not in a.owned and elsewhere in a.followed  # read for it, lingering
+            assert a.gateway.routing.stats.delivered >= 1
 
     asyncio.run(go())
 
