@@ -561,6 +561,13 @@ class ProducingTopics(ProducerSettings, KafkaTopics):
     GROUP: ClassVar[str] = "topics"
 
 
+class ReplyRoutingMode(enum.Enum):
+    """Which output partitions a gateway replica reads (``worker.pipeline.gateway_routing``)."""
+
+    OWNED = "owned"  # key steering: the partitions it owns, and those of its requests
+    ALL = "all"  # every partition
+
+
 class DeliveryMode(enum.Enum):
     EXACTLY_ONCE = "exactly-once"
     AT_LEAST_ONCE = "at-least-once"
@@ -1203,6 +1210,18 @@ class GatewayOptions(RequestsTopic, OutputTopic):
     )
     output_partition_refresh_s: float = Field(
         30.0, gt=0, description="how often the gateway looks for new partitions of the output topic"
+    )
+    reply_routing: ReplyRoutingMode = Field(
+        ReplyRoutingMode.OWNED,
+        description=(
+            "owned: the replicas share the output partitions (a group) and each reads its share; "
+            "all: every replica reads the whole output topic"
+        ),
+    )
+    reply_group_id: str = Field(
+        "derender-gateway",
+        min_length=1,
+        description="the group the replicas share the output partitions in (joined, never committed)",
     )
     responses_topic: str | None = Field(
         None,

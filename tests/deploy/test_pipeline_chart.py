@@ -198,6 +198,8 @@ def test_non_default_values(helm: str, tmp_path: Path) -> None:
     assert gw[("topic", "req", "literal")] >= {"Write"} and "Read" not in gw[("topic", "req", "literal")]
     assert gw[("topic", "out", "literal")] >= {"Read"} and "Write" not in gw[("topic", "out", "literal")]
     assert not any(kind == "transactionalId" for kind, _, _ in gw)
+    # The replicas' membership group (docs/gateway.md#scaling-and-its-cost): joined, never committed.
+    assert gw[("group", "derender-gateway", "literal")] >= {"Read"}
     (topic,) = [d for d in docs if d["kind"] == "KafkaTopic"]
     assert topic["spec"]["topicName"] == "req" and topic["spec"]["partitions"] == 24
 

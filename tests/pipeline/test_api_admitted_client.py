@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import aiohttp
@@ -42,6 +43,9 @@ class RecordingChat:
     ) -> AsyncGenerator[JsonDict, None]:
         self.clients.put_nowait(client)
         yield {"error": {"message": "refused", "code": 429}}
+
+    def new_request_id(self, prefix: str = "") -> str:
+        return prefix + uuid.uuid4().hex
 
     def cancel(self, request_id: str) -> None:
         pass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import pytest
@@ -53,6 +54,9 @@ class EndlessChat:
         finally:
             if not self.closed.done():
                 self.closed.set_result(None)
+
+    def new_request_id(self, prefix: str = "") -> str:
+        return prefix + uuid.uuid4().hex
 
     def cancel(self, request_id: str) -> None:
         pass

@@ -66,6 +66,9 @@ class DelayedChat:
         finally:
             self.open -= 1
 
+    def new_request_id(self, prefix: str = "") -> str:
+        return f"{prefix}{len(self.asked)}"
+
     def cancel(self, request_id: str) -> None:
         pass
 

@@ -11,9 +11,10 @@ Another API in front of the same pipeline (a module of its own) uses ``Gateway.e
 admits a chat or completion body, sends it, and gives a ``Delivery`` to read the answer from; the
 route table is ``Gateway.app``, to which a module adds its routes with ``Gateway.add_routes``.
 
-Finding the outputs: every replica reads every partition of the output topic from the end it saw at
-start (and new partitions as they appear) and keeps the records whose key is one of its own open
-requests, dropping the rest. N replicas therefore read the output topic N times; docs/gateway.md.
+Finding the outputs (``gateway_routing``): replicas share the output partitions through a consumer
+group and mint request ids whose keys hash to partitions they own, so each replica reads its share of
+the output topic, plus the partitions of any of its requests whose id it could not choose;
+docs/gateway.md#scaling-and-its-cost.
 """
 
 from __future__ import annotations
@@ -24,23 +25,24 @@ import contextlib
 import logging
 import signal
 import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from schemas.envelope import Origin
 from schemas.pipeline import CancelRecord
+from worker.errors import KafkaClientError
 from worker.pipeline.apis.routes import add_api_routes
-from worker.pipeline.connection import Connection, add_connection_arguments, topic_partitions, wait_for_topics
+from worker.pipeline.connection import Connection, add_connection_arguments, wait_for_topics
 from worker.pipeline.gateway_admission import Admitted, Budget, Endpoint, Refused, admit_body, error_body
-from worker.pipeline.gateway_delivery import Delivery, Mailbox, SseWriter, shutdown_error
+from worker.pipeline.gateway_delivery import Delivery, Mailbox, SseWriter, shutdown_error, stream_ids
 from worker.pipeline.gateway_edge import ANONYMOUS, API_KEY_NAME, ApiKeys, edge_trace
+from worker.pipeline.gateway_routing import ReplyRouting
 from worker.runtime.structured_logging import configure
 from worker.runtime.tracing import NO_HEADERS, Headers
 from worker.settings import GatewayOptions, LoggingSettings, add_arguments, load
@@ -91,8 +93,14 @@ class Gateway:
         self.mailboxes: dict[str, Mailbox] = {}  # by output record key (request id, or request-prompt)
         self.open: dict[str, Mailbox] = {}  # by request id
         self.producer: AIOKafkaProducer | None = None
-        self.consumer: AIOKafkaConsumer | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self.routing = ReplyRouting(
+            settings.output_topic,
+            connection,
+            self._deliver,
+            mode=settings.reply_routing,
+            group_id=settings.reply_group_id,
+            refresh_s=settings.output_partition_refresh_s,
+        )
         self._cancels: set[asyncio.Task[None]] = set()
         self._routes: list[Callable[[web.Application], None]] = []
         self.ready = False
@@ -106,15 +114,8 @@ class Gateway:
         await wait_for_topics(self.connection, s.requests_topic, s.output_topic)
         self.producer = self.connection.producer(linger_ms=0)
         await self.producer.start()
-        self.consumer = self.connection.consumer()
-        await self.consumer.start()
-        partitions = await topic_partitions(self.connection, s.output_topic)
-        self.consumer.assign(partitions)
-        await self.consumer.seek_to_end(*partitions)
-        for tp in partitions:  # fix the start before the first request can be written
-            await self.consumer.position(tp)
-        self._reader = asyncio.create_task(self._read())
-        self._reader.add_done_callback(self._reader_ended)
+        await self.routing.start()
+        self.routing.add_done_callback(self._reader_ended)
         self.ready = True
 
     def _reader_ended(self, task: asyncio.Task[None]) -> None:
@@ -126,51 +127,24 @@ class Gateway:
     async def stop(self) -> None:
         """Stop reading, then flush every cancel not yet written before the producer closes."""
         self.ready = False
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
         if self._cancels:  # the other half of --shutdown-timeout-s (the handlers had the first)
             await asyncio.wait(set(self._cancels), timeout=self.settings.shutdown_timeout_s / 2)
-        if self.consumer is not None:
-            await self.consumer.stop()
+        await self.routing.stop()
         if self.producer is not None:
             await self.producer.stop()
 
-    async def _read(self) -> None:
-        assert self.consumer is not None
-        next_refresh = time.monotonic() + self.settings.output_partition_refresh_s
-        while True:
-            batches = await self.consumer.getmany(timeout_ms=100)
-            for records in batches.values():
-                for record in records:
-                    key = record.key.decode(errors="replace") if record.key else ""
-                    mailbox = self.mailboxes.get(key)
-                    if mailbox is not None and record.value is not None:
-                        mailbox.put(key, record.value)
-            if time.monotonic() >= next_refresh:
-                await self._add_new_partitions()
-                next_refresh = time.monotonic() + self.settings.output_partition_refresh_s
+    def _deliver(self, key: str, value: bytes) -> bool:
+        """An output record, from the reader: to its open request's mailbox; False when it has none."""
+        mailbox = self.mailboxes.get(key)
+        if mailbox is None:
+            return False
+        mailbox.put(key, value)
+        return True
 
-    async def _add_new_partitions(self) -> None:
-        """Read the output topic's partitions added since the last look, from their beginning (a
-        record for an open request may already be there); the others keep their positions."""
-        assert self.consumer is not None
-        try:
-            current = await topic_partitions(self.connection, self.settings.output_topic)
-        except Exception as exc:  # noqa: BLE001 (a metadata hiccup: try again at the next refresh)
-            log.warning("could not look for new output partitions: %r", exc)
-            return
-        assigned = set(self.consumer.assignment())
-        new = [tp for tp in current if tp not in assigned]
-        if not new:
-            return
-        positions: dict[TopicPartition, int] = {tp: await self.consumer.position(tp) for tp in assigned}
-        self.consumer.assign([*assigned, *new])
-        for tp, offset in positions.items():
-            self.consumer.seek(tp, offset)
-        await self.consumer.seek_to_beginning(*new)
-        log.info("reading %d new partition(s) of %s", len(new), self.settings.output_topic)
+    def new_request_id(self, prefix: str = "") -> str:
+        """A chat request's id whose replies come to this replica's partitions (``gateway_routing``):
+        for an API that names its requests itself (``msg_``, ``resp_``)."""
+        return self.routing.mint(prefix)
 
     async def _send(self, request_id: str, value: bytes, trace: Headers = NO_HEADERS) -> None:
         assert self.producer is not None
@@ -218,7 +192,7 @@ class Gateway:
         if self.closing:
             raise Refused(503, error_body(503, "the gateway is shutting down", "ServiceUnavailableError"), 1)
         ticket = self.budget.admit(client, admitted.size)
-        request_id = request_id or uuid.uuid4().hex
+        request_id = request_id or self.routing.mint("", lambda rid: {rid, *stream_ids(rid, admitted)})
         mailbox = Mailbox(self.settings.max_queued_bytes, ticket.add, lambda: self.cancel(request_id))
         delivery = Delivery(request_id, admitted, mailbox, self.settings.request_timeout_s)
         keys = {request_id, *delivery.stream_ids}
@@ -227,7 +201,9 @@ class Gateway:
         self.open[request_id] = mailbox
         exchange = Exchange(request_id, delivery)
         sent = False
+        route = None
         try:
+            route = await self.routing.open(sorted(keys))  # read before anything is written
             # The body is JSON already checked: spliced in, not serialized again.
             envelope = b'{"request_id":%s,"endpoint":"%s",%s"request":%s}' % (
                 orjson.dumps(request_id),
@@ -244,6 +220,8 @@ class Gateway:
             for key in keys:
                 self.mailboxes.pop(key, None)
             self.open.pop(request_id, None)
+            if route is not None:
+                self.routing.close(route)
             mailbox.end(shutdown_error())  # drops whatever is still queued
             ticket.release()
             if sent and not exchange.ok:
@@ -280,8 +258,8 @@ class Gateway:
                 exchange.succeeded()
         except Refused as refused:
             yield {"error": refused.body["error"]}
-        except KafkaError as exc:
-            log.warning("a request could not be written to %s: %r", self.settings.requests_topic, exc)
+        except (KafkaError, KafkaClientError) as exc:
+            log.warning("a request could not be queued on %s: %r", self.settings.requests_topic, exc)
             yield {
                 "error": error_body(503, "the request could not be queued", "ServiceUnavailableError")[
                     "error"
@@ -331,7 +309,7 @@ class Gateway:
             return refused_response(refused)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
-        ok = self.ready and not self.closing
+        ok = self.ready and self.routing.alive and not self.closing
         return web.Response(text="ok" if ok else "unavailable", status=200 if ok else 503)
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
@@ -395,8 +373,8 @@ class Gateway:
                 return await self._one_shot(http, exchange)
         except Refused as refused:
             return refused_response(refused)
-        except KafkaError as exc:  # the request could not be written: nothing runs, the client may retry
-            log.warning("a request could not be written to %s: %r", self.settings.requests_topic, exc)
+        except (KafkaError, KafkaClientError) as exc:  # not written: nothing runs, the client may retry
+            log.warning("a request could not be queued on %s: %r", self.settings.requests_topic, exc)
             return refused_response(
                 Refused(503, error_body(503, "the request could not be queued", "ServiceUnavailableError"), 1)
             )

@@ -98,6 +98,18 @@ def timeout_error(timeout_s: float) -> JsonDict:
     return error_info(504, f"no answer within {timeout_s:g}s", "TimeoutError")
 
 
+def streams_of(admitted: Admitted) -> int:
+    """How many generate streams answer ``admitted``: one per prompt of a streaming request, one
+    answer record otherwise."""
+    return admitted.prompts if admitted.stream else 1
+
+
+def stream_ids(request_id: str, admitted: Admitted) -> list[str]:
+    """The keys of a request's streams (ingest's keys): its id, or ``<id>-<i>`` for prompt i."""
+    count = streams_of(admitted)
+    return [request_id] if count == 1 else [f"{request_id}-{i}" for i in range(count)]
+
+
 @dataclass(slots=True)
 class _Stream:
     """One generate stream of a request: what of it was seen, and whether it is complete."""
@@ -124,8 +136,7 @@ class Delivery:
         self.admitted = admitted
         self.mailbox = mailbox
         self.timeout_s = timeout_s
-        count = admitted.prompts if admitted.stream else 1
-        self.stream_ids = [request_id] if count == 1 else [f"{request_id}-{i}" for i in range(count)]
+        self.stream_ids = stream_ids(request_id, admitted)
 
     async def _next(self) -> tuple[str, JsonDict]:
         """The next record as JSON, or ``("", {"error": ...})`` for a timeout, an overrun, a shutdown."""

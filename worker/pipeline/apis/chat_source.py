@@ -35,6 +35,11 @@ class ChatSource(Protocol):
         id) is written on the request record, so ``consume --assemble`` and ``audit`` can name it."""
         ...
 
+    def new_request_id(self, prefix: str = "") -> str:
+        """A new request id starting with ``prefix``, chosen so its answer comes back to this gateway
+        replica's share of the output topic (``worker.pipeline.gateway_routing``)."""
+        ...
+
     def cancel(self, request_id: str) -> None:
         """Stop the generation of a chat request sent with ``request_id`` (idempotent)."""
         ...

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -82,7 +81,8 @@ class MessagesApi:
             chat = messages.to_chat_request(body)
         except BadRequest as exc:
             return json_response(messages.error_body(400, str(exc)), 400)
-        request_id = f"msg_{uuid.uuid4().hex}"  # the message id; the chat request's id on the topics too
+        # The id names the API on the topics (an audit report shows it): msg_, resp_, batch_.
+        request_id = self.source.new_request_id("msg_")
         client = http.get(API_KEY_NAME, ANONYMOUS)
         origin = Origin(api="messages", id=request_id)
         answers = self.source.chat(
@@ -164,7 +164,7 @@ class ResponsesApi:
             chat = responses.to_chat_request(body, chat_messages, stream=stream)
         except BadRequest as exc:
             return self._error(400, str(exc))
-        response_id = responses.new_id("resp")
+        response_id = self.source.new_request_id("resp_")
         trace = self.source.trace(http)
         client = http.get(API_KEY_NAME, ANONYMOUS)
         if body.get("background"):
