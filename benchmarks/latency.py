@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import lzma
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -41,7 +45,7 @@ from benchmarks.kafka_harness import bootstrap_address  # noqa: E402
 from tests.kafka_broker import TopicFactory  # noqa: E402
 from tests.kafka_helpers import wait_for_http  # noqa: E402
 from tests.pipeline_helpers import COMPLETION_CASE, Pipeline, recording  # noqa: E402
-from worker.pipeline.fake_vllm import Fault, Recording  # noqa: E402
+from worker.pipeline.fake_vllm import Recording  # noqa: E402
 
 PROMPT = "How much latency does the pipeline add?"
 
@@ -56,6 +60,46 @@ def latency_recording(tokens: int) -> Recording:
     chunks[-1]["choices"][0]["finish_reason"] = "length"
     request = {"model": "test-model", "messages": [{"role": "user", "content": PROMPT}], "stream": True}
     return Recording("latency", "chat", request, one.prompt_token_ids, [chunks])
+
+
+def vllm_bench_recording(tokens: int) -> Recording:
+    """The same generation for the request ``vllm bench serve --backend openai-chat`` sends: its
+    ``content`` is a list of parts."""
+    plain = latency_recording(tokens)
+    content = [{"type": "text", "text": PROMPT}]
+    request = {**plain.request, "messages": [{"role": "user", "content": content}]}
+    return Recording("latency-vllm-bench", "chat", request, plain.prompt_token_ids, plain.chunks)
+
+
+def vllm_bench_serve(vllm: str, pipeline: Pipeline, concurrency: int, prompts: int, tokens: int) -> str:
+    """``vllm bench serve`` against the gateway: its TTFT and ITL (median, p99), or why it failed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "tokenizer"
+        model.mkdir()
+        qwen3 = REPO / "samples" / "models" / "qwen3"
+        (model / "tokenizer.json").write_bytes(lzma.decompress((qwen3 / "tokenizer.json.xz").read_bytes()))
+        for name in ("tokenizer_config.json", "config.json"):
+            shutil.copy(qwen3 / name, model / name)
+        data = Path(tmp) / "prompts.jsonl"
+        data.write_text("\n".join(orjson.dumps({"prompt": PROMPT}).decode() for _ in range(prompts)) + "\n")
+        command = [
+            vllm, "bench", "serve", "--backend", "openai-chat", "--base-url", pipeline.gateway_url,
+            "--endpoint", "/v1/chat/completions", "--model", "test-model", "--tokenizer", str(model),
+            "--dataset-name", "custom", "--dataset-path", str(data), "--custom-output-len", str(tokens),
+            "--skip-chat-template", "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
+            "--percentile-metrics", "ttft,itl", "--metric-percentiles", "10,50,90,99",
+            "--save-result", "--result-dir", tmp, "--result-filename", "result.json",
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+        result = Path(tmp) / "result.json"
+        if done.returncode != 0 or not result.exists():
+            return f"vllm bench serve failed ({done.returncode}): {(done.stderr or done.stdout)[-600:]}"
+        r = orjson.loads(result.read_bytes())
+        cells = [
+            f"{r[f'p50_{m}_ms']:.0f} | {r[f'p99_{m}_ms']:.0f} | {r[f'p10_{m}_ms']:.0f}-{r[f'p90_{m}_ms']:.0f}"
+            for m in ("ttft", "itl")
+        ]
+        return f"{cells[0]} | {cells[1]} | {r.get('completed')} of {prompts} completed"
 
 
 @dataclass
@@ -169,15 +213,15 @@ async def _main(args: argparse.Namespace) -> None:
         factory,
         max_inflight=max(256, top),
         worker_extra=commits,
-        extra_recordings=(latency_recording(args.tokens),),
+        extra_recordings=(latency_recording(args.tokens), vllm_bench_recording(args.tokens)),
     )
     try:
         pipeline.start(workers=1, ingest_extra=commits)
         # A stream that waits minutes for its first token at 128 at once is a figure, not a failure.
         pipeline.start_gateway("--request-timeout-s", "600")
         await wait_for_http(f"{pipeline.gateway_url}/healthz", 200, 60, what="(gateway)")
-        pipeline.fake.faults["paced"] = Fault(pace_s=args.pace_ms / 1000)
-        body = {**latency_recording(args.tokens).request, "user": "fault:paced"}
+        pipeline.fake.pace_s = args.pace_ms / 1000  # every stream, vllm bench serve's too
+        body = latency_recording(args.tokens).request
         await run_level(lambda s: through_gateway(s, pipeline, body), 4, 4)  # joins, first transactions
         interval = f"{args.commit_interval_ms} ms" if args.commit_interval_ms else "their defaults"
         print(
@@ -206,6 +250,11 @@ async def _main(args: argparse.Namespace) -> None:
                     else name
                 )
                 print(f"| {concurrency} | {label} | {summary(ttft)} | {summary(itl)} | {summary(added)} |")
+            if args.vllm:
+                row = await asyncio.to_thread(
+                    vllm_bench_serve, args.vllm, pipeline, concurrency, streams, args.tokens
+                )
+                print(f"| {concurrency} | pipeline, `vllm bench serve` | {row} |")
     finally:
         pipeline.stop()
         factory.cleanup()
@@ -219,6 +268,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pace-ms", type=float, default=20.0)
     parser.add_argument(
         "--commit-interval-ms", type=int, default=0, help="of ingest and the worker (0: their defaults)"
+    )
+    parser.add_argument(
+        "--vllm",
+        default="",
+        help="a `vllm` executable: also time the gateway with `vllm bench serve --backend openai-chat`",
     )
     asyncio.run(_main(parser.parse_args(argv)))
 
