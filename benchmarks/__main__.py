@@ -14,6 +14,7 @@ BENCHMARKS = {
     "adversarial": "benchmarks.adversarial",
     "flood": "benchmarks.flood",
     "state": "benchmarks.state_checkpoints",
+    "latency": "benchmarks.latency",
 }
 
 

@@ -87,10 +87,15 @@ def _gateway_configmap() -> dict[str, str]:
     return dict(_objects()[("ConfigMap", "derender-gateway")]["data"])
 
 
+def _ingest_configmap() -> dict[str, str]:
+    return dict(_objects()[("ConfigMap", "derender-ingest")]["data"])
+
+
 def test_every_env_name_is_a_flag_of_the_command_that_reads_it() -> None:
     ingest, gateway = _flags("ingest"), _flags("gateway")
     assert sorted(set(_configmap()) - (ingest | gateway)) == []
     assert sorted(set(_gateway_configmap()) - gateway) == []
+    assert sorted(set(_ingest_configmap()) - ingest) == []
     for name, flags in (("ingest", ingest), ("gateway", gateway)):
         container = _container(name)
         assert container["args"] == [name]
@@ -400,3 +405,23 @@ def test_the_gateway_limits_are_its_defaults_and_fit_its_pod(clean_env: pytest.M
     assert pre_stop + gateway.shutdown_timeout_s < pod["terminationGracePeriodSeconds"]
     memory = _container("gateway")["resources"]["limits"]["memory"]
     assert memory.endswith("Mi") and gateway.max_bytes_in_flight < int(memory[:-2]) * 2**20 / 2
+
+
+def test_the_ingest_limits_are_its_defaults_and_fit_its_pod(clean_env: pytest.MonkeyPatch) -> None:
+    """Every limit of ingest is written out with its default (a changed default shows here), read
+    after the shared ConfigMap, and the backlog's bytes fit the pod's memory."""
+    sources = [s["configMapRef"]["name"] for s in _container("ingest")["envFrom"]]
+    assert sources == ["derender-pipeline", "derender-ingest"]  # the later one wins
+    env = {**_configmap(), **_ingest_configmap()}
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    ingest = load(IngestOptions, build_parser().parse_args(["ingest"]))
+    fields = IngestOptions.model_fields
+    limits = {"max_record_bytes", "max_inflight", "max_backlog", "max_backlog_bytes", "render_timeout_s"}
+    limits |= {"generate_timeout_s", "headers_timeout_s", "stream_idle_timeout_s", "abort_grace_s"}
+    written = {name.removeprefix("DERENDER_").lower() for name in env}
+    assert sorted(limits - written) == []
+    for field in limits:
+        assert getattr(ingest, field) == fields[field].default, field
+    memory = _container("ingest")["resources"]["limits"]["memory"]
+    assert memory.endswith("Mi") and ingest.max_backlog_bytes <= int(memory[:-2]) * 2**20 / 2

@@ -205,13 +205,14 @@ class Gateway:
         try:
             route = await self.routing.open(sorted(keys))  # read before anything is written
             # The body is JSON already checked: spliced in, not serialized again.
-            envelope = b'{"request_id":%s,"endpoint":"%s",%s"request":%s}' % (
+            envelope = b'{"request_id":%s,"endpoint":"%s",%s"request":%s%s}' % (
                 orjson.dumps(request_id),
                 admitted.endpoint.encode(),
                 b""
                 if origin is None
                 else b'"origin":%s,' % origin.model_dump_json(exclude_none=True).encode(),
                 admitted.raw,
+                self._deadline(admitted),
             )
             await self._send(request_id, envelope, trace)
             sent = True
@@ -226,6 +227,14 @@ class Gateway:
             ticket.release()
             if sent and not exchange.ok:
                 self.cancel(request_id)
+
+    def _deadline(self, admitted: Admitted) -> bytes:
+        """``,"deadline_ms":...`` for a one-shot request: its answer is one record, so past the request
+        timeout its client has its 504 and ingest need not start it. A stream gets none: the timeout
+        runs between records, and ingest aborts a request still generating at its deadline."""
+        if admitted.stream:
+            return b""
+        return b',"deadline_ms":%d' % int((time.time() + self.settings.request_timeout_s) * 1000)
 
     async def chat(
         self,
