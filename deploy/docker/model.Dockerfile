@@ -3,7 +3,7 @@
 # (see deploy/kubernetes/deployment.yaml), so the worker image and the model ship and roll out
 # independently. Build from the repository root:
 #
-#   docker build -f deploy/docker/model.Dockerfile --build-arg MODEL_DIR=samples/models/qwen3 \
+#   docker build -f deploy/docker/model.Dockerfile --build-arg MODEL_DIR=worker/demo_samples/models/qwen3 \
 #       -t derender-model:qwen3 .
 
 FROM busybox:1.37

@@ -74,7 +74,8 @@ MODEL_DOCKERFILE = DOCKER_DIR / "model.Dockerfile"
 HEALTHCHECK_SCRIPT = DOCKER_DIR / "healthcheck.py"
 # The deployment guide (deploy/README.md points to it): its DERENDER_* names and topic count are checked.
 OPERATIONS_DOC = REPO_ROOT / "docs" / "operations.md"
-SAMPLE_MODEL = MODELS_DIR / "qwen3"
+# The bundled model's real folder (samples/models/qwen3 links to it): a bind mount or COPY names it.
+SAMPLE_MODEL = REPO_ROOT / "worker" / "demo_samples" / "models" / "qwen3"
 
 KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}
 CORE_KINDS = {"ConfigMap", "Deployment", "PodDisruptionBudget", "Service"}

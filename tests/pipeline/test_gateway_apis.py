@@ -429,4 +429,6 @@ def test_consume_and_audit_name_the_api_each_request_came_in_on(pipeline: Pipeli
     assert lines[message_id]["origin"] == {"api": "messages", "id": message_id}
     assert lines[response.id]["origin"] == {"api": "responses", "id": response.id}
     assert lines[line_id]["origin"] == batch_line["origin"]
-    assert f"{response.id} (responses {response.id}) seq 0: differing" in audited.stderr.decode()
+    # The module's pipeline is shared, so other tests' requests differ too and the summary lists
+    # only the first few: the report is where each of these three is found.
+    assert {lines[rid]["status"] for rid in (message_id, response.id, line_id)} == {"differing"}
