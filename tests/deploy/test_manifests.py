@@ -52,7 +52,6 @@ from tests.deploy.manifests import (
     schema_errors,
     yaml_docs,
 )
-from tests.golden_cases import MODELS_DIR
 from tests.paths import REPO_ROOT
 from worker.cli import build_parser
 from worker.runtime.composition import load_processor
