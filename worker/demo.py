@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -47,6 +47,7 @@ from worker.demo_setup import (
     SOURCE_TREE,
     cleanup_step,
     delete_topics,
+    exit_code,
     given_bootstrap,
     in_source_tree,
     run_quiet,
@@ -307,6 +308,22 @@ def _reader(bootstrap: str) -> PartitionReader:
     )
 
 
+@contextlib.asynccontextmanager
+async def _clients(bootstrap: str) -> AsyncIterator[tuple[PartitionReader, Producer]]:
+    """A started reader and producer, both stopped on the way out."""
+    reader = _reader(bootstrap)
+    producer = _producer(bootstrap)
+    await reader.start()
+    try:
+        await producer.start()
+        try:
+            yield reader, producer
+        finally:
+            await producer.stop()
+    finally:
+        await reader.stop()
+
+
 async def _wait_for_group(
     bootstrap: str, group: str, workers: Workers, update: Callable[[str], None]
 ) -> dict[str, list[int]]:
@@ -357,34 +374,25 @@ async def _probe_partitions(
     producers and restores state before it reads. Records produced before that would arrive in
     a burst; after the probes, the demo's records are served as they come.
     """
-    reader = _reader(bootstrap)
-    producer = _producer(bootstrap)
-    await reader.start()
-    try:
-        await producer.start()
-        try:
-            letters = [TopicPartition(topics.dlq, p) for p in range(PARTITIONS)]
-            reader.assign(letters)
-            for p in range(PARTITIONS):
-                key = f"{PROBE_KEY_PREFIX}{p}".encode()
-                await producer.send(OutgoingRecord(topics.input, key, b"readiness probe", partition=p))
-            await producer.flush()
-            seen: set[str] = set()
-            deadline = time.monotonic() + GROUP_JOIN_TIMEOUT_S
-            while len(seen) < PARTITIONS:
-                workers.check_alive()
-                if time.monotonic() > deadline:
-                    raise DemoError(
-                        f"only {len(seen)} of {PARTITIONS} input partitions answered a probe within "
-                        f"{GROUP_JOIN_TIMEOUT_S:.0f} s of the group forming"
-                    )
-                update(f"{len(seen)}/{PARTITIONS} partitions served a probe")
-                for records in (await reader.fetch(letters, 100)).values():
-                    seen.update(str(_dead_letter(r.value).key) for r in records if r.value is not None)
-        finally:
-            await producer.stop()
-    finally:
-        await reader.stop()
+    async with _clients(bootstrap) as (reader, producer):
+        letters = [TopicPartition(topics.dlq, p) for p in range(PARTITIONS)]
+        reader.assign(letters)
+        for p in range(PARTITIONS):
+            key = f"{PROBE_KEY_PREFIX}{p}".encode()
+            await producer.send(OutgoingRecord(topics.input, key, b"readiness probe", partition=p))
+        await producer.flush()
+        seen: set[str] = set()
+        deadline = time.monotonic() + GROUP_JOIN_TIMEOUT_S
+        while len(seen) < PARTITIONS:
+            workers.check_alive()
+            if time.monotonic() > deadline:
+                raise DemoError(
+                    f"only {len(seen)} of {PARTITIONS} input partitions answered a probe within "
+                    f"{GROUP_JOIN_TIMEOUT_S:.0f} s of the group forming"
+                )
+            update(f"{len(seen)}/{PARTITIONS} partitions served a probe")
+            for records in (await reader.fetch(letters, 100)).values():
+                seen.update(str(_dead_letter(r.value).key) for r in records if r.value is not None)
 
 
 async def _stream(
@@ -399,62 +407,53 @@ async def _stream(
 ) -> None:
     """Produce the plan at ``pace_s`` and read outputs and dead letters until all have arrived."""
     assembler = Assembler()
-    reader = _reader(bootstrap)
-    producer = _producer(bootstrap)
-    await reader.start()
-    try:
-        await producer.start()
+    async with _clients(bootstrap) as (reader, producer):
+        read = [TopicPartition(t, p) for t in (topics.output, topics.dlq) for p in range(PARTITIONS)]
+        reader.assign(read)
+
+        async def produce() -> None:
+            state.first_produce_at = time.monotonic()
+            for i, record in enumerate(plan.records):
+                await producer.send(OutgoingRecord(topics.input, record.key, record.value))
+                await producer.flush()  # each record on its own: the demo paces them
+                state.produced += 1
+                # Paced from the start, so send latency does not slow the demo down.
+                delay = state.first_produce_at + (i + 1) * pace_s - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+
+        producing = asyncio.create_task(produce())
         try:
-            read = [TopicPartition(t, p) for t in (topics.output, topics.dlq) for p in range(PARTITIONS)]
-            reader.assign(read)
-
-            async def produce() -> None:
-                state.first_produce_at = time.monotonic()
-                for i, record in enumerate(plan.records):
-                    await producer.send(OutgoingRecord(topics.input, record.key, record.value))
-                    await producer.flush()  # each record on its own: the demo paces them
-                    state.produced += 1
-                    # Paced from the start, so send latency does not slow the demo down.
-                    delay = state.first_produce_at + (i + 1) * pace_s - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-
-            producing = asyncio.create_task(produce())
-            try:
-                total = sum(n for _, n in plan.expected.values())
-                produced_at: float | None = None
-                while state.chunks < total or len(state.dead_letters) < len(plan.invalid):
-                    if producing.done():
-                        producing.result()  # a failed send fails the demo
-                        produced_at = produced_at or time.monotonic()
-                        if time.monotonic() - produced_at > OUTPUT_WAIT_S:
-                            raise DemoError(
-                                f"only {state.chunks} of {total} output chunks and {len(state.dead_letters)} "
-                                f"of {len(plan.invalid)} dead letters arrived within {OUTPUT_WAIT_S:.0f} s "
-                                "of the last record produced"
-                            )
-                    workers.check_alive()
-                    batches = await reader.fetch(read, 100)
-                    for tp, records in batches.items():
-                        for record in records:
-                            if record.value is None:
-                                continue  # the workers write no tombstones to either topic
-                            if tp.topic == topics.dlq:
-                                letter = _dead_letter(record.value)
-                                if not (letter.key or "").startswith(PROBE_KEY_PREFIX):
-                                    state.dead_letters.append(letter)
-                            else:
-                                _add_output(state, assembler, orjson.loads(record.value), worker_of_partition)
-                    refresh()
-                await producing
-            finally:
-                producing.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await producing
+            total = sum(n for _, n in plan.expected.values())
+            produced_at: float | None = None
+            while state.chunks < total or len(state.dead_letters) < len(plan.invalid):
+                if producing.done():
+                    producing.result()  # a failed send fails the demo
+                    produced_at = produced_at or time.monotonic()
+                    if time.monotonic() - produced_at > OUTPUT_WAIT_S:
+                        raise DemoError(
+                            f"only {state.chunks} of {total} output chunks and {len(state.dead_letters)} "
+                            f"of {len(plan.invalid)} dead letters arrived within {OUTPUT_WAIT_S:.0f} s "
+                            "of the last record produced"
+                        )
+                workers.check_alive()
+                batches = await reader.fetch(read, 100)
+                for tp, records in batches.items():
+                    for record in records:
+                        if record.value is None:
+                            continue  # the workers write no tombstones to either topic
+                        if tp.topic == topics.dlq:
+                            letter = _dead_letter(record.value)
+                            if not (letter.key or "").startswith(PROBE_KEY_PREFIX):
+                                state.dead_letters.append(letter)
+                        else:
+                            _add_output(state, assembler, orjson.loads(record.value), worker_of_partition)
+                refresh()
+            await producing
         finally:
-            await producer.stop()
-    finally:
-        await reader.stop()
+            producing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await producing
 
 
 def _add_output(
@@ -496,19 +495,17 @@ def run_kafka_demo(args: DemoOptions) -> int:
     # aiokafka logs every failed connection attempt; the demo says itself what went wrong.
     logging.getLogger("aiokafka").addHandler(logging.NullHandler())
     logging.getLogger("aiokafka").propagate = False
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
+
+    def run() -> int:
         with tempfile.TemporaryDirectory(prefix="derender-demo-") as tmp:
             _kafka_demo(args, view, Path(tmp))
-    except DemoError as exc:
-        print(f"demo: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("demo: interrupted; everything it started was stopped", file=sys.stderr)
-        return 130
+        return 0
+
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return exit_code(run)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return 0
 
 
 def _kafka_demo(args: DemoOptions, view: DemoView, tmp: Path) -> None:

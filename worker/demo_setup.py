@@ -33,6 +33,18 @@ BROKER_START_TIMEOUT_S = 600.0  # the first start fetches Kafka's jars with Mave
 BROKER_ANSWER_TIMEOUT_S = 30.0
 
 
+def exit_code(run: Callable[[], int]) -> int:
+    """Run a demo: its ``DemoError`` or Ctrl-C ends it with a one-line message and exit code."""
+    try:
+        return run()
+    except DemoError as exc:
+        print(f"demo: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("demo: interrupted; everything it started was stopped", file=sys.stderr)
+        return 130
+
+
 def worker_model_args(model_dir: str) -> list[str]:
     return [
         "--tokenizer",

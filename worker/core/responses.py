@@ -158,6 +158,31 @@ def chat_stream_choice(
     }
 
 
+def _stream_chunk(
+    body: DerenderChatStreamRequest | DerenderCompletionStreamRequest,
+    obj: str,
+    model: str,
+    created: int,
+    choices: list[JsonDict],
+    omit_null_details: bool,
+    extra: JsonDict,
+) -> JsonDict:
+    """One streamed chunk; ``extra`` holds the fields only one endpoint has, in vLLM's order."""
+    gen = body.generate_chunk
+    return {
+        "id": gen.request_id,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": chunk_usage(gen.usage, body.prompt_tokens, omit_null_details=omit_null_details),
+        "system_fingerprint": None,
+        **extra,
+        "metrics": gen.metrics,
+        "kv_transfer_params": None,
+    }
+
+
 def chat_chunk(
     body: DerenderChatStreamRequest,
     model: str,
@@ -166,23 +191,12 @@ def chat_chunk(
     *,
     omit_null_details: bool,
 ) -> JsonDict:
-    gen = body.generate_chunk
     request = body.chat_request
-    return {
-        "id": gen.request_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": chunk_usage(gen.usage, body.prompt_tokens, omit_null_details=omit_null_details),
-        "system_fingerprint": None,
-        "prompt_token_ids": ids_if(
-            request is not None and bool(request.return_token_ids), gen.prompt_token_ids
-        ),
-        "prompt_text": None,
-        "metrics": gen.metrics,
-        "kv_transfer_params": None,
-    }
+    prompt_ids = ids_if(
+        request is not None and bool(request.return_token_ids), body.generate_chunk.prompt_token_ids
+    )
+    extra: JsonDict = {"prompt_token_ids": prompt_ids, "prompt_text": None}
+    return _stream_chunk(body, "chat.completion.chunk", model, created, choices, omit_null_details, extra)
 
 
 def completion_chunk(
@@ -193,15 +207,4 @@ def completion_chunk(
     *,
     omit_null_details: bool,
 ) -> JsonDict:
-    gen = body.generate_chunk
-    return {
-        "id": gen.request_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": chunk_usage(gen.usage, body.prompt_tokens, omit_null_details=omit_null_details),
-        "system_fingerprint": None,
-        "metrics": gen.metrics,
-        "kv_transfer_params": None,
-    }
+    return _stream_chunk(body, "text_completion", model, created, choices, omit_null_details, {})

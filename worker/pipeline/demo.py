@@ -32,6 +32,7 @@ from worker.demo_setup import (
     DEMO_STREAM,
     SOURCE_TREE,
     delete_topics,
+    exit_code,
     given_bootstrap,
     in_source_tree,
     start_local_broker,
@@ -227,15 +228,12 @@ def _messages(base_url: str, request: dict[str, Any]) -> None:
 
 
 def run_pipeline_demo(args: DemoOptions) -> int:
-    try:
+
+    def run() -> int:
         with tempfile.TemporaryDirectory(prefix="derender-pipeline-demo-") as tmp:
             return _demo(args, Path(tmp))
-    except DemoError as exc:
-        print(f"demo: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("demo: interrupted; everything it started was stopped", file=sys.stderr)
-        return 130
+
+    return exit_code(run)
 
 
 def _demo(args: DemoOptions, tmp: Path) -> int:

@@ -68,16 +68,8 @@ class KafkaSecurity:
                 )
             self._validate_mechanism()
         else:
-            given = [
-                name
-                for name, value in (
-                    ("--sasl-mechanism", self.sasl_mechanism),
-                    ("--sasl-username", self.sasl_username),
-                    ("--sasl-password", self.sasl_password),
-                    ("--sasl-oauth-token-endpoint", self.oauth),
-                )
-                if value is not None
-            ]
+            mechanism = [] if self.sasl_mechanism is None else ["--sasl-mechanism"]
+            given = mechanism + self._credential_flags_given()
             if given:
                 raise ConfigurationError(
                     f"{', '.join(given)} given but --security-protocol is {p}: use SASL_PLAINTEXT or SASL_SSL"
@@ -134,10 +126,9 @@ class KafkaSecurity:
             kwargs.update(self._sasl_kwargs())
         return kwargs
 
-    def _validate_mechanism(self) -> None:
-        mechanism = self.sasl_mechanism
-        assert mechanism is not None
-        others = [
+    def _credential_flags_given(self) -> list[str]:
+        """The SASL credential flags set: username, password, OAuth token endpoint."""
+        return [
             flag
             for flag, value in (
                 ("--sasl-username", self.sasl_username),
@@ -146,6 +137,11 @@ class KafkaSecurity:
             )
             if value is not None
         ]
+
+    def _validate_mechanism(self) -> None:
+        mechanism = self.sasl_mechanism
+        assert mechanism is not None
+        others = self._credential_flags_given()
         if mechanism.uses_password:
             if not self.sasl_username or self.sasl_password is None:
                 raise ConfigurationError(

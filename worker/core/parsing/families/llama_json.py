@@ -24,7 +24,7 @@ incremental, and a call's text is joined and converted once, when it closes.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from worker.core.parsing.engine.config import EngineConfig, Event, State
@@ -82,11 +82,12 @@ def valid_call_sequence(text: str) -> bool | None:
     return found
 
 
-def _object_end(raw: str, start: int) -> int | None:
-    """The end of the object opening at ``raw[start]`` (strings and escapes respected), or None."""
-    depth = 0
+def _outside_strings(raw: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """``(index, char, -1)`` for each character of ``raw[start:]`` outside JSON strings, and
+    ``(index, '"', opening index)`` for each string's closing quote; escapes respected."""
     in_string = False
     escape = False
+    opened = -1
     for i in range(start, len(raw)):
         ch = raw[i]
         if escape:
@@ -96,9 +97,19 @@ def _object_end(raw: str, start: int) -> int | None:
                 escape = True
             elif ch == '"':
                 in_string = False
+                yield i, ch, opened
         elif ch == '"':
             in_string = True
-        elif ch == "{":
+            opened = i
+        else:
+            yield i, ch, -1
+
+
+def _object_end(raw: str, start: int) -> int | None:
+    """The end of the object opening at ``raw[start]`` (strings and escapes respected), or None."""
+    depth = 0
+    for i, ch, _ in _outside_strings(raw, start):
+        if ch == "{":
             depth += 1
         elif ch == "}":
             depth -= 1
@@ -115,23 +126,11 @@ def member_object(raw: str, key: str) -> str | None:
     last string closed at depth 1 before a ``:`` there, as vLLM's scan reads it.
     """
     depth = 0
-    in_string = False
-    escape = False
-    start = -1
     last: str | None = None
-    for i, ch in enumerate(raw):
-        if escape:
-            escape = False
-        elif in_string:
-            if ch == "\\":
-                escape = True
-            elif ch == '"':
-                in_string = False
-                if depth == 1:
-                    last = raw[start + 1 : i]
-        elif ch == '"':
-            in_string = True
-            start = i
+    for i, ch, opened in _outside_strings(raw):
+        if opened >= 0:
+            if depth == 1:
+                last = raw[opened + 1 : i]
         elif ch == ":" and depth == 1 and last == key:
             value = i + 1
             while value < len(raw) and raw[value] in _JSON_BLANKS:
