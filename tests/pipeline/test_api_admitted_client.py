@@ -40,6 +40,7 @@ class RecordingChat:
         request_id: str | None = None,
         client: str = "-",
         origin: Origin | None = None,
+        durable: bool = False,
     ) -> AsyncGenerator[JsonDict, None]:
         self.clients.put_nowait(client)
         yield {"error": {"message": "refused", "code": 429}}

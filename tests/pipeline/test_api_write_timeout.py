@@ -39,6 +39,7 @@ class EndlessChat:
         request_id: str | None = None,
         client: str = "-",
         origin: Origin | None = None,
+        durable: bool = False,
     ) -> AsyncGenerator[JsonDict, None]:
         try:
             while True:
@@ -120,6 +121,7 @@ class OneLargeAnswer(EndlessChat):
         request_id: str | None = None,
         client: str = "-",
         origin: Origin | None = None,
+        durable: bool = False,
     ) -> AsyncGenerator[JsonDict, None]:
         message = {"role": "assistant", "content": "x" * (16 * 1024 * 1024)}
         usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}

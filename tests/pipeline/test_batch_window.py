@@ -53,6 +53,7 @@ class DelayedChat:
         request_id: str | None = None,
         client: str = "-",
         origin: Origin | None = None,
+        durable: bool = False,
     ) -> AsyncGenerator[JsonDict, None]:
         self.asked.append(str(request_id))
         self.origins.append(origin)

@@ -90,3 +90,21 @@ def test_an_owner_goes_quiet_before_its_lease_ends() -> None:
     assert holding.may_act()
     holding.renewed_at -= 2.1  # its last confirmed renewal is over 2/3 of the lease old
     assert not holding.may_act() and holding.due()
+
+
+def test_a_released_lease_is_claimable_at_once_and_its_owner_writes_no_more() -> None:
+    async def scenario() -> None:
+        store = MemoryBatchStore()
+        owner = Holding("replica-a", 3600.0)  # would run for an hour unless released
+        assert await store.put_meta(KEY, batch(owner))
+        assert not expired(store.meta[KEY], time.time())
+        # The owner's last write (a graceful stop): the lease released, not waited out.
+        assert await store.put_meta(KEY, {**batch(owner), "lease": owner.released()})
+        assert expired(store.meta[KEY], time.time())
+        assert owner.lost and not owner.may_act()
+        # Claimed in the next round, and the claim wins on every replica.
+        claimant = Holding("replica-b", 3600.0, prev=owner.id)
+        assert await store.claim(KEY, batch(claimant))
+        assert claimant.holds(store.meta[KEY]) and not expired(store.meta[KEY], time.time())
+
+    asyncio.run(scenario())

@@ -92,6 +92,7 @@ class Gateway:
         self.budget = Budget(settings)
         self.mailboxes: dict[str, Mailbox] = {}  # by output record key (request id, or request-prompt)
         self.open: dict[str, Mailbox] = {}  # by request id
+        self.durable: set[str] = set()  # the open requests a stop hands over (``chat(durable=True)``)
         self.producer: AIOKafkaProducer | None = None
         self.routing = ReplyRouting(
             settings.output_topic,
@@ -188,6 +189,7 @@ class Gateway:
         admitted: Admitted,
         request_id: str | None = None,
         origin: Origin | None = None,
+        durable: bool = False,
     ) -> AsyncIterator[Exchange]:
         if self.closing:
             raise Refused(503, error_body(503, "the gateway is shutting down", "ServiceUnavailableError"), 1)
@@ -199,6 +201,8 @@ class Gateway:
         for key in keys:
             self.mailboxes[key] = mailbox
         self.open[request_id] = mailbox
+        if durable:
+            self.durable.add(request_id)
         exchange = Exchange(request_id, delivery)
         sent = False
         route = None
@@ -221,11 +225,13 @@ class Gateway:
             for key in keys:
                 self.mailboxes.pop(key, None)
             self.open.pop(request_id, None)
+            self.durable.discard(request_id)
             if route is not None:
                 self.routing.close(route)
             mailbox.end(shutdown_error())  # drops whatever is still queued
             ticket.release()
-            if sent and not exchange.ok:
+            # A durable request left as the gateway stops is handed over: its generation goes on.
+            if sent and not exchange.ok and not (durable and self.closing):
                 self.cancel(request_id)
 
     def _deadline(self, admitted: Admitted) -> bytes:
@@ -243,14 +249,16 @@ class Gateway:
         request_id: str | None = None,
         client: str = ANONYMOUS,
         origin: Origin | None = None,
+        durable: bool = False,
     ) -> AsyncGenerator[JsonDict, None]:
         """One chat request for the other APIs (``worker.pipeline.apis``), admitted like any other: its
         chunks (``stream: true``) or its one response body, or a last ``{"error": ...}`` (a refusal's
-        too). Closing it before its end cancels the generation upstream. ``origin`` names the API and
-        its object on the request record, for readers of the topics."""
+        too). Closing it before its end cancels the generation upstream, unless it is ``durable`` and
+        the gateway is stopping (its owner hands it over). ``origin`` names the API and its object on
+        the request record, for readers of the topics."""
         try:
             admitted = admit_body(orjson.dumps(body), "chat", self.settings)
-            async with self._exchange(client, trace, admitted, request_id, origin) as exchange:
+            async with self._exchange(client, trace, admitted, request_id, origin, durable) as exchange:
                 if admitted.stream:
                     async for event in exchange.delivery.events():
                         yield event
@@ -437,10 +445,12 @@ class Gateway:
         return writer.response
 
     async def shut_down(self) -> None:
-        """SIGTERM: refuse new requests, end every open one with an error event and cancel it."""
+        """SIGTERM: refuse new requests, end every open one with an error event and cancel it, except
+        the durable ones: their owners (background responses, batches) release them to another replica."""
         self.closing = True
-        for mailbox in list(self.open.values()):
-            mailbox.end(shutdown_error())
+        for request_id, mailbox in list(self.open.items()):
+            if request_id not in self.durable:
+                mailbox.end(shutdown_error())
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -480,11 +490,16 @@ def _gateway(args: argparse.Namespace) -> int:
             await web.TCPSite(runner, settings.host, settings.port).start()
             log.info("gateway serving on %s:%d", settings.host, settings.port)
             await stop.wait()
-            log.info("stopping: %d open request(s) end and are cancelled", len(gateway.open))
+            log.info(
+                "stopping: %d open request(s) end and are cancelled, %d are handed over",
+                len(gateway.open) - len(gateway.durable),
+                len(gateway.durable),
+            )
         finally:
             await gateway.shut_down()
-            # Bounded below the pod's grace period: the handlers end (writing their cancels), then
-            # stop() flushes every cancel before the producer closes.
+            # Bounded below the pod's grace period: the handlers end (writing their cancels), the
+            # background responses and batches release their leases, then stop() flushes every
+            # cancel before the producer closes.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(settings.shutdown_timeout_s / 2):
                     await runner.cleanup()

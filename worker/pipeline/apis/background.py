@@ -7,6 +7,10 @@ so a replica that claims an expired lease can resume it: when the request reache
 chunks are read back from the output topic from their start (``reattach``), otherwise it is sent now.
 The events are made again from the first chunk with item ids derived from the response id, so they equal
 the ones already stored and a follower's ``starting_after`` stays valid.
+
+A replica that stops gracefully hands its responses over: their chat requests are durable (no error, no
+cancel upstream: the generation goes on), and each record is written a last time with its lease released,
+so another replica claims it in its next round and reads the chunks back.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from aiohttp import web
 
 from schemas.envelope import Origin
 from worker.pipeline.apis import responses
-from worker.pipeline.apis.chat_source import ChatSource, JsonDict
+from worker.pipeline.apis.chat_source import ChatSource, JsonDict, closing
 from worker.pipeline.apis.lease import RENEWALS_PER_LEASE, Holding, expired, lease_of, new_owner
 from worker.pipeline.apis.reattach import OutputTail, chunks, written
 from worker.pipeline.apis.responses_store import ResponsesStore, running
@@ -86,7 +90,9 @@ class BackgroundResponses:
                 )
                 return chunks(tail, response_id, chat)
         origin = Origin(api="responses", id=response_id)
-        return self.source.chat(chat, trace, request_id=response_id, client=client, origin=origin)
+        return self.source.chat(
+            chat, trace, request_id=response_id, client=client, origin=origin, durable=True
+        )
 
     async def _run(self, response_id: str, holding: Holding, trace: Headers, since_ms: int | None) -> None:
         """Run the response to its end, its record rewritten as its events come and its lease renewed."""
@@ -101,8 +107,9 @@ class BackgroundResponses:
             await store.put(response_id, {**record, "response": failed, "lease": holding.field()})
             return
 
-        async def write() -> bool:
-            """The record as it stands, with a fresh lease; False once the lease is lost."""
+        async def write(release: bool = False) -> bool:
+            """The record as it stands, with a fresh lease (or, ``release``, the lease released); False
+            once the lease is lost."""
             if holding.lost:
                 return False
             current = {
@@ -110,7 +117,7 @@ class BackgroundResponses:
                 "messages": chat_messages,
                 "events": events,
                 "run": record["run"],
-                "lease": holding.field(),
+                "lease": holding.released() if release else holding.field(),
             }
             if not await store.put(response_id, current):
                 holding.lost = True
@@ -152,6 +159,12 @@ class BackgroundResponses:
                         ):
                             await write()
                             written_at = loop.time()
+        except asyncio.CancelledError:
+            if closing(self.source):
+                await _stopped(renewer)
+                await write(release=True)  # its last write: another replica resumes it from here
+                log.info("background response %s: handed over (its lease released)", response_id)
+            raise
         except Exception:
             log.exception("background response %s failed", response_id)
             failed = responses.failed(converter.response, converter.output, {"message": "internal error"})
@@ -164,6 +177,8 @@ class BackgroundResponses:
         """Every renewal period: claim each running response whose lease expired, and resume it."""
         while True:
             await asyncio.sleep(self.lease_s / RENEWALS_PER_LEASE * random.uniform(0.5, 1.0))
+            if closing(self.source):
+                return  # stopping: it would only hand the response over again
             now = time.time()
             for response_id, record in list(self.store.records.items()):
                 if (
@@ -188,19 +203,27 @@ class BackgroundResponses:
             self._spawn(response_id, holding, NO_HEADERS, since_ms)
 
     def runs_with(self, app: web.Application) -> None:
-        """The takeover loop starts after the store (so it sees the table) and stops before it."""
+        """The takeover loop starts after the store (so it sees the table) and stops before it; the
+        responses run here are stopped (handed over, the gateway stopping) before the store too."""
         loop_task: list[asyncio.Task[None]] = []
 
         async def start(_: web.Application) -> None:
             loop_task.append(asyncio.create_task(self.take_over()))
 
         async def stop(_: web.Application) -> None:
-            for task in [*loop_task, *self._tasks]:
+            running = [*loop_task, *self._tasks]
+            for task in running:
                 task.cancel()
-            await asyncio.gather(*loop_task, return_exceptions=True)
+            await asyncio.gather(*running, return_exceptions=True)
 
         app.on_startup.append(start)
         app.on_cleanup.insert(0, stop)
+
+
+async def _stopped(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def _cancelled(store: ResponsesStore, response_id: str) -> bool:

@@ -25,7 +25,7 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from worker.pipeline.apis.batch_run import CHUNK_BYTES, FINAL, RUNNING, BatchRun, new_run
-from worker.pipeline.apis.chat_source import ChatSource, JsonDict
+from worker.pipeline.apis.chat_source import ChatSource, JsonDict, closing
 from worker.pipeline.apis.compacted_table import CompactedTable
 from worker.pipeline.apis.lease import (
     RENEWALS_PER_LEASE,
@@ -354,6 +354,10 @@ class BatchApi:
                     if not await run.renew():
                         return
             await run.run()
+        except asyncio.CancelledError:
+            if closing(self.source):
+                await run.release()
+            raise
         except Exception:
             log.exception("batch %s: its runner failed; another replica takes it over", run.key)
         finally:
@@ -366,6 +370,8 @@ class BatchApi:
         lease_s = self.settings.takeover_lease_s
         while True:
             await asyncio.sleep(lease_s / RENEWALS_PER_LEASE * random.uniform(0.5, 1.0))
+            if closing(self.source):
+                return  # stopping: it would only hand the batch over again
             now = time.time()
             for key, batch in list(self.store.meta.items()):
                 if (
@@ -412,9 +418,10 @@ class BatchApi:
             task = asyncio.create_task(self.take_over())
 
         async def stop(_: web.Application) -> None:
-            for running in [*(t for t in [task] if t is not None), *self._tasks]:
+            tasks = [*(t for t in [task] if t is not None), *self._tasks]
+            for running in tasks:
                 running.cancel()
-            await asyncio.gather(*(t for t in [task] if t is not None), return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)  # the runs hand over as they stop
 
         app.on_startup.append(start)
         app.on_cleanup.insert(0, stop)

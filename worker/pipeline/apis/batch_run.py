@@ -13,6 +13,11 @@ files), ``submitted`` (no line from it on was ever sent: it is written before a 
 ``since_ms`` (no unflushed line was sent before it). A replica that takes the batch over (``lease``) reads
 which lines of ``flushed .. submitted`` reached the requests topic: their answers come from the output
 topic (``reattach``), the others are sent; no line is sent twice, none is written twice.
+
+A replica that stops gracefully hands the batch over: its lines' chat requests are durable (no error, no
+cancel upstream: they are generated on), nothing more goes into the files, and the record is written a last
+time with its progress so far and the lease released, so another replica claims it in its next round and
+reads the lines in flight back.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from schemas.envelope import Origin
-from worker.pipeline.apis.chat_source import ChatSource, JsonDict
+from worker.pipeline.apis.chat_source import ChatSource, JsonDict, closing
 from worker.pipeline.apis.lease import Holding
 from worker.pipeline.apis.reattach import OutputTail, one_answer, written
 from worker.runtime.tracing import NO_HEADERS
@@ -131,6 +136,7 @@ class BatchRun:
         self.custom: dict[int, Any] = {}  # the custom_id of each held line
         self.sent_ms: dict[int, int] = {}  # when each held line was sent (at most)
         self.peak_held = 0
+        self.started = False  # run() has its progress (before, the record's is current)
 
     @property
     def held(self) -> int:
@@ -171,6 +177,7 @@ class BatchRun:
         # Lines up to here may have been sent by an earlier holder, from since_ms on.
         self.recover_to, self.recover_ms = self.submitted, self.since_ms
         self.client = run["client"]
+        self.started = True
         if meta["status"] == "validating":
             now = int(time.time())
             if not await self._write({"status": "in_progress", "in_progress_at": now}):
@@ -202,9 +209,8 @@ class BatchRun:
         next_flush = time.monotonic() + FLUSH_EVERY_S
         try:
             while True:
-                if self._closing():
-                    # Its open lines end with the shutdown's error: nothing more is written here, the
-                    # lease runs out and another replica takes the batch over.
+                if closing(self.source):
+                    await self.release()
                     return None
                 stopping = self._meta()["status"] == "cancelling" or time.time() >= meta["expires_at"]
                 while (
@@ -261,9 +267,24 @@ class BatchRun:
         finally:
             await lines.aclose()
 
-    def _closing(self) -> bool:
-        """The gateway is shutting down: it ends every open request (its flag; a stand-in has none)."""
-        return bool(getattr(self.source, "closing", False))
+    async def release(self) -> None:
+        """The gateway is stopping: its lines in flight are left to go on upstream (durable), the answers
+        not in a written chunk are dropped (read back by the next holder), and the record is written
+        with the progress so far and the lease released. Once only; nothing is written here after."""
+        if self.holding.lost:
+            return
+        if not self.started:  # waiting for a slot: the record holds its progress
+            meta = self._meta()
+            if self.holding.holds(meta):
+                await self.store.put_meta(self.key, {**meta, "lease": self.holding.released()})
+            return
+        inflight = list(self.inflight.values())
+        self.inflight.clear()
+        for task in inflight:
+            task.cancel()
+        await asyncio.gather(*inflight, return_exceptions=True)
+        if await self._write({}, release=True):
+            log.info("batch %s: handed over at line %d (its lease released)", self.batch_id, self.flushed)
 
     def _a_chunk_is_full(self) -> bool:
         return any(f.buffered >= f.chunk_bytes for f in self.files)
@@ -292,7 +313,9 @@ class BatchRun:
 
     async def _answer(self, request_id: str, chat: JsonDict, index: int) -> JsonDict:
         origin = Origin(api="batch", id=self.batch_id, line=index)
-        answers = self.source.chat(chat, NO_HEADERS, request_id=request_id, client=self.client, origin=origin)
+        answers = self.source.chat(
+            chat, NO_HEADERS, request_id=request_id, client=self.client, origin=origin, durable=True
+        )
         async with contextlib.aclosing(answers):
             answer = await anext(answers, None)
         return answer or {"error": {"message": "no answer", "code": 500}}
@@ -318,8 +341,8 @@ class BatchRun:
     async def _flush(self, with_gaps: bool = False) -> bool:
         """Write the buffered chunks, then the record saying so (``with_gaps``: at the end, the answered
         lines after a line never answered go too). False when the lease was lost or the gateway is
-        shutting down (its answers may be the shutdown's errors)."""
-        if self._closing():
+        stopping (the batch is handed over from its last written chunk)."""
+        if closing(self.source):
             return False
         if with_gaps:
             for index in sorted(self.pending):
@@ -338,10 +361,11 @@ class BatchRun:
             del self.sent_ms[index]
         return await self._write({})
 
-    async def _write(self, changes: JsonDict) -> bool:
-        """The batch record with this run's progress and a fresh lease; False when the lease was lost."""
+    async def _write(self, changes: JsonDict, release: bool = False) -> bool:
+        """The batch record with this run's progress and a fresh lease (``release``: the lease released);
+        False when the lease was lost."""
         meta = self._meta()
-        if not self.holding.holds(meta):
+        if self.holding.lost or not self.holding.holds(meta):
             self.holding.lost = True
             return False
         times = list(self.sent_ms.values())
@@ -360,7 +384,7 @@ class BatchRun:
             **changes,
             "request_counts": dict(self.durable_counts),
             "run": run,
-            "lease": self.holding.field(),
+            "lease": self.holding.released() if release else self.holding.field(),
         }
         if not await self.store.put_meta(self.key, record):
             self.holding.lost = True

@@ -28,11 +28,14 @@ class ChatSource(Protocol):
         request_id: str | None = None,
         client: str = "-",
         origin: Origin | None = None,
+        durable: bool = False,
     ) -> AsyncGenerator[JsonDict, None]:
         """The chat request's chunks (``stream: true``) or its one response body, or a last
         ``{"error": ...}``, admitted against ``client``'s share of the gateway's limits. Closing the
         iterator before its end cancels the generation upstream. ``origin`` (the API and its object
-        id) is written on the request record, so ``consume --assemble`` and ``audit`` can name it."""
+        id) is written on the request record, so ``consume --assemble`` and ``audit`` can name it.
+        ``durable``: its answer is read back by another replica if this one stops (a background
+        response's, a batch line's), so a graceful stop neither ends it with an error nor cancels it."""
         ...
 
     def new_request_id(self, prefix: str = "") -> str:
@@ -51,6 +54,12 @@ class ChatSource(Protocol):
     def trace(self, http: web.Request) -> Headers:
         """The trace context a client's request passes on."""
         ...
+
+
+def closing(source: ChatSource) -> bool:
+    """Whether the gateway is stopping (SIGTERM): it takes nothing new, and durable work is handed over
+    (a stand-in source without the flag never stops)."""
+    return bool(getattr(source, "closing", False))
 
 
 class BadRequest(ValueError):

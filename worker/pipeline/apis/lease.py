@@ -12,6 +12,9 @@ the current id). Of two claims of the same lease the first by offset wins; the s
 no longer current and is ignored everywhere. A claimant reads the topic up to its own claim before it acts,
 so it knows whether it won; a zombie owner's late writes name a lease that is no longer current and are
 ignored too.
+
+An owner that stops gracefully (SIGTERM) writes its last record with the lease *released*: expired at once,
+so another replica claims it in its next round instead of waiting out ``lease_s``.
 """
 
 from __future__ import annotations
@@ -52,9 +55,12 @@ def same_lease(record: JsonDict | None, other: JsonDict) -> bool:
 
 
 def expired(record: JsonDict, now: float) -> bool:
+    """Whether another replica may claim the record's lease: it ran out, or its owner released it."""
     lease = lease_of(record)
-    until = lease.get("until") if lease is not None else None
-    return isinstance(until, int | float) and until < now
+    if lease is None:
+        return False
+    until = lease.get("until")
+    return lease.get("released") is True or (isinstance(until, int | float) and until < now)
 
 
 @dataclass
@@ -72,6 +78,11 @@ class Holding:
         """The lease as written now (``until`` counted from ``now``)."""
         at = time.time() if now is None else now
         return {"id": self.id, "owner": self.owner, "until": at + self.lease_s, "prev": self.prev}
+
+    def released(self) -> JsonDict:
+        """The lease as its owner's last write: claimable at once. The owner acts on it no more."""
+        self.lost = True
+        return {**self.field(), "until": time.time(), "released": True}
 
     def confirmed(self, at: float) -> None:
         self.renewed_at = max(self.renewed_at, at)

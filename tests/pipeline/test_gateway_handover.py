@@ -1,0 +1,118 @@
+"""A gateway replica stopped with SIGTERM (a rolling update) mid-run: it exits promptly and hands its
+background response and its batch over; another replica claims both at once (their leases released, not
+waited out) and completes them, with the real ``openai`` SDK, on the real broker. Nothing the first replica
+had in flight is failed or cancelled: the response completes with continuous events, each generated once;
+every batch line is answered exactly once, in input order, none of them an error line."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.api_cases import QUESTION, RESPONSES_TOOLS, stream_recording
+from tests.kafka_broker import TopicFactory
+from tests.kafka_helpers import wait_for_http
+from tests.pipeline.test_gateway_takeover import LINES, WINDOW, Replicas, input_file, sdk, until
+from tests.pipeline_helpers import ONE_SHOT_CASE, Pipeline, case, comparable
+
+pytestmark = pytest.mark.kafka
+# Long enough that a lease waited out (at least 2/3 of it after the stop) is told from one released
+# (claimed in the next round, at most a third of it).
+LEASE_S = 45
+CLAIMED_WITHIN_S = 25
+SHUTDOWN_S = 10
+
+
+@pytest.fixture(scope="module")
+def replicas(kafka_bootstrap: str) -> Iterator[Replicas]:
+    factory = TopicFactory(kafka_bootstrap)
+    pipeline = Pipeline(kafka_bootstrap, factory, max_inflight=32, extra_recordings=(stream_recording(),))
+    pipeline.start(workers=1)
+    batches = factory("batches", 3, config={"cleanup.policy": "compact"})
+    stored = factory("responses", 3, config={"cleanup.policy": "compact"})
+    extra = (
+        *("--batch-topic", batches, "--responses-topic", stored),
+        *("--takeover-lease-s", str(LEASE_S), "--batch-window", str(WINDOW)),
+        *("--shutdown-timeout-s", str(SHUTDOWN_S)),
+    )
+    first = pipeline.start_gateway(*extra)
+    first_url = pipeline.gateway_url
+    asyncio.run(wait_for_http(f"{first_url}/healthz", 200, 60, what="(first gateway)"))
+    pipeline.start_gateway(*extra)  # the pipeline stops this one; the test stops the first
+    with pipeline.serving() as ready:
+        try:
+            yield Replicas(ready, first, first_url, ready.gateway_url)
+        finally:
+            if first.alive:
+                first.kill()
+
+
+def log_of(pipeline: Pipeline) -> str:
+    assert pipeline.gateway is not None
+    return pipeline.gateway.log_tail(100_000)  # both replicas append to the one gateway log
+
+
+def test_a_stopped_replicas_background_response_and_batch_are_handed_over(replicas: Replicas) -> None:
+    pipeline, first = replicas.pipeline, sdk(replicas.first_url)
+    uploaded = first.files.create(file=("input.jsonl", io.BytesIO(input_file())), purpose="batch")
+    batch = first.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    job = first.responses.create(
+        model="test-model", input=QUESTION, tools=RESPONSES_TOOLS, background=True, user="fault:crawl"
+    )  # 2 s a chunk: it is still running whenever the batch is mid-run
+
+    def mid_run() -> bool:
+        counts = first.batches.retrieve(batch.id).request_counts
+        running = first.responses.retrieve(job.id).status == "in_progress"
+        return running and counts is not None and WINDOW <= counts.completed < LINES // 2
+
+    until("the batch and the response mid-run on the first replica", mid_run, 60)
+    started = time.monotonic()
+    status = replicas.first.terminate(timeout=SHUTDOWN_S + 5)  # SIGTERM, as a rolling update sends
+    assert status == 0, replicas.first.log_tail()
+    assert time.monotonic() - started < SHUTDOWN_S + 5
+    log = log_of(pipeline)
+    assert f"batch {batch.id}: handed over" in log and f"background response {job.id}: handed over" in log
+
+    # Claimed at once: well before a lease waited out could have expired.
+    for taken in (f"batch:{batch.id}: taken over", f"background response {job.id}: taken over"):
+        until(taken, lambda t=taken: t in log_of(pipeline), CLAIMED_WITHIN_S)
+
+    second = sdk(replicas.second_url)
+    final = ("completed", "failed", "expired", "cancelled")
+    done = until("the batch's end", lambda: (b := second.batches.retrieve(batch.id)).status in final and b)
+    assert done.status == "completed", done
+    assert done.request_counts is not None
+    errors = second.files.content(done.error_file_id).text[:2000] if done.error_file_id else ""
+    assert (done.request_counts.completed, done.request_counts.failed) == (LINES, 0), errors
+    assert done.output_file_id is not None and done.error_file_id is None
+    rows = [orjson.loads(line) for line in second.files.content(done.output_file_id).content.splitlines()]
+    assert [r["custom_id"] for r in rows] == [f"line-{i}" for i in range(LINES)]  # each once, in order
+    want = comparable(case(ONE_SHOT_CASE).expected)
+    for row in rows:
+        assert row["response"]["status_code"] == 200
+        assert comparable([{"seq": 0, "endpoint": "chat", "body": row["response"]["body"]}]) == want
+    # No line generated twice, none cancelled: ingest saw each request once.
+    generated = {k: n for k, n in pipeline.fake.generations_of.items() if batch.id in k}
+    assert len(generated) == LINES and set(generated.values()) == {1}, generated
+
+    response = until(
+        "the background response's end",
+        lambda: (r := second.responses.retrieve(job.id)).status in ("completed", "failed") and r,
+    )
+    assert response.status == "completed", response
+    assert [item.type for item in response.output] == ["reasoning", "message", "function_call"]
+    assert [n for k, n in pipeline.fake.generations_of.items() if job.id in k] == [1]
+    events: list[Any] = list(second.responses.retrieve(job.id, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.completed"
+    done_items = [e.item.id for e in events if e.type == "response.output_item.done"]
+    assert done_items == [item.id for item in response.output]
+    assert "line(s) sent before the takeover are read back" in log_of(pipeline)
