@@ -34,11 +34,11 @@ serial pytest after the parallel one, since a restart would cut off every other 
 
 pytest-xdist
 ------------
-Each xdist worker is its own session, so each asks for the broker. An env or container broker is
-per worker as without xdist. The local-script broker is one per machine: the first worker that needs
-it starts it, and the controller (not a worker) stops it when the whole run ends, so no worker stops
-it under the others. Under more than one worker it is not restartable (the restart tests skip,
-saying why): run them serially, ``-m broker_restart -p no:xdist``.
+Each xdist worker is its own session, so each asks for the broker. An env broker is shared by all
+workers; each worker starts its own container. The local-script broker is one per ``KAFKA_HOME_DIR``:
+the first worker that needs it starts it, and the controller (not a worker) stops it when the
+whole run ends, so no worker stops it under the others. Under more than one worker it is not
+restartable (the restart tests skip, saying why): run them serially, ``-m broker_restart -p no:xdist``.
 """
 
 from __future__ import annotations
