@@ -29,8 +29,16 @@ first (and ``pytest.skip`` if false); the methods raise :class:`BrokerNotRestart
 for an external or container broker. The data dir survives restarts, so topics and committed
 offsets do too. The bootstrap address stays the same.
 
-The local broker is shared between sessions: with pytest-xdist, start it beforehand
-(``deploy/local/kafka start``) so no worker stops it under the others.
+Tests that restart the broker carry the ``broker_restart`` mark: ``./run tests`` runs them in a
+serial pytest after the parallel one, since a restart would cut off every other test on the broker.
+
+pytest-xdist
+------------
+Each xdist worker is its own session, so each asks for the broker. An env broker is shared by all
+workers; each worker starts its own container. The local-script broker is one per ``KAFKA_HOME_DIR``:
+the first worker that needs it starts it, and the controller (not a worker) stops it when the
+whole run ends, so no worker stops it under the others. Under more than one worker it is not
+restartable (the restart tests skip, saying why): run them serially, ``-m broker_restart -p no:xdist``.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ import logging
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
@@ -58,6 +67,11 @@ log = logging.getLogger(__name__)
 LOCAL_KAFKA_SCRIPT = REPO_ROOT / "deploy" / "local" / "kafka"
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+# Set by the xdist controller for its workers: a directory where a worker that started the local
+# broker leaves a mark, so the controller stops it after the last worker ends.
+XDIST_RUN_DIR_ENV = "DERENDER_TEST_KAFKA_RUN_DIR"
+_STARTED_MARK = "local-broker-started"
+_RUN_DIR_KEY = pytest.StashKey[Path]()
 MODE_ENV = "KAFKA_TEST_BROKER"
 IMAGE_ENV = "KAFKA_TEST_IMAGE"
 # Confluent Platform 8.1 ships Apache Kafka 4.1, the version deploy/local/kafka runs.
@@ -151,7 +165,9 @@ def second_broker_home(home: Path) -> Path:
         pytest.skip("no Java: deploy/local/kafka cannot start a second broker")
     home.mkdir(parents=True, exist_ok=True)
     version = os.environ.get("KAFKA_VERSION", "4.1.2")
-    jars = REPO_ROOT / "deploy" / "local" / ".kafka" / f"jars-{version}"
+    # The session broker's home: KAFKA_HOME_DIR when set, else the script's default.
+    default_home = os.environ.get("KAFKA_HOME_DIR") or REPO_ROOT / "deploy" / "local" / ".kafka"
+    jars = Path(default_home, f"jars-{version}")
     if (jars / ".complete").is_file():
         (home / f"jars-{version}").symlink_to(jars)
     return home
@@ -264,15 +280,28 @@ class KafkaBroker:
 
     @property
     def restartable(self) -> bool:
-        """Whether tests may ``stop``/``start``/``restart`` it (only the local-script broker)."""
-        return self.source == "local"
+        """Whether tests may ``stop``/``start``/``restart`` it (only the local-script broker, and
+        only when no other xdist worker shares it)."""
+        return self.source == "local" and _xdist_worker_count() <= 1
+
+    @property
+    def not_restartable_reason(self) -> str:
+        """Why ``restartable`` is false, for the skip message."""
+        if self.source != "local":
+            return (
+                f"the {self.source} broker cannot be restarted by tests: only the one run by "
+                f"deploy/local/kafka can (unset {BOOTSTRAP_ENV}, {MODE_ENV}=local)"
+            )
+        return (
+            f"{_xdist_worker_count()} xdist workers share the local broker: restart tests run "
+            "serially (-m broker_restart -p no:xdist; ./run tests does)"
+        )
 
     def _require_restartable(self, what: str) -> None:
         if not self.restartable:
             raise BrokerNotRestartableError(
-                f"cannot {what} the {self.source} broker at {self.bootstrap}: only the broker run by "
-                f"deploy/local/kafka can be; unset {BOOTSTRAP_ENV} and use "
-                f"{MODE_ENV}=local to get one (check KafkaBroker.restartable and skip otherwise)"
+                f"cannot {what} the broker at {self.bootstrap}: {self.not_restartable_reason} "
+                "(check KafkaBroker.restartable and skip otherwise)"
             )
 
     def stop(self) -> None:
@@ -332,13 +361,49 @@ def acquire_broker() -> KafkaBroker:
 
     was_running = local_broker_running()
     bootstrap = start_local_broker()
-    broker = KafkaBroker(bootstrap=bootstrap, source="local", owned=not was_running)
+    run_dir = os.environ.get(XDIST_RUN_DIR_ENV) if _xdist_worker_count() else None
+    if run_dir and not was_running:
+        # The controller stops it after the run; this worker ending must not.
+        Path(run_dir, _STARTED_MARK).touch()
+    broker = KafkaBroker(bootstrap=bootstrap, source="local", owned=not was_running and not run_dir)
     try:
         wait_until_ready(bootstrap)
     except Exception:
         broker.close()
         raise
     return broker
+
+
+# --- pytest-xdist -------------------------------------------------------------------------------
+
+
+def _xdist_worker_count() -> int:
+    """How many xdist workers this run has, seen from a worker; 0 outside a worker."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return 0
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # In the xdist controller only (a worker has workerinput): the workers, started after this,
+    # inherit the directory through the environment.
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    run_dir = Path(tempfile.mkdtemp(prefix="derender-kafka-run-"))
+    config.stash[_RUN_DIR_KEY] = run_dir
+    os.environ[XDIST_RUN_DIR_ENV] = str(run_dir)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    run_dir = config.stash.get(_RUN_DIR_KEY, None)
+    if run_dir is None:
+        return
+    os.environ.pop(XDIST_RUN_DIR_ENV, None)
+    try:
+        if (run_dir / _STARTED_MARK).exists():
+            stop_local_broker()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -157,11 +157,12 @@ def test_consume_transform_produce_commits_offsets_in_transaction(
     run(body())
 
 
+@pytest.mark.broker_restart
 def test_local_broker_restart_keeps_data(
     kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory
 ) -> None:
     if not kafka_broker.restartable:
-        pytest.skip(f"the {kafka_broker.source} broker cannot be restarted by tests")
+        pytest.skip(kafka_broker.not_restartable_reason)
     topic = kafka_topic_factory("restart")
 
     async def produce(values: list[bytes]) -> None:

@@ -24,12 +24,13 @@ pytestmark = pytest.mark.kafka
 COMMITTED = 5
 
 
+@pytest.mark.broker_restart
 @pytest.mark.parametrize("kind", [ClientKind.AIOKAFKA, ClientKind.CONFLUENT])
 def test_committed_offset_is_never_lost_while_the_broker_restarts(
     kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory, kind: ClientKind
 ) -> None:
     if not kafka_broker.restartable:
-        pytest.skip(f"the {kafka_broker.source} broker cannot be restarted by tests")
+        pytest.skip(kafka_broker.not_restartable_reason)
     tp = TopicPartition(kafka_topic_factory("committed"), 0)
 
     async def body() -> None:

@@ -374,12 +374,13 @@ async def _wait_for_log(group: WorkerGroup, text: str, count: int, timeout: floa
         await asyncio.sleep(0.2)
 
 
+@pytest.mark.broker_restart
 @pytest.mark.parametrize("client", CLIENTS)
 def test_broker_restart_mid_run(
     kafka_broker: KafkaBroker, kafka_topic_factory: TopicFactory, client: str
 ) -> None:
     if not kafka_broker.restartable:
-        pytest.skip(f"the {kafka_broker.source} broker cannot be restarted by tests")
+        pytest.skip(kafka_broker.not_restartable_reason)
     bootstrap = kafka_broker.bootstrap
     records = interleave(generate_sequences(500, seed=37, prefix="restart"))
     reference = replay(derenderer_for(QWEN3_CONFIG), records)
