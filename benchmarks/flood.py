@@ -35,9 +35,9 @@ from worker.runtime.composition import load_derenderer
 from worker.runtime.delivery import PRODUCER_BATCH_BYTES
 from worker.runtime.kafka_client.base import OutgoingRecord
 from worker.runtime.memory import MemoryBudget
-from worker.runtime.metrics import Metrics
+from worker.runtime.observability.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.state_changelog import StateChangelog, StateKeys
+from worker.runtime.state.changelog import StateChangelog, StateKeys
 from worker.runtime.topics import TopicNames
 from worker.settings import ModelSettings
 

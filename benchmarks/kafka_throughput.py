@@ -573,10 +573,10 @@ def observability_overhead(args: argparse.Namespace) -> None:
     from worker.core.envelope_processor import EnvelopeProcessor
     from worker.core.vllm_version import VllmVersion
     from worker.runtime.kafka_client.base import TopicPartition as KafkaTopicPartition
-    from worker.runtime.metrics import Metrics
-    from worker.runtime.observer import RecordObserver
+    from worker.runtime.observability.metrics import Metrics
+    from worker.runtime.observability.observer import RecordObserver
     from worker.runtime.partition import OwnedPartition
-    from worker.runtime.state_changelog import StateChangelog, StateKeys
+    from worker.runtime.state.changelog import StateChangelog, StateKeys
     from worker.runtime.topics import TopicNames as Names
     from worker.settings import ModelSettings
 
@@ -607,7 +607,7 @@ def observability_overhead(args: argparse.Namespace) -> None:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        from worker.runtime.tracing import RequestSpans
+        from worker.runtime.observability.tracing import RequestSpans
 
         def with_spans(m: Metrics) -> RecordObserver:
             provider = TracerProvider()

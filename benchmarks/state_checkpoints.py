@@ -39,7 +39,7 @@ from worker.core.sequence_state import SequenceState
 from worker.core.vllm_version import VllmVersion
 from worker.runtime.composition import load_derenderer
 from worker.runtime.kafka_client.base import OutgoingRecord
-from worker.runtime.state_changelog import (
+from worker.runtime.state.changelog import (
     StateChangelog,
     StateKeys,
     encode_context,

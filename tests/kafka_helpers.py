@@ -41,7 +41,7 @@ from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.vllm_version import VllmVersion
 from worker.runtime.kafka_client import make_client
 from worker.runtime.kafka_client.base import ClientKind, ConsumerConfig, GroupConsumer, Partitions
-from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.security.kafka_security import KafkaSecurity
 from worker.runtime.topics import LARGE_RECORDS, STATE_TOPIC_CONFIG
 
 QWEN3_CONFIG = sample_config()

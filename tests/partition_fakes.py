@@ -12,15 +12,15 @@ from aiokafka import TopicPartition
 
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
-from worker.runtime.dead_letter_policy import DeadLetterPolicy
+from worker.runtime.dead_letters.poison import ResetTracker
+from worker.runtime.dead_letters.policy import DeadLetterPolicy
 from worker.runtime.kafka_client.base import OutgoingRecord
-from worker.runtime.kafka_security import load_kafka
 from worker.runtime.memory import MemoryBudget
-from worker.runtime.metrics import Metrics
-from worker.runtime.observer import NO_OBSERVER, RecordObserver
+from worker.runtime.observability.metrics import Metrics
+from worker.runtime.observability.observer import NO_OBSERVER, RecordObserver
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.poison import ResetTracker
-from worker.runtime.state_changelog import StateChangelog, StateKeys
+from worker.runtime.security.kafka_security import load_kafka
+from worker.runtime.state.changelog import StateChangelog, StateKeys
 from worker.runtime.topics import TopicNames
 from worker.settings import KafkaSettings
 

@@ -27,9 +27,9 @@ from tests.audit_streams import (
     write_jsonl,
 )
 from tests.golden_cases import normalize
-from worker import audit_command
 from worker.assembly import Assembler, origin_name, render_text
 from worker.cli import main
+from worker.commands import audit as audit_command
 from worker.pipeline.ingest import error_record
 from worker.runtime import composition
 from worker.runtime.composition import new_processor

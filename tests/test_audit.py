@@ -34,9 +34,9 @@ from tests.audit_streams import (
 )
 from tests.golden_cases import normalize as golden_normalize
 from tests.paths import REPO_ROOT
-from worker import audit_command
 from worker.audit import IdRenamer, Progress, first_difference, normalize
 from worker.cli import main
+from worker.commands import audit as audit_command
 from worker.core.parsing.families.mistral import mistral_tool_call_id
 from worker.core.parsing.ids import random_tool_call_id
 

@@ -20,8 +20,8 @@ ALLOWED = {
     "worker/pipeline/apis/compacted_table.py",
     # The TLS context and OAUTHBEARER token providers aiokafka's clients are built with; they move
     # once the layer maps KafkaSecurity for aiokafka itself, as it does for librdkafka.
-    "worker/runtime/kafka_security.py",
-    "worker/runtime/kafka_oauth.py",
+    "worker/runtime/security/kafka_security.py",
+    "worker/runtime/security/kafka_oauth.py",
 }
 
 

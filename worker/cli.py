@@ -2,8 +2,8 @@
 
 Each sub-command lives with the code it drives and registers itself here:
 ``replay`` (offline, ``worker.replay``), the Kafka commands
-(``worker.runtime.commands``) and the pipeline's ``produce``, ``consume``, ``ingest`` and
-``gateway`` (``worker.pipeline.commands``).
+(``worker.commands.run``) and the pipeline's ``produce``, ``consume``, ``ingest`` and
+``gateway`` (``worker.commands.pipeline``).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ Handler = Callable[[argparse.Namespace], int]
 # be imported by every command, and more than double ``replay``'s start-up.
 _REGISTRARS = {
     "demo": "worker.demo",
-    "audit": "worker.audit_command",
-    "run": "worker.runtime.commands",
-    "topics": "worker.runtime.commands",
-    "dlq": "worker.runtime.commands",
-    "produce": "worker.pipeline.commands",
-    "consume": "worker.pipeline.commands",
-    "ingest": "worker.pipeline.commands",
-    "gateway": "worker.pipeline.commands",
+    "audit": "worker.commands.audit",
+    "run": "worker.commands.run",
+    "topics": "worker.commands.run",
+    "dlq": "worker.commands.run",
+    "produce": "worker.commands.pipeline",
+    "consume": "worker.commands.pipeline",
+    "ingest": "worker.commands.pipeline",
+    "gateway": "worker.commands.pipeline",
 }
 
 

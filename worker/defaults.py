@@ -4,13 +4,13 @@ its flags with them without importing the runtime."""
 
 from __future__ import annotations
 
-# The dead-letter breaker (``worker.runtime.dead_letter_policy``).
+# The dead-letter breaker (``worker.runtime.dead_letters.policy``).
 DEFAULT_MAX_RATIO = 0.5
 DEFAULT_WINDOW = 100
 DEFAULT_MIN_RECORDS = 20
 DEFAULT_MAX_CONSECUTIVE = 20
-# Resets of a partition by one record before it is dead-lettered (``worker.runtime.poison``).
+# Resets of a partition by one record before it is dead-lettered (``worker.runtime.dead_letters.poison``).
 DEFAULT_MAX_RECORD_RETRIES = 3
-# /metrics, /healthz, /readyz (``worker.runtime.health_server``).
+# /metrics, /healthz, /readyz (``worker.runtime.observability.health_server``).
 DEFAULT_METRICS_PORT = 9464
 DEFAULT_METRICS_HOST = "0.0.0.0"

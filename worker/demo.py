@@ -75,8 +75,8 @@ from worker.runtime.kafka_client.base import (
     ReaderConfig,
     TopicPartition,
 )
-from worker.runtime.kafka_limits import MAX_RECORD_BYTES, TRANSACTION_TIMEOUT_MS
-from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.kafka_client.limits import MAX_RECORD_BYTES, TRANSACTION_TIMEOUT_MS
+from worker.runtime.security.kafka_security import KafkaSecurity
 from worker.settings import DemoOptions, ModelSettings, add_arguments, load
 
 WORKERS = 2

@@ -86,7 +86,7 @@ from worker.kafka_config import (
 )
 
 if TYPE_CHECKING:
-    from worker.runtime.kafka_security import KafkaSecurity
+    from worker.runtime.security.kafka_security import KafkaSecurity
 
 ENV_PREFIX = "DERENDER_"
 FALLBACK_BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
@@ -465,7 +465,7 @@ class KafkaConnection(Section):
 
 
 class SecuritySettings(Section):
-    """TLS and SASL for every Kafka client (see ``worker.runtime.kafka_security``)."""
+    """TLS and SASL for every Kafka client (see ``worker.runtime.security.kafka_security``)."""
 
     GROUP: ClassVar[str] = "kafka security"
 

@@ -28,10 +28,10 @@ from tests.golden_cases import MODELS_DIR, derenderer_for, load_cases, normalize
 from tests.paths import REPO_ROOT
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult
-from worker.runtime import dead_letter_record
 from worker.runtime.composition import load_derenderer
-from worker.runtime.dlq_replay import decode_dead_letter
-from worker.runtime.state_changelog import decode, encode_context, encode_progress
+from worker.runtime.dead_letters import record as dead_letter_record
+from worker.runtime.dead_letters.replay import decode_dead_letter
+from worker.runtime.state.changelog import decode, encode_context, encode_progress
 from worker.settings import ModelSettings
 
 STREAMS = REPO_ROOT / "samples" / "streams" / "demo-qwen3.jsonl"

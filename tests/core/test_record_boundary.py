@@ -22,7 +22,7 @@ from tests.stream_builders import chat_stream
 from worker.core.envelope_processor import DEFAULT_MAX_OUTPUT_BYTES, EnvelopeProcessor, ProcessResult
 from worker.core.json_scan import json_depth_exceeds
 from worker.core.live_parsers import LIVE_PARSER_BYTES
-from worker.runtime import dead_letter_record
+from worker.runtime.dead_letters import record as dead_letter_record
 
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
 CONFIG = sample_config(max_model_len=64)
@@ -324,7 +324,7 @@ def test_a_request_context_past_the_state_limit_is_refused() -> None:
 
 
 def test_a_later_record_whose_request_is_too_large_fails_the_request() -> None:
-    from worker.runtime.state_changelog import encode_context
+    from worker.runtime.state.changelog import encode_context
 
     processor = _processor(max_request_state_bytes=8000)
     records = [orjson.loads(r) for r in _good()]

@@ -20,7 +20,7 @@ from tests.stream_builders import chat_stream
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.request_context import RequestContext
 from worker.core.vllm_version import VllmVersion
-from worker.runtime.state_changelog import decode, encode_context, encode_progress
+from worker.runtime.state.changelog import decode, encode_context, encode_progress
 
 JsonDict = dict[str, Any]
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]

@@ -23,8 +23,8 @@ from yamllint import linter as yamllint_linter
 from yamllint.config import YamlLintConfig
 
 from tests.paths import REPO_ROOT
-from worker.runtime import metrics_names
-from worker.runtime.prometheus_export import (
+from worker.runtime.observability import metrics_names
+from worker.runtime.observability.prometheus_export import (
     ExportedMetrics,
     build_registry,
     prometheus_name,

@@ -37,8 +37,8 @@ from tests.audit_streams import (
 from tests.golden_cases import normalize, sample_config
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import TopicReader, WorkerGroup, WorkerTopics, make_worker_topics, produce
-from worker import audit_command
 from worker.cli import main
+from worker.commands import audit as audit_command
 
 pytestmark = pytest.mark.kafka
 

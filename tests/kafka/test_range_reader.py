@@ -16,7 +16,7 @@ from worker.errors import KafkaClientError, KafkaReadTimeoutError
 from worker.runtime.kafka_client import make_client
 from worker.runtime.kafka_client.base import ClientKind, ReaderConfig, TopicPartition
 from worker.runtime.kafka_client.ranges import RangeReader
-from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.security.kafka_security import KafkaSecurity
 
 pytestmark = pytest.mark.kafka
 

@@ -38,7 +38,7 @@ from tests.kafka_helpers import (
     produce,
     replay,
 )
-from worker.runtime.state_changelog import StateKeys
+from worker.runtime.state.changelog import StateKeys
 
 pytestmark = pytest.mark.kafka
 

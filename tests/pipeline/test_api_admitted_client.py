@@ -21,7 +21,7 @@ from worker.pipeline.apis.chat_source import JsonDict
 from worker.pipeline.apis.routes import ResponsesApi
 from worker.pipeline.connection import Connection
 from worker.pipeline.gateway_edge import API_KEY_NAME
-from worker.runtime.tracing import NO_HEADERS, Headers
+from worker.runtime.observability.tracing import NO_HEADERS, Headers
 from worker.settings import GatewayOptions
 
 

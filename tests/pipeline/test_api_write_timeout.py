@@ -18,7 +18,7 @@ from tests.async_helpers import post_json, serving_app
 from worker.pipeline.apis.chat_source import JsonDict
 from worker.pipeline.apis.routes import MessagesApi, ResponsesApi
 from worker.pipeline.connection import Connection
-from worker.runtime.tracing import NO_HEADERS, Headers
+from worker.runtime.observability.tracing import NO_HEADERS, Headers
 from worker.settings import GatewayOptions
 
 WRITE_TIMEOUT_S = 1.0

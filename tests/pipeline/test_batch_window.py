@@ -23,7 +23,7 @@ from worker.pipeline.apis import batch_run
 from worker.pipeline.apis.batch import BatchApi
 from worker.pipeline.apis.chat_source import JsonDict
 from worker.pipeline.connection import Connection
-from worker.runtime.tracing import NO_HEADERS, Headers
+from worker.runtime.observability.tracing import NO_HEADERS, Headers
 from worker.settings import GatewayOptions
 
 WINDOW = 8

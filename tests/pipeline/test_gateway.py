@@ -263,7 +263,7 @@ def test_trace_context_rides_from_the_http_request_to_every_record(pipeline: Pip
     """The client's W3C trace context reaches the requests, input and output records of its request
     (gateway -> ingest -> worker), so one trace covers the whole pipeline; but not its sampled flag
     (a client must not force sampling) nor its baggage (8 KB of it would ride on every record)."""
-    from worker.runtime.genai_metrics import REQUEST_START_HEADER
+    from worker.runtime.observability.genai_metrics import REQUEST_START_HEADER
 
     parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     body = request_of(recording(case(STREAM_CASE).id))

@@ -36,7 +36,7 @@ from worker.assembly import AssembledResponse
 from worker.pipeline.connection import Connection
 from worker.pipeline.gateway import Gateway
 from worker.runtime.kafka_client.placement import partition_of
-from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.security.kafka_security import KafkaSecurity
 from worker.settings import GatewayOptions, ReplyRoutingMode
 
 pytestmark = pytest.mark.kafka

@@ -9,7 +9,7 @@ import asyncio
 from worker.pipeline.connection import Connection
 from worker.pipeline.gateway_routing import ReplyRouting
 from worker.runtime.kafka_client.placement import partition_of
-from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.security.kafka_security import KafkaSecurity
 
 
 def _routing(count: int, owned: set[int], followed: set[int]) -> ReplyRouting:

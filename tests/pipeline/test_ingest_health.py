@@ -17,9 +17,9 @@ import pytest
 
 from worker.cli import build_parser
 from worker.pipeline.ingest_health import serving_health
-from worker.runtime.loop_heartbeat import LoopHeartbeat
-from worker.runtime.metrics import Metrics
-from worker.runtime.prometheus_export import ExportedMetrics
+from worker.runtime.observability.loop_heartbeat import LoopHeartbeat
+from worker.runtime.observability.metrics import Metrics
+from worker.runtime.observability.prometheus_export import ExportedMetrics
 from worker.settings import MetricsServerSettings, load
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from worker.pipeline.apis.responses_store import ResponsesStore
 from worker.pipeline.connection import Connection
-from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.security.kafka_security import KafkaSecurity
 
 
 def store(max_bytes: int) -> ResponsesStore:

@@ -11,10 +11,10 @@ from tests.partition_fakes import RecordingSink, owned_partition
 from tests.runtime.worker_fakes import FakeTransactionalProducer, handle_record, per_worker_tasks
 from worker.errors import KafkaClientError
 from worker.runtime.committer import Committer
+from worker.runtime.dead_letters.poison import ResetTracker
 from worker.runtime.kafka_client.base import TopicPartition
-from worker.runtime.metrics import Metrics
+from worker.runtime.observability.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.poison import ResetTracker
 
 
 class FailingSink(RecordingSink):

@@ -10,7 +10,7 @@ import pytest
 
 from worker.errors import ConfigurationError, IllegalBreakerTransitionError
 from worker.runtime.composition import dead_letter_limits
-from worker.runtime.dead_letter_policy import (
+from worker.runtime.dead_letters.policy import (
     TRANSITIONS,
     BreakerState,
     DeadLetterLimits,

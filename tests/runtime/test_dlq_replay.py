@@ -15,8 +15,8 @@ from tests.kafka_broker import TopicFactory
 from worker.cli import main as cli_main
 from worker.core.envelope_processor import DEFAULT_MAX_OUTPUT_BYTES, DeadLetter
 from worker.errors import ConfigurationError
-from worker.runtime import dead_letter_record
-from worker.runtime.dlq_replay import (
+from worker.runtime.dead_letters import record as dead_letter_record
+from worker.runtime.dead_letters.replay import (
     ReplayOptions,
     decode_dead_letter,
     register_dlq,

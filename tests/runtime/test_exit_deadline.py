@@ -11,7 +11,7 @@ from tests.paths import REPO_ROOT
 BLOCKED = textwrap.dedent(
     """
     import threading
-    from worker.runtime.commands import ExitDeadline
+    from worker.commands.run import ExitDeadline
 
     # A non-daemon thread the interpreter would join at exit forever, as it joins an executor
     # thread stuck in a client call.

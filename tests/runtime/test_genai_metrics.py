@@ -21,12 +21,12 @@ from tests.golden_cases import GoldenCase, derenderer_for, load_cases, normalize
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
 from tests.partition_fakes import TOPICS, RecordingSink, changelog_for
 from worker.core.envelope_processor import EnvelopeProcessor
-from worker.runtime import metrics_names as m
-from worker.runtime.genai_metrics import REQUEST_START_HEADER, request_start_header
-from worker.runtime.metrics import Metrics
-from worker.runtime.observer import RecordObserver
+from worker.runtime.observability import metrics_names as m
+from worker.runtime.observability.genai_metrics import REQUEST_START_HEADER, request_start_header
+from worker.runtime.observability.metrics import Metrics
+from worker.runtime.observability.observer import RecordObserver
+from worker.runtime.observability.prometheus_export import ExportedMetrics, build_registry, labelled
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.prometheus_export import ExportedMetrics, build_registry, labelled
 
 CASES = {case.id: case for case in load_cases()}
 

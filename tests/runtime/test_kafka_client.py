@@ -34,8 +34,8 @@ from worker.errors import (
 )
 from worker.pipeline.connection import Connection
 from worker.runtime import worker as worker_module
+from worker.runtime.dead_letters.replay import ReplayOptions
 from worker.runtime.delivery import producer_config
-from worker.runtime.dlq_replay import ReplayOptions
 from worker.runtime.kafka_client import aiokafka_backend, confluent_backend
 from worker.runtime.kafka_client.base import (
     CompressionType,
@@ -43,9 +43,9 @@ from worker.runtime.kafka_client.base import (
     ProducerConfig,
     TopicPartition,
 )
-from worker.runtime.kafka_oauth import OidcClientCredentials
-from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
-from worker.runtime.state_changelog import StateChangelog, StateKeys
+from worker.runtime.security.kafka_oauth import OidcClientCredentials
+from worker.runtime.security.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
+from worker.runtime.state.changelog import StateChangelog, StateKeys
 from worker.runtime.worker import refused_as_too_large
 from worker.settings import ProducerSettings
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from worker.errors import ConfigurationError
-from worker.runtime.kafka_security import (
+from worker.runtime.security.kafka_security import (
     KafkaSecurity,
     SaslMechanism,
     Secret,

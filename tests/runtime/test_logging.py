@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from worker.runtime.structured_logging import JsonFormatter, configure_logging
+from worker.runtime.observability.structured_logging import JsonFormatter, configure_logging
 from worker.settings import (
     LogFormat,
     LoggingSettings,

@@ -20,7 +20,7 @@ from worker.core.live_parsers import LIVE_PARSER_BYTES, LiveParserPool
 from worker.core.sequence_state import SequenceState
 from worker.runtime.composition import load_derenderer
 from worker.runtime.memory import MemoryBudget
-from worker.runtime.metrics import Metrics
+from worker.runtime.observability.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
 from worker.settings import ModelSettings
 

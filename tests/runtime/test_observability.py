@@ -13,16 +13,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from worker.errors import ConfigurationError
-from worker.runtime import metrics_names as m
 from worker.runtime.composition import dead_letter_limits
-from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
-from worker.runtime.health_server import (
+from worker.runtime.dead_letters.policy import DeadLetterLimits, DeadLetterPolicy
+from worker.runtime.observability import metrics_names as m
+from worker.runtime.observability.health_server import (
     HealthServer,
     ReadinessState,
 )
-from worker.runtime.kafka_security import kafka_security, load_kafka
-from worker.runtime.metrics import Metrics
-from worker.runtime.prometheus_export import (
+from worker.runtime.observability.metrics import Metrics
+from worker.runtime.observability.prometheus_export import (
     ExportedMetrics,
     RuntimeMetricsCollector,
     build_registry,
@@ -31,6 +30,7 @@ from worker.runtime.prometheus_export import (
     split_labels,
     timing_base_name,
 )
+from worker.runtime.security.kafka_security import kafka_security, load_kafka
 from worker.settings import (
     DeadLetterSettings,
     KafkaSettings,

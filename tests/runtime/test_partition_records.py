@@ -13,7 +13,7 @@ from tests.golden_cases import derenderer_for, sample_config
 from tests.partition_fakes import FakeRecord, RecordingSink, changelog_for
 from tests.stream_builders import chat_stream
 from worker.core.envelope_processor import EnvelopeProcessor
-from worker.runtime.metrics import Metrics
+from worker.runtime.observability.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.topics import TopicNames
 

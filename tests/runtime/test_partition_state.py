@@ -15,7 +15,7 @@ from tests.partition_fakes import TEST_KEYS, FakeRecord, RecordingSink, owned_pa
 from tests.stream_builders import written
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.kafka_client.base import OutgoingRecord
-from worker.runtime.state_changelog import (
+from worker.runtime.state.changelog import (
     StateChangelog,
     decode,
     encode_context,

@@ -25,15 +25,15 @@ from tests.partition_fakes import (
 from tests.runtime.worker_fakes import new_worker
 from worker.core.envelope_processor import ProcessResult
 from worker.errors import ConfigurationError, DeliveryFailedError, KafkaClientError, RecordTooLargeError
-from worker.runtime.dead_letter_policy import DeadLetterLimits
+from worker.runtime.dead_letters.poison import ResetTracker
+from worker.runtime.dead_letters.policy import DeadLetterLimits
 from worker.runtime.kafka_client.aiokafka_backend import parse_max_message_bytes
 from worker.runtime.kafka_client.base import OutgoingRecord, TopicPartition
-from worker.runtime.kafka_limits import MAX_RECORD_BYTES
-from worker.runtime.observer import RecordObserver
+from worker.runtime.kafka_client.limits import MAX_RECORD_BYTES
+from worker.runtime.observability.observer import RecordObserver
+from worker.runtime.observability.tracing import Headers
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_record_limits
-from worker.runtime.tracing import Headers
 from worker.runtime.worker import Worker
 from worker.settings import ModelSettings
 
@@ -187,7 +187,7 @@ def test_resets_feed_the_breaker_and_both_survive_a_revocation() -> None:
 
 def test_run_passes_the_parser_cap_and_retries_to_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """`run` once built the worker without --max-live-parsers: the cap never applied."""
-    import worker.runtime.commands as commands_module
+    import worker.commands.run as commands_module
     import worker.runtime.worker as worker_module
     from tests.golden_cases import MODELS_DIR
     from worker.cli import main

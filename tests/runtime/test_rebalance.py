@@ -31,7 +31,7 @@ from worker.runtime.kafka_client.base import (
     TopicPartition,
 )
 from worker.runtime.lifecycle import WorkerState
-from worker.runtime.metrics import Metrics
+from worker.runtime.observability.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.worker import FETCH_BATCH_BYTES, FETCH_BATCH_WAIT_MS, Worker
 from worker.settings import ModelSettings, pod_name

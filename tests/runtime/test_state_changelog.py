@@ -10,7 +10,7 @@ from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
 from tests.partition_fakes import TEST_KEYS
 from tests.stream_builders import written
 from worker.core.envelope_processor import EnvelopeProcessor
-from worker.runtime.state_changelog import (
+from worker.runtime.state.changelog import (
     StateKeys,
     decode,
     encode_context,

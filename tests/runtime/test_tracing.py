@@ -26,9 +26,8 @@ from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import QWEN3_CONFIG, TopicReader, WorkerGroup, generate_sequences, make_worker_topics
 from tests.partition_fakes import RecordingSink, owned_partition
 from tests.paths import REPO_ROOT
-from worker.runtime.observer import RecordObserver
-from worker.runtime.partition import OwnedPartition
-from worker.runtime.tracing import (
+from worker.runtime.observability.observer import RecordObserver
+from worker.runtime.observability.tracing import (
     MAX_BAGGAGE_BYTES,
     MAX_TRACESTATE_BYTES,
     NO_SPANS,
@@ -37,6 +36,7 @@ from worker.runtime.tracing import (
     propagated,
     valid_traceparent,
 )
+from worker.runtime.partition import OwnedPartition
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -253,12 +253,12 @@ from aiokafka import TopicPartition
 from tests.golden_cases import derenderer_for
 from tests.kafka_helpers import QWEN3_CONFIG, generate_sequences
 from tests.partition_fakes import TOPICS, FakeRecord, RecordingSink, changelog_for
-import worker.runtime.commands, worker.runtime.worker
+import worker.commands.run, worker.runtime.worker
 from worker.core.envelope_processor import EnvelopeProcessor
-from worker.runtime.metrics import Metrics
-from worker.runtime.observer import RecordObserver
+from worker.runtime.observability.metrics import Metrics
+from worker.runtime.observability.observer import RecordObserver
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.tracing import build_spans
+from worker.runtime.observability.tracing import build_spans
 sink = RecordingSink()
 task = OwnedPartition(TopicPartition("in", 2), EnvelopeProcessor(derenderer_for(QWEN3_CONFIG)), sink, TOPICS,
                      Metrics(), position=0, changelog=changelog_for(TopicPartition("in", 2)),
@@ -452,7 +452,7 @@ def test_an_error_for_a_request_never_opened_ends_its_span() -> None:
 
 
 def test_an_oversized_traceparent_is_dropped_and_never_cached() -> None:
-    from worker.runtime import tracing
+    from worker.runtime.observability import tracing
 
     huge = b"00-" + b"a" * 100_000
     before = len(tracing._VERDICTS)

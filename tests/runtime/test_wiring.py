@@ -26,16 +26,16 @@ from tests.paths import REPO_ROOT
 from tests.runtime.worker_fakes import new_worker
 from worker.cli import build_parser, main
 from worker.errors import ConfigurationError
-from worker.runtime import metrics_names as m
 from worker.runtime import topics
-from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
+from worker.runtime.dead_letters.policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.delivery import PRODUCER_LINGER_MS, producer_config
 from worker.runtime.kafka_client import aiokafka_backend
 from worker.runtime.kafka_client.base import TopicPartition
-from worker.runtime.kafka_security import load_kafka
 from worker.runtime.memory import OPENING_FACTOR, REQUEST_BASE_BYTES, MemoryBudget
+from worker.runtime.observability import metrics_names as m
+from worker.runtime.observability.prometheus_export import labelled
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.prometheus_export import labelled
+from worker.runtime.security.kafka_security import load_kafka
 from worker.runtime.worker import configuration_error
 from worker.settings import (
     KafkaTopics,
@@ -329,10 +329,10 @@ def test_a_one_shot_request_is_not_refused_at_the_cap() -> None:
 
 def test_an_unchosen_metrics_port_falls_back_to_a_free_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two workers on one host (`demo`) without --metrics-port: the second one takes a free port."""
+    from worker.commands.run import start_health_server
     from worker.defaults import DEFAULT_METRICS_PORT
-    from worker.runtime.commands import start_health_server
-    from worker.runtime.health_server import ReadinessState
-    from worker.runtime.prometheus_export import ExportedMetrics, build_registry
+    from worker.runtime.observability.health_server import ReadinessState
+    from worker.runtime.observability.prometheus_export import ExportedMetrics, build_registry
 
     monkeypatch.delenv("DERENDER_METRICS_PORT", raising=False)
     run = ["run", "--tokenizer", "x"]

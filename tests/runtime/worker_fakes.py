@@ -13,7 +13,7 @@ from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.composition import worker_parts
 from worker.runtime.delivery import SharedSink, Transaction
 from worker.runtime.kafka_client.base import CommitTimings, Offsets, OutgoingRecord, TopicPartition
-from worker.runtime.metrics import Metrics
+from worker.runtime.observability.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.worker import Worker
 from worker.settings import KafkaSettings, ModelSettings

@@ -5,7 +5,7 @@ The one definition of what a state record holds (docs/state.md). A request's *co
 holds its endpoint, inherited fields (``model``, the prompt ids, ...), request and a progress part;
 its *progress record* holds that part alone: ``offset``, ``last_seq``, one ``stream_state`` per
 choice, the window form of each, the finished choices and the last choice index. A partition's
-*replay-from* record holds an input offset. ``worker.runtime.state_changelog`` writes and reads them
+*replay-from* record holds an input offset. ``worker.runtime.state.changelog`` writes and reads them
 through this module (keys, checkpoints and restore are its own), and the request context's size
 model (``worker.core.request_context``) takes its fixed sizes from records encoded here, so a
 change of the layout changes the model with it.

@@ -1,7 +1,7 @@
 """Kafka connection flags and clients of the pipeline commands.
 
 The bootstrap flag has the same environment fallbacks as ``run`` (``DERENDER_BOOTSTRAP_SERVERS``,
-then ``KAFKA_BOOTSTRAP_SERVERS``); TLS and SASL come from ``worker.runtime.kafka_security``. Every
+then ``KAFKA_BOOTSTRAP_SERVERS``); TLS and SASL come from ``worker.runtime.security.kafka_security``. Every
 client comes from the client layer (``worker.runtime.kafka_client``): ``client`` for a group member
 and transactions, ``plain_producer`` and ``reader`` for a producer and a reader of explicit
 partitions. ``producer``/``consumer`` hand out aiokafka's own clients to the gateway until it moves.
@@ -33,8 +33,8 @@ from worker.runtime.kafka_client.base import (
     ProducerConfig,
     ReaderConfig,
 )
-from worker.runtime.kafka_limits import MAX_RECORD_BYTES, TRANSACTION_TIMEOUT_MS
-from worker.runtime.kafka_security import KafkaSecurity, load_kafka
+from worker.runtime.kafka_client.limits import MAX_RECORD_BYTES, TRANSACTION_TIMEOUT_MS
+from worker.runtime.security.kafka_security import KafkaSecurity, load_kafka
 from worker.runtime.topics import LARGE_RECORDS, partition_counts
 from worker.settings import (
     KafkaConnection,

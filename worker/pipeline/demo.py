@@ -42,7 +42,7 @@ from worker.demo_setup import (
 from worker.demo_view import make_view
 from worker.errors import DemoError
 from worker.pipeline.connection import Connection
-from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.security.kafka_security import KafkaSecurity
 from worker.settings import DemoOptions
 
 if TYPE_CHECKING:

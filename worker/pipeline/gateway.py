@@ -43,8 +43,8 @@ from worker.pipeline.gateway_admission import Admitted, Budget, Endpoint, Refuse
 from worker.pipeline.gateway_delivery import Delivery, Mailbox, SseWriter, shutdown_error, stream_ids
 from worker.pipeline.gateway_edge import ANONYMOUS, API_KEY_NAME, ApiKeys, edge_trace
 from worker.pipeline.gateway_routing import ReplyRouting
-from worker.runtime.structured_logging import configure
-from worker.runtime.tracing import NO_HEADERS, Headers
+from worker.runtime.observability.structured_logging import configure
+from worker.runtime.observability.tracing import NO_HEADERS, Headers
 from worker.settings import GatewayOptions, LoggingSettings, add_arguments, load
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from worker.runtime.tracing import BAGGAGE, TRACEPARENT, Headers, propagated
+from worker.runtime.observability.tracing import BAGGAGE, TRACEPARENT, Headers, propagated
 from worker.settings import GatewayOptions
 
 ANONYMOUS = "-"

@@ -52,7 +52,6 @@ from worker.pipeline.connection import Connection, add_connection_arguments, wai
 from worker.pipeline.ingest_health import serving_health
 from worker.pipeline.vllm_client import VllmClient
 from worker.runtime.delivery import Transaction
-from worker.runtime.genai_metrics import request_start_header
 from worker.runtime.kafka_client.base import (
     AssignmentStrategy,
     ClientKind,
@@ -64,8 +63,9 @@ from worker.runtime.kafka_client.base import (
     TopicPartition,
 )
 from worker.runtime.kafka_client.ranges import RangeReader
-from worker.runtime.structured_logging import configure
-from worker.runtime.tracing import Headers, propagated
+from worker.runtime.observability.genai_metrics import request_start_header
+from worker.runtime.observability.structured_logging import configure
+from worker.runtime.observability.tracing import Headers, propagated
 from worker.settings import IngestOptions, LoggingSettings, MetricsServerSettings, add_arguments, load
 
 log = logging.getLogger(__name__)

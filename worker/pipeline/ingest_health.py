@@ -13,11 +13,11 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping, Sized
 from typing import Any, Protocol
 
-from worker.runtime import metrics_names as m
-from worker.runtime.commands import start_health_server
-from worker.runtime.health_server import HealthServer, ReadinessState
-from worker.runtime.loop_heartbeat import LoopHeartbeat
-from worker.runtime.prometheus_export import ExportedMetrics, build_registry
+from worker.commands.run import start_health_server
+from worker.runtime.observability import metrics_names as m
+from worker.runtime.observability.health_server import HealthServer, ReadinessState
+from worker.runtime.observability.loop_heartbeat import LoopHeartbeat
+from worker.runtime.observability.prometheus_export import ExportedMetrics, build_registry
 from worker.settings import MetricsServerSettings
 
 

@@ -18,7 +18,7 @@ import aiohttp
 import orjson
 
 from worker.errors import UpstreamError
-from worker.runtime.tracing import TRACEPARENT, TRACESTATE, Headers
+from worker.runtime.observability.tracing import TRACEPARENT, TRACESTATE, Headers
 
 JsonDict = dict[str, Any]
 

@@ -13,10 +13,10 @@ import time
 from collections.abc import Set
 from typing import Any
 
-from worker.runtime import metrics_names as m
-from worker.runtime.health_server import ReadinessState
 from worker.runtime.kafka_client.base import TopicPartition
-from worker.runtime.metrics import Metrics
+from worker.runtime.observability import metrics_names as m
+from worker.runtime.observability.health_server import ReadinessState
+from worker.runtime.observability.metrics import Metrics
 from worker.runtime.topics import TopicNames, layout_problem, partition_counts
 
 log = logging.getLogger(__name__)

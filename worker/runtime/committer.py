@@ -13,12 +13,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from worker.runtime import metrics_names as m
+from worker.runtime.dead_letters.poison import ResetTracker
 from worker.runtime.delivery import Transaction
 from worker.runtime.kafka_client.base import TopicPartition
-from worker.runtime.metrics import Metrics
+from worker.runtime.observability import metrics_names as m
+from worker.runtime.observability.metrics import Metrics
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.poison import ResetTracker
 
 log = logging.getLogger(__name__)
 

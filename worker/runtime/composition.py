@@ -23,18 +23,18 @@ from worker.core.model_dir import load_tokenizer
 from worker.core.parsing import ChatParsing, adapter_for
 from worker.core.vllm_version import VllmBehaviour
 from worker.errors import ConfigurationError
-from worker.runtime import state_changelog
-from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
+from worker.runtime.dead_letters.poison import ResetTracker
+from worker.runtime.dead_letters.policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.delivery import Sink
-from worker.runtime.health_server import ReadinessState
 from worker.runtime.kafka_client.base import TopicPartition
 from worker.runtime.memory import MemoryBudget
-from worker.runtime.metrics import Metrics
-from worker.runtime.observer import RecordObserver
+from worker.runtime.observability.health_server import ReadinessState
+from worker.runtime.observability.metrics import Metrics
+from worker.runtime.observability.observer import RecordObserver
+from worker.runtime.observability.tracing import NO_SPANS, Spans
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.poison import ResetTracker
-from worker.runtime.state_changelog import StateChangelog, StateKeys
-from worker.runtime.tracing import NO_SPANS, Spans
+from worker.runtime.state import changelog as state_changelog
+from worker.runtime.state.changelog import StateChangelog, StateKeys
 from worker.settings import DeadLetterSettings, KafkaSettings, ModelSettings
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from worker.errors import KafkaClientError, ProducerFencedError
-from worker.runtime import metrics_names as m
 from worker.runtime.kafka_client.base import (
     CommitTimings,
     Offsets,
@@ -34,8 +33,9 @@ from worker.runtime.kafka_client.base import (
     TopicPartition,
     TransactionalProducer,
 )
-from worker.runtime.kafka_limits import MAX_RECORD_BYTES, TRANSACTION_TIMEOUT_MS
-from worker.runtime.metrics import Metrics
+from worker.runtime.kafka_client.limits import MAX_RECORD_BYTES, TRANSACTION_TIMEOUT_MS
+from worker.runtime.observability import metrics_names as m
+from worker.runtime.observability.metrics import Metrics
 
 if TYPE_CHECKING:
     from worker.settings import ProducingTopics

@@ -16,19 +16,19 @@ from collections.abc import Callable
 from typing import Any
 
 from worker.core.envelope_processor import DeadLetter, EnvelopeProcessor, ProcessResult
-from worker.runtime import metrics_names as m
-from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy, Trip
+from worker.runtime.dead_letters.poison import ResetTracker
+from worker.runtime.dead_letters.policy import DeadLetterLimits, DeadLetterPolicy, Trip
 from worker.runtime.delivery import Sink
 from worker.runtime.kafka_client.base import ConsumedRecord, OutgoingRecord, TopicPartition
 from worker.runtime.memory import MemoryBudget
-from worker.runtime.metrics import Metrics
-from worker.runtime.observer import NO_OBSERVER, RecordObserver
-from worker.runtime.poison import ResetTracker
-from worker.runtime.prometheus_export import labelled
+from worker.runtime.observability import metrics_names as m
+from worker.runtime.observability.metrics import Metrics
+from worker.runtime.observability.observer import NO_OBSERVER, RecordObserver
+from worker.runtime.observability.prometheus_export import labelled
+from worker.runtime.observability.tracing import Headers, propagated
 from worker.runtime.records import records_for, source_of
-from worker.runtime.state_changelog import StateChangelog
+from worker.runtime.state.changelog import StateChangelog
 from worker.runtime.topics import TopicNames
-from worker.runtime.tracing import Headers, propagated
 
 log = logging.getLogger(__name__)
 

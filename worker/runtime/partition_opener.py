@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.errors import PartitionNotAssignedError
-from worker.runtime import state_changelog
 from worker.runtime.composition import WorkerParts, owned_partition
 from worker.runtime.delivery import Sink
 from worker.runtime.kafka_client.base import TopicPartition
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.state_store import StateRestorer
+from worker.runtime.state import changelog as state_changelog
+from worker.runtime.state.store import StateRestorer
 from worker.settings import KafkaSettings
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from worker.errors import ConfigurationError, KafkaUnreachableError
 from worker.runtime.kafka_client.base import MAX_MESSAGE_BYTES
-from worker.runtime.kafka_limits import MAX_RECORD_BYTES
+from worker.runtime.kafka_client.limits import MAX_RECORD_BYTES
 from worker.runtime.topics import TopicNames, partition_counts
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from worker.core.envelope_processor import ProcessResult
-from worker.runtime import dead_letter_record
+from worker.runtime.dead_letters import record as dead_letter_record
 from worker.runtime.kafka_client.base import OutgoingRecord
 from worker.runtime.topics import TopicNames
 

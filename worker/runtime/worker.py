@@ -37,12 +37,11 @@ from worker.errors import (
     KafkaUnreachableError,
     RecordTooLargeError,
 )
-from worker.runtime import metrics_names as m
 from worker.runtime.assignment import LayoutWatch
 from worker.runtime.commit_schedule import CommitSchedule
 from worker.runtime.committer import Committer, LostWork
 from worker.runtime.composition import WorkerParts
-from worker.runtime.dead_letter_policy import Trip
+from worker.runtime.dead_letters.policy import Trip
 from worker.runtime.delivery import (
     AtLeastOnceSink,
     SharedSink,
@@ -62,13 +61,14 @@ from worker.runtime.kafka_client.base import (
     ProducerConfig,
     TopicPartition,
 )
-from worker.runtime.kafka_limits import transaction_timeout_ms
+from worker.runtime.kafka_client.limits import transaction_timeout_ms
 from worker.runtime.lifecycle import Lifecycle, WorkerState
+from worker.runtime.observability import metrics_names as m
+from worker.runtime.observability.prometheus_export import labelled
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.partition_opener import PartitionOpener
 from worker.runtime.preflight import check_record_limits
-from worker.runtime.prometheus_export import labelled
-from worker.runtime.state_store import StateRestorer
+from worker.runtime.state.store import StateRestorer
 from worker.runtime.topics import check_layout, max_message_bytes, partition_counts
 from worker.settings import KafkaSettings
 

@@ -30,7 +30,7 @@ from worker.pipeline.apis.chat_source import ChatSource, JsonDict, closing
 from worker.pipeline.apis.lease import RENEWALS_PER_LEASE, Holding, expired, lease_of, new_owner
 from worker.pipeline.apis.reattach import OutputTail, chunks, written
 from worker.pipeline.apis.responses_store import ResponsesStore, running
-from worker.runtime.tracing import NO_HEADERS, Headers
+from worker.runtime.observability.tracing import NO_HEADERS, Headers
 
 log = logging.getLogger(__name__)
 

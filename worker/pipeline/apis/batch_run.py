@@ -35,7 +35,7 @@ from schemas.envelope import Origin
 from worker.pipeline.apis.chat_source import ChatSource, JsonDict, closing
 from worker.pipeline.apis.lease import Holding
 from worker.pipeline.apis.reattach import OutputTail, one_answer, written
-from worker.runtime.tracing import NO_HEADERS
+from worker.runtime.observability.tracing import NO_HEADERS
 
 if TYPE_CHECKING:
     from worker.pipeline.apis.batch import BatchStore

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from schemas.envelope import Origin
 from worker.pipeline.connection import Connection
-from worker.runtime.tracing import Headers
+from worker.runtime.observability.tracing import Headers
 from worker.settings import GatewayOptions
 
 JsonDict = dict[str, Any]

@@ -19,7 +19,7 @@ from worker.pipeline.apis.chat_source import BadRequest, ChatSource, JsonDict
 from worker.pipeline.apis.responses_store import FINAL_STATUSES, ResponsesStore
 from worker.pipeline.gateway_delivery import SseWriter
 from worker.pipeline.gateway_edge import ANONYMOUS, API_KEY_NAME
-from worker.runtime.tracing import Headers
+from worker.runtime.observability.tracing import Headers
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from worker.runtime.kafka_client.base import ClientKind, KafkaClient
-from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.security.kafka_security import KafkaSecurity
 
 
 def make_client(

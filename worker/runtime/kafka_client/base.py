@@ -42,7 +42,7 @@ from worker.kafka_config import CompressionType as CompressionType
 from worker.kafka_config import GroupProtocol as GroupProtocol
 from worker.kafka_config import TransactionalIdMode as TransactionalIdMode
 from worker.kafka_config import transactional_id as transactional_id
-from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.security.kafka_security import KafkaSecurity
 
 MAX_MESSAGE_BYTES = "max.message.bytes"  # the topic configuration that caps a record's size
 

@@ -66,8 +66,8 @@ from worker.runtime.kafka_client.base import (
     ReaderConfig,
     TopicPartition,
 )
-from worker.runtime.kafka_oauth import MskIamTokenProvider, OidcTokenProvider
-from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism
+from worker.runtime.security.kafka_oauth import MskIamTokenProvider, OidcTokenProvider
+from worker.runtime.security.kafka_security import KafkaSecurity, SaslMechanism
 
 log = logging.getLogger(__name__)
 

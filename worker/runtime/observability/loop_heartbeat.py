@@ -14,9 +14,9 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 
-from worker.runtime import metrics_names as m
-from worker.runtime.health_server import ReadinessReport
-from worker.runtime.metrics import Metrics
+from worker.runtime.observability import metrics_names as m
+from worker.runtime.observability.health_server import ReadinessReport
+from worker.runtime.observability.metrics import Metrics
 
 DEFAULT_INTERVAL_S = 1.0
 # A loop that has not run for this long is stuck: no request handler may hold it that long.

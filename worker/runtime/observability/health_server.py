@@ -33,7 +33,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from worker.defaults import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT
 from worker.errors import ConfigurationError
-from worker.runtime.dead_letter_policy import Trip
+from worker.runtime.dead_letters.policy import Trip
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from worker.core.cycle_collection import freeze_startup_objects
 from worker.defaults import DEFAULT_METRICS_PORT
 from worker.errors import ConfigurationError
 from worker.runtime.composition import dead_letter_limits, load_derenderer, worker_parts
-from worker.runtime.dlq_replay import register_dlq
-from worker.runtime.health_server import HealthServer, LivenessCheck, ReadinessState
-from worker.runtime.kafka_security import load_kafka, with_security
-from worker.runtime.poison import ResetTracker
+from worker.runtime.dead_letters.poison import ResetTracker
+from worker.runtime.dead_letters.replay import register_dlq
+from worker.runtime.observability.health_server import HealthServer, LivenessCheck, ReadinessState
+from worker.runtime.observability.structured_logging import configure
 from worker.runtime.preflight import check_reachable
-from worker.runtime.structured_logging import configure
+from worker.runtime.security.kafka_security import load_kafka, with_security
 from worker.settings import (
     RUN_SECTIONS,
     KafkaTopics,
@@ -110,8 +110,8 @@ def _run(args: argparse.Namespace) -> int:
 def run_worker(config: RunConfig) -> int:
     """A worker process from its one configuration: its parts from ``composition``, in the order
     start-up needs them (logging, the Kafka check, the health server, the tokenizer, the worker)."""
-    from worker.runtime.prometheus_export import ExportedMetrics, build_registry
-    from worker.runtime.tracing import build_spans
+    from worker.runtime.observability.prometheus_export import ExportedMetrics, build_registry
+    from worker.runtime.observability.tracing import build_spans
     from worker.runtime.worker import Worker
 
     configure(config.logging)

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 
 from worker.runtime.kafka_client.base import ConsumedRecord, KafkaClient, ReaderConfig, TopicPartition
 from worker.runtime.kafka_client.ranges import RANGE_READ_TIMEOUT_S, RangeReader
-from worker.runtime.kafka_security import KafkaSecurity
-from worker.runtime.state_changelog import StateKeys
+from worker.runtime.security.kafka_security import KafkaSecurity
+from worker.runtime.state.changelog import StateKeys
 
 
 class StateRestorer:

@@ -38,7 +38,7 @@ from worker.errors import ConfigurationError
 from worker.kafka_config import SaslMechanism as SaslMechanism
 from worker.kafka_config import Secret as Secret
 from worker.kafka_config import SecurityProtocol as SecurityProtocol
-from worker.runtime.kafka_oauth import MskIamTokenProvider, OidcClientCredentials, OidcTokenProvider
+from worker.runtime.security.kafka_oauth import MskIamTokenProvider, OidcClientCredentials, OidcTokenProvider
 from worker.settings import KafkaConnection, SecuritySettings, load
 
 K = TypeVar("K", bound=KafkaConnection)

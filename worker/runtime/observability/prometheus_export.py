@@ -40,7 +40,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
-from worker.runtime.metrics import Metrics
+from worker.runtime.observability.metrics import Metrics
 
 # Upper bounds in milliseconds: from a fast derender step (~1 ms) to a slow restore (a minute).
 DEFAULT_BUCKETS_MS: tuple[float, ...] = (

@@ -54,7 +54,7 @@ from worker.runtime.kafka_client.base import (
     ReaderConfig,
     TopicPartition,
 )
-from worker.runtime.kafka_security import KafkaSecurity, load_kafka
+from worker.runtime.security.kafka_security import KafkaSecurity, load_kafka
 from worker.runtime.topics import partition_counts
 from worker.settings import DlqReplaySelection, ProducingTopics, SecuritySettings, add_arguments, load
 
@@ -288,7 +288,7 @@ async def _replay_one(
 
 
 def register_dlq(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Adds ``dlq replay`` to ``derender-worker`` (called from ``worker.runtime.commands.register``)."""
+    """Adds ``dlq replay`` to ``derender-worker`` (called from ``worker.commands.run.register``)."""
     dlq = commands.add_parser("dlq", help="work with the dead-letter topic")
     dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True)
     replay = dlq_commands.add_parser(

@@ -12,9 +12,9 @@ from typing import Any
 
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import ProcessResult
-from worker.runtime.genai_metrics import GenAiMetrics
-from worker.runtime.metrics import Metrics
-from worker.runtime.tracing import NO_HEADERS, NO_SPANS, Headers, RecordInfo, Spans, propagated
+from worker.runtime.observability.genai_metrics import GenAiMetrics
+from worker.runtime.observability.metrics import Metrics
+from worker.runtime.observability.tracing import NO_HEADERS, NO_SPANS, Headers, RecordInfo, Spans, propagated
 
 
 class RecordObserver:

@@ -46,9 +46,9 @@ from schemas.derender import (
 from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import ProcessResult
 from worker.core.sequence_state import SequenceState
-from worker.runtime import metrics_names as m
-from worker.runtime.metrics import Metrics
-from worker.runtime.prometheus_export import labelled
+from worker.runtime.observability import metrics_names as m
+from worker.runtime.observability.metrics import Metrics
+from worker.runtime.observability.prometheus_export import labelled
 
 REQUEST_START_HEADER = "derender-request-start-ms"
 DEFAULT_MAX_MODELS = 16

@@ -1,0 +1,1 @@
+"""The sub-commands' registrations: each module adds its commands to the CLI parser."""

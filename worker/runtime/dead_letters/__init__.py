@@ -1,0 +1,1 @@
+"""Dead letters: the record a DLQ holds, the circuit breaker, poison-record bounds, `dlq replay`."""

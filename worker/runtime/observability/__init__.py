@@ -1,0 +1,1 @@
+"""What the runtime shows of itself: metrics, /metrics and probes, traces, structured logs."""

@@ -1,0 +1,1 @@
+"""Kafka authentication: TLS and SASL settings, OAUTHBEARER token providers."""
