@@ -14,7 +14,7 @@ from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.runtime.dead_letter_policy import DeadLetterPolicy
 from worker.runtime.kafka_client.base import OutgoingRecord
-from worker.runtime.kafka_security import load_kafka
+from worker.runtime.kafka_security_settings import load_kafka
 from worker.runtime.memory import MemoryBudget
 from worker.runtime.metrics import Metrics
 from worker.runtime.observer import NO_OBSERVER, RecordObserver

@@ -35,13 +35,8 @@ from tests.paths import REPO_ROOT
 from worker.errors import ConfigurationError, TokenError
 from worker.runtime.kafka_client import confluent_backend
 from worker.runtime.kafka_oauth import MskIamTokenProvider, OidcClientCredentials, OidcTokenProvider
-from worker.runtime.kafka_security import (
-    KafkaSecurity,
-    SaslMechanism,
-    Secret,
-    SecurityProtocol,
-    kafka_security,
-)
+from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
+from worker.runtime.kafka_security_settings import kafka_security
 from worker.settings import (
     SecuritySettings,
     add_arguments,

@@ -15,13 +15,8 @@ from typing import Any
 import pytest
 
 from worker.errors import ConfigurationError
-from worker.runtime.kafka_security import (
-    KafkaSecurity,
-    SaslMechanism,
-    Secret,
-    SecurityProtocol,
-    kafka_security,
-)
+from worker.runtime.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
+from worker.runtime.kafka_security_settings import kafka_security
 from worker.settings import (
     SecuritySettings,
     add_arguments,

@@ -20,7 +20,7 @@ from worker.runtime.health_server import (
     HealthServer,
     ReadinessState,
 )
-from worker.runtime.kafka_security import kafka_security, load_kafka
+from worker.runtime.kafka_security_settings import kafka_security, load_kafka
 from worker.runtime.metrics import Metrics
 from worker.runtime.prometheus_export import (
     ExportedMetrics,

@@ -32,7 +32,7 @@ from worker.runtime.dead_letter_policy import DeadLetterLimits, DeadLetterPolicy
 from worker.runtime.delivery import PRODUCER_LINGER_MS, producer_config
 from worker.runtime.kafka_client import aiokafka_backend
 from worker.runtime.kafka_client.base import TopicPartition
-from worker.runtime.kafka_security import load_kafka
+from worker.runtime.kafka_security_settings import load_kafka
 from worker.runtime.memory import OPENING_FACTOR, REQUEST_BASE_BYTES, MemoryBudget
 from worker.runtime.partition import OwnedPartition
 from worker.runtime.prometheus_export import labelled

@@ -37,7 +37,8 @@ from worker.runtime.kafka_client.base import (
     TopicPartition,
 )
 from worker.runtime.kafka_limits import MAX_RECORD_BYTES, TRANSACTION_TIMEOUT_MS
-from worker.runtime.kafka_security import KafkaSecurity, load_kafka
+from worker.runtime.kafka_security import KafkaSecurity
+from worker.runtime.kafka_security_settings import load_kafka
 from worker.runtime.topics import LARGE_RECORDS, partition_counts
 from worker.settings import (
     KafkaConnection,

@@ -17,7 +17,7 @@ from worker.errors import ConfigurationError
 from worker.runtime.composition import dead_letter_limits, load_derenderer, worker_parts
 from worker.runtime.dlq_replay import register_dlq
 from worker.runtime.health_server import HealthServer, LivenessCheck, ReadinessState
-from worker.runtime.kafka_security import load_kafka, with_security
+from worker.runtime.kafka_security_settings import load_kafka, with_security
 from worker.runtime.poison import ResetTracker
 from worker.runtime.preflight import check_reachable
 from worker.runtime.structured_logging import configure
