@@ -19,7 +19,7 @@ from worker.runtime.memory import MemoryBudget
 from worker.runtime.observability.metrics import Metrics
 from worker.runtime.observability.observer import NO_OBSERVER, RecordObserver
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.security.kafka_security import load_kafka
+from worker.runtime.security.from_settings import load_kafka
 from worker.runtime.state.changelog import StateChangelog, StateKeys
 from worker.runtime.topics import TopicNames
 from worker.settings import KafkaSettings

@@ -14,10 +14,6 @@ CLIENT_LAYER = "worker/runtime/kafka_client/"
 # Files that still import a client library themselves, each with why; remove a line once its file
 # goes through the layer (a line whose file no longer imports one fails below).
 ALLOWED = {
-    # Being changed on other branches; their consumer and producer move onto Connection.reader and
-    # Connection.plain_producer after those merge.
-    "worker/pipeline/gateway.py",
-    "worker/pipeline/apis/compacted_table.py",
     # The TLS context and OAUTHBEARER token providers aiokafka's clients are built with; they move
     # once the layer maps KafkaSecurity for aiokafka itself, as it does for librdkafka.
     "worker/runtime/security/kafka_security.py",

@@ -20,7 +20,8 @@ from tests.paths import REPO_ROOT
 from worker.cli import build_parser, main
 from worker.errors import ConfigurationError
 from worker.runtime.composition import load_derenderer, worker_parts
-from worker.runtime.security.kafka_security import Secret, kafka_security
+from worker.runtime.security.from_settings import kafka_security
+from worker.runtime.security.kafka_security import Secret
 from worker.settings import (
     RUN_SECTIONS,
     RUN_SETTINGS_BY_ENV,

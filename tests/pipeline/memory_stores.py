@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import cast
 
-from worker.pipeline.apis.batch import BatchStore
+from worker.pipeline.apis.batch_store import BatchStore
 from worker.pipeline.apis.responses_store import ResponsesStore
 from worker.pipeline.connection import Connection
 

@@ -19,7 +19,7 @@ from aiohttp import web
 from schemas.envelope import Origin
 from tests.async_helpers import run_bounded, serving_app
 from tests.pipeline.memory_stores import MemoryBatchStore
-from worker.pipeline.apis import batch_run
+from worker.pipeline.apis import batch_run, batch_store
 from worker.pipeline.apis.batch import BatchApi
 from worker.pipeline.apis.chat_source import JsonDict
 from worker.pipeline.connection import Connection
@@ -112,7 +112,7 @@ class Gateway:
             self.peak_held = max(self.peak_held, self.api.held_lines())
             async with session.get(f"http://127.0.0.1:{port}/v1/batches/{batch_id}") as response:
                 batch: JsonDict = await response.json()
-            if batch["status"] in batch_run.FINAL:
+            if batch["status"] in batch_store.FINAL:
                 return batch
             await asyncio.sleep(0.001)
 

@@ -34,14 +34,9 @@ from tests.kafka_helpers import QWEN3_CONFIG, TopicReader, free_port, generate_s
 from tests.paths import REPO_ROOT
 from worker.errors import ConfigurationError, TokenError
 from worker.runtime.kafka_client import confluent_backend
+from worker.runtime.security.from_settings import kafka_security
 from worker.runtime.security.kafka_oauth import MskIamTokenProvider, OidcClientCredentials, OidcTokenProvider
-from worker.runtime.security.kafka_security import (
-    KafkaSecurity,
-    SaslMechanism,
-    Secret,
-    SecurityProtocol,
-    kafka_security,
-)
+from worker.runtime.security.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
 from worker.settings import (
     SecuritySettings,
     add_arguments,

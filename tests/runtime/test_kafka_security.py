@@ -15,13 +15,8 @@ from typing import Any
 import pytest
 
 from worker.errors import ConfigurationError
-from worker.runtime.security.kafka_security import (
-    KafkaSecurity,
-    SaslMechanism,
-    Secret,
-    SecurityProtocol,
-    kafka_security,
-)
+from worker.runtime.security.from_settings import kafka_security
+from worker.runtime.security.kafka_security import KafkaSecurity, SaslMechanism, Secret, SecurityProtocol
 from worker.settings import (
     SecuritySettings,
     add_arguments,

@@ -30,7 +30,7 @@ from worker.runtime.observability.prometheus_export import (
     split_labels,
     timing_base_name,
 )
-from worker.runtime.security.kafka_security import kafka_security, load_kafka
+from worker.runtime.security.from_settings import kafka_security, load_kafka
 from worker.settings import (
     DeadLetterSettings,
     KafkaSettings,

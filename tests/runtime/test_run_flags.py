@@ -6,7 +6,7 @@ import pytest
 
 from worker.cli import build_parser
 from worker.errors import ConfigurationError
-from worker.runtime.security.kafka_security import load_kafka
+from worker.runtime.security.from_settings import load_kafka
 from worker.settings import DeliveryMode, KafkaSettings
 
 

@@ -35,7 +35,7 @@ from worker.runtime.memory import OPENING_FACTOR, REQUEST_BASE_BYTES, MemoryBudg
 from worker.runtime.observability import metrics_names as m
 from worker.runtime.observability.prometheus_export import labelled
 from worker.runtime.partition import OwnedPartition
-from worker.runtime.security.kafka_security import load_kafka
+from worker.runtime.security.from_settings import load_kafka
 from worker.runtime.worker import configuration_error
 from worker.settings import (
     KafkaTopics,

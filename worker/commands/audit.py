@@ -12,7 +12,7 @@ from worker.core.envelope_processor import EnvelopeProcessor
 from worker.errors import AuditUsageError, ConfigurationError
 from worker.runtime.audit_source import add_kafka_arguments, audit_with_kafka
 from worker.runtime.composition import load_derenderer, new_processor
-from worker.runtime.security.kafka_security import load_kafka
+from worker.runtime.security.from_settings import load_kafka
 from worker.settings import AuditOptions, ModelSettings, ProducingTopics, add_arguments, load
 
 # --- the command --------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from worker.runtime.dead_letters.replay import register_dlq
 from worker.runtime.observability.health_server import HealthServer, LivenessCheck, ReadinessState
 from worker.runtime.observability.structured_logging import configure
 from worker.runtime.preflight import check_reachable
-from worker.runtime.security.kafka_security import load_kafka, with_security
+from worker.runtime.security.from_settings import load_kafka, with_security
 from worker.settings import (
     RUN_SECTIONS,
     KafkaTopics,

@@ -4,7 +4,8 @@ The bootstrap flag has the same environment fallbacks as ``run`` (``DERENDER_BOO
 then ``KAFKA_BOOTSTRAP_SERVERS``); TLS and SASL come from ``worker.runtime.security.kafka_security``. Every
 client comes from the client layer (``worker.runtime.kafka_client``): ``client`` for a group member
 and transactions, ``plain_producer`` and ``reader`` for a producer and a reader of explicit
-partitions. ``producer``/``consumer`` hand out aiokafka's own clients to the gateway until it moves.
+partitions, ``acked_producer`` for one shared by concurrent senders (the gateway and its APIs).
+``producer`` hands out aiokafka's own producer to ``produce`` (one outcome per line) until it moves.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from worker.runtime.delivery import (
 )
 from worker.runtime.kafka_client import make_client
 from worker.runtime.kafka_client.base import (
+    AckedProducer,
     ClientKind,
     CompressionType,
     KafkaClient,
@@ -32,9 +34,11 @@ from worker.runtime.kafka_client.base import (
     Producer,
     ProducerConfig,
     ReaderConfig,
+    TopicPartition,
 )
 from worker.runtime.kafka_client.limits import MAX_RECORD_BYTES, TRANSACTION_TIMEOUT_MS
-from worker.runtime.security.kafka_security import KafkaSecurity, load_kafka
+from worker.runtime.security.from_settings import load_kafka
+from worker.runtime.security.kafka_security import KafkaSecurity
 from worker.runtime.topics import LARGE_RECORDS, partition_counts
 from worker.settings import (
     KafkaConnection,
@@ -113,8 +117,15 @@ class Connection:
         """A ``read_committed`` reader of explicit partitions (no group, no commits)."""
         return self.client(kind).reader(self.reader_config(role))
 
+    def acked_producer(self) -> AckedProducer:
+        """A producer whose every sender waits for its own record only (``send_and_wait``); the
+        aiokafka backend's, the only one that has it."""
+        from worker.runtime.kafka_client.aiokafka_backend import AiokafkaProducer
+
+        return AiokafkaProducer(self.producer_config(), self.security.client_kwargs())
+
     def producer(self, **extra: Any) -> Any:
-        """aiokafka's own producer, for the gateway until it uses ``plain_producer``."""
+        """aiokafka's own producer, for ``produce`` until it uses ``plain_producer``."""
         from worker.runtime.kafka_client.aiokafka_backend import compression_type
         from worker.runtime.kafka_client.aiokafka_plain import plain_producer
 
@@ -125,18 +136,6 @@ class Connection:
             "compression_type": compression_type(self.compression),
         }
         return plain_producer({**self.kwargs(), **options, **extra})
-
-    def consumer(self, **extra: Any) -> Any:
-        """aiokafka's own consumer, for the gateway until it uses ``reader``."""
-        from worker.runtime.kafka_client.aiokafka_plain import plain_consumer
-
-        options: dict[str, Any] = {
-            "isolation_level": "read_committed",
-            "enable_auto_commit": False,
-            "fetch_max_bytes": MAX_REQUEST_BYTES,
-            "max_partition_fetch_bytes": MAX_REQUEST_BYTES,
-        }
-        return plain_consumer({**self.kwargs(), **options, **extra})
 
     async def ensure_topic(self, name: str, partitions: int, replication_factor: int = 1) -> bool:
         """Create ``name`` unless it exists; True when it was created."""
@@ -190,10 +189,7 @@ async def wait_for_topics(connection: Connection, *topics: str, every_s: float =
         await asyncio.sleep(every_s)
 
 
-async def topic_partitions(connection: Connection, topic: str) -> list[Any]:
-    """Every partition of ``topic`` as aiokafka's own type (the gateway's consumer takes no other);
-    a ConfigurationError when it does not exist."""
-    from worker.runtime.kafka_client.aiokafka_plain import plain_partitions
-
+async def topic_partitions(connection: Connection, topic: str) -> list[TopicPartition]:
+    """Every partition of ``topic``; a ConfigurationError when it does not exist."""
     count = (await require_topics(connection, topic))[topic]
-    return plain_partitions(topic, count)
+    return [TopicPartition(topic, p) for p in range(count)]

@@ -31,8 +31,6 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
 
 from schemas.envelope import Origin
 from schemas.pipeline import CancelRecord
@@ -43,6 +41,7 @@ from worker.pipeline.gateway_admission import Admitted, Budget, Endpoint, Refuse
 from worker.pipeline.gateway_delivery import Delivery, Mailbox, SseWriter, shutdown_error, stream_ids
 from worker.pipeline.gateway_edge import ANONYMOUS, API_KEY_NAME, ApiKeys, edge_trace
 from worker.pipeline.gateway_routing import ReplyRouting
+from worker.runtime.kafka_client.base import AckedProducer, OutgoingRecord
 from worker.runtime.observability.structured_logging import configure
 from worker.runtime.observability.tracing import NO_HEADERS, Headers
 from worker.settings import GatewayOptions, LoggingSettings, add_arguments, load
@@ -93,7 +92,7 @@ class Gateway:
         self.mailboxes: dict[str, Mailbox] = {}  # by output record key (request id, or request-prompt)
         self.open: dict[str, Mailbox] = {}  # by request id
         self.durable: set[str] = set()  # the open requests a stop hands over (``chat(durable=True)``)
-        self.producer: AIOKafkaProducer | None = None
+        self.producer: AckedProducer | None = None
         self.routing = ReplyRouting(
             settings.output_topic,
             connection,
@@ -113,7 +112,7 @@ class Gateway:
     async def start(self) -> None:
         s = self.settings
         await wait_for_topics(self.connection, s.requests_topic, s.output_topic)
-        self.producer = self.connection.producer(linger_ms=0)
+        self.producer = self.connection.acked_producer()
         await self.producer.start()
         await self.routing.start()
         self.routing.add_done_callback(self._reader_ended)
@@ -150,7 +149,7 @@ class Gateway:
     async def _send(self, request_id: str, value: bytes, trace: Headers = NO_HEADERS) -> None:
         assert self.producer is not None
         await self.producer.send_and_wait(
-            self.settings.requests_topic, value=value, key=request_id.encode(), headers=list(trace) or None
+            OutgoingRecord(self.settings.requests_topic, key=request_id.encode(), value=value, headers=trace)
         )
 
     def cancel(self, request_id: str) -> None:
@@ -275,7 +274,7 @@ class Gateway:
                 exchange.succeeded()
         except Refused as refused:
             yield {"error": refused.body["error"]}
-        except (KafkaError, KafkaClientError) as exc:
+        except KafkaClientError as exc:
             log.warning("a request could not be queued on %s: %r", self.settings.requests_topic, exc)
             yield {
                 "error": error_body(503, "the request could not be queued", "ServiceUnavailableError")[
@@ -390,7 +389,7 @@ class Gateway:
                 return await self._one_shot(http, exchange)
         except Refused as refused:
             return refused_response(refused)
-        except (KafkaError, KafkaClientError) as exc:  # not written: nothing runs, the client may retry
+        except KafkaClientError as exc:  # not written: nothing runs, the client may retry
             log.warning("a request could not be queued on %s: %r", self.settings.requests_topic, exc)
             return refused_response(
                 Refused(503, error_body(503, "the request could not be queued", "ServiceUnavailableError"), 1)

@@ -3,7 +3,7 @@
 ``worker.settings`` is data (flags, environment, bounds); this module turns it into objects: the
 derenderer (it loads the tokenizer), the envelope processors, the live-parser pool, the memory
 budget, the state keys and changelogs, the owned partitions. (The Kafka security is built by
-``kafka_security.load_kafka``, the logging set by ``structured_logging.configure``: the pipeline's
+``kafka_security_settings.load_kafka``, the logging set by ``structured_logging.configure``: the pipeline's
 commands use them too, without the core.)
 Each part is given everything it uses in its constructor, so what a worker is made of is read here,
 once, and a test builds the same parts the same way.

@@ -27,25 +27,20 @@ import contextlib
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from schemas.envelope import Origin
+from worker.pipeline.apis.batch_store import CHUNK_BYTES, BatchStore
 from worker.pipeline.apis.chat_source import ChatSource, JsonDict, closing
 from worker.pipeline.apis.lease import Holding
 from worker.pipeline.apis.reattach import OutputTail, one_answer, written
 from worker.runtime.observability.tracing import NO_HEADERS
 
-if TYPE_CHECKING:
-    from worker.pipeline.apis.batch import BatchStore
-
 log = logging.getLogger(__name__)
 
-CHUNK_BYTES = 512 * 1024  # a file's chunk in the batch topic, and the unit a download reads
 FLUSH_EVERY_S = 1.0
-FINAL = ("completed", "failed", "expired", "cancelled")
-RUNNING = ("validating", "in_progress", "finalizing")
 
 
 def new_run(client: str) -> JsonDict:

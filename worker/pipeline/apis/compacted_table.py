@@ -12,9 +12,9 @@ import asyncio
 import contextlib
 
 from aiohttp import web
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from worker.pipeline.connection import Connection, topic_partitions
+from worker.runtime.kafka_client.base import AckedProducer, OutgoingRecord, PartitionReader, TopicPartition
 
 CATCH_UP_S = 5.0  # how long a lookup waits for this replica to read what others wrote before it
 
@@ -24,8 +24,8 @@ class CompactedTable:
         self.connection = connection
         self.topic = topic
         self.partitions: list[TopicPartition] = []
-        self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AckedProducer | None = None
+        self._consumer: PartitionReader | None = None
         self._reader: asyncio.Task[None] | None = None
         self._fetched = asyncio.Event()  # replaced after each fetch: set means "the reader moved on"
 
@@ -41,12 +41,13 @@ class CompactedTable:
 
     async def start(self) -> None:
         self.partitions = await topic_partitions(self.connection, self.topic)
-        self._producer = self.connection.producer(linger_ms=0)
+        self._producer = self.connection.acked_producer()
         await self._producer.start()
-        self._consumer = self.connection.consumer()
+        self._consumer = self.connection.reader(f"table-{self.topic}")
         await self._consumer.start()
         self._consumer.assign(self.partitions)
-        await self._consumer.seek_to_beginning(*self.partitions)
+        for tp, first in (await self._consumer.beginning_offsets(self.partitions)).items():
+            self._consumer.seek(tp, first)
         self._reader = asyncio.create_task(self._read())
 
     async def stop(self) -> None:
@@ -60,7 +61,7 @@ class CompactedTable:
 
     async def send(self, key: str, value: bytes) -> None:
         assert self._producer is not None
-        await self._producer.send_and_wait(self.topic, value=value, key=key.encode())
+        await self._producer.send_and_wait(OutgoingRecord(self.topic, key=key.encode(), value=value))
 
     async def caught_up(self) -> None:
         """Until this replica has read what the topic held when asked (at most ``CATCH_UP_S``)."""
@@ -75,7 +76,7 @@ class CompactedTable:
     async def _read(self) -> None:
         assert self._consumer is not None
         while True:
-            batches = await self._consumer.getmany(timeout_ms=100)
+            batches = await self._consumer.fetch(self.partitions, timeout_ms=100)
             for records in batches.values():
                 for record in records:
                     if record.key is not None:

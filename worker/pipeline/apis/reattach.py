@@ -15,15 +15,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Iterable
+from dataclasses import dataclass
 from types import TracebackType
 
 import orjson
-from aiokafka import AIOKafkaConsumer
 
 from worker.pipeline.apis.chat_source import JsonDict
 from worker.pipeline.connection import Connection, topic_partitions
 from worker.pipeline.gateway_admission import admit_body
 from worker.pipeline.gateway_delivery import Delivery, Mailbox
+from worker.runtime.kafka_client.base import PartitionReader, TopicPartition
 from worker.settings import GatewayOptions
 
 log = logging.getLogger(__name__)
@@ -33,23 +34,28 @@ log = logging.getLogger(__name__)
 CLOCK_SKEW_MS = 60_000
 
 
-async def _consumer_from(connection: Connection, topic: str, since_ms: int) -> AIOKafkaConsumer:
-    """A consumer of every partition of ``topic``, each at its first record at or after ``since_ms``."""
+@dataclass(frozen=True, slots=True)
+class _Tail:
+    reader: PartitionReader
+    partitions: list[TopicPartition]
+
+
+async def _reader_from(connection: Connection, topic: str, since_ms: int, role: str) -> _Tail:
+    """A reader of every partition of ``topic``, each at its first record at or after ``since_ms``."""
     partitions = await topic_partitions(connection, topic)
-    consumer = connection.consumer()
-    await consumer.start()
+    reader = connection.reader(role)
+    await reader.start()
     try:
-        consumer.assign(partitions)
-        start = max(0, since_ms - CLOCK_SKEW_MS)
-        found = await consumer.offsets_for_times(dict.fromkeys(partitions, start))
-        ends = await consumer.end_offsets(partitions)
+        reader.assign(partitions)
+        found = await reader.offsets_for_time(partitions, max(0, since_ms - CLOCK_SKEW_MS))
+        ends = await reader.end_offsets(partitions)
         for tp in partitions:
             at = found.get(tp)
-            consumer.seek(tp, at.offset if at is not None else ends[tp])
+            reader.seek(tp, at if at is not None else ends[tp])
     except BaseException:
-        await consumer.stop()
+        await reader.stop()
         raise
-    return consumer
+    return _Tail(reader, partitions)
 
 
 async def written(connection: Connection, topic: str, ids: Iterable[str], since_ms: int) -> set[str]:
@@ -58,11 +64,11 @@ async def written(connection: Connection, topic: str, ids: Iterable[str], since_
     if not wanted:
         return set()
     found: set[str] = set()
-    consumer = await _consumer_from(connection, topic, since_ms)
+    tail = await _reader_from(connection, topic, since_ms, "written")
     try:
-        ends = await consumer.end_offsets(list(consumer.assignment()))
-        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
-            for records in (await consumer.getmany(timeout_ms=200)).values():
+        ends = await tail.reader.end_offsets(tail.partitions)
+        while [tp for tp, end in ends.items() if await tail.reader.position(tp) < end]:
+            for records in (await tail.reader.fetch(tail.partitions, timeout_ms=200)).values():
                 for record in records:
                     name = wanted.get(record.key or b"")
                     if name is None or name in found:
@@ -72,7 +78,7 @@ async def written(connection: Connection, topic: str, ids: Iterable[str], since_
                         if isinstance(value, dict) and "request" in value:  # not a cancel or a marker
                             found.add(name)
     finally:
-        await consumer.stop()
+        await tail.reader.stop()
     return found
 
 
@@ -87,14 +93,14 @@ class OutputTail:
         self.since_ms = since_ms
         # Each request's records are kept from the first one read, whenever its reader comes.
         self._mailboxes = {rid: self._mailbox() for rid in request_ids}
+        self._tail: _Tail | None = None
+        self._reader: asyncio.Task[None] | None = None
 
     def _mailbox(self) -> Mailbox:
         return Mailbox(self.settings.max_queued_bytes, lambda _: None, lambda: None)
-        self._consumer: AIOKafkaConsumer | None = None
-        self._reader: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> OutputTail:
-        self._consumer = await _consumer_from(self.connection, self.settings.output_topic, self.since_ms)
+        self._tail = await _reader_from(self.connection, self.settings.output_topic, self.since_ms, "tail")
         self._reader = asyncio.create_task(self._read())
         return self
 
@@ -105,8 +111,8 @@ class OutputTail:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
-        if self._consumer is not None:
-            await self._consumer.stop()
+        if self._tail is not None:
+            await self._tail.reader.stop()
 
     def follow(self, request_id: str, chat: JsonDict) -> Delivery:
         """The delivery of ``request_id`` (one of the tail's), sent as ``chat``: its records from the
@@ -120,9 +126,9 @@ class OutputTail:
             self._mailboxes.pop(key, None)
 
     async def _read(self) -> None:
-        assert self._consumer is not None
+        assert self._tail is not None
         while True:
-            batches = await self._consumer.getmany(timeout_ms=100)
+            batches = await self._tail.reader.fetch(self._tail.partitions, timeout_ms=100)
             for records in batches.values():
                 for record in records:
                     key = record.key.decode(errors="replace") if record.key else ""

@@ -54,7 +54,8 @@ from worker.runtime.kafka_client.base import (
     ReaderConfig,
     TopicPartition,
 )
-from worker.runtime.security.kafka_security import KafkaSecurity, load_kafka
+from worker.runtime.security.from_settings import load_kafka
+from worker.runtime.security.kafka_security import KafkaSecurity
 from worker.runtime.topics import partition_counts
 from worker.settings import DlqReplaySelection, ProducingTopics, SecuritySettings, add_arguments, load
 

@@ -434,6 +434,18 @@ class AiokafkaProducer:
     async def send(self, record: OutgoingRecord) -> None:
         self._futures.append(await _send(self._producer, record))
 
+    async def send_and_wait(self, record: OutgoingRecord) -> None:
+        # Outside ``_futures``: a concurrent ``flush`` neither waits for it nor reports its failure.
+        fut = await _send(self._producer, record)
+        try:
+            await asyncio.wait([fut])
+        except BaseException:  # cancelled: its outcome is nobody's any more
+            _discard([fut])
+            raise
+        failure = _first_failure([fut])
+        if failure is not None:
+            raise failure
+
     async def flush(self) -> None:
         futures, self._futures = self._futures, []
         if futures:

@@ -217,6 +217,14 @@ class Producer(Protocol):
     async def stop(self) -> None: ...
 
 
+class AckedProducer(Producer, Protocol):
+    """A producer shared by concurrent senders, each waiting for its own record only (the
+    gateway: ``flush`` would wait for, and report the failures of, everyone's records)."""
+
+    async def send_and_wait(self, record: OutgoingRecord) -> None:
+        """Send ``record`` and wait until it is acknowledged; ``DeliveryFailedError`` if it failed."""
+
+
 @dataclass(frozen=True, slots=True)
 class ReaderConfig:
     bootstrap_servers: str

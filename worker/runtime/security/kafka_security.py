@@ -26,11 +26,10 @@ log that dict).
 
 from __future__ import annotations
 
-import argparse
 import os
 import ssl
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from aiokafka.helpers import create_ssl_context
 
@@ -39,9 +38,6 @@ from worker.kafka_config import SaslMechanism as SaslMechanism
 from worker.kafka_config import Secret as Secret
 from worker.kafka_config import SecurityProtocol as SecurityProtocol
 from worker.runtime.security.kafka_oauth import MskIamTokenProvider, OidcClientCredentials, OidcTokenProvider
-from worker.settings import KafkaConnection, SecuritySettings, load
-
-K = TypeVar("K", bound=KafkaConnection)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,48 +201,3 @@ class KafkaSecurity:
                 f"check_hostname={self.ssl_check_hostname}"
             )
         return " ".join(parts)
-
-
-# --- from the settings ----------------------------------------------------------------------------
-
-
-def kafka_security(settings: SecuritySettings) -> KafkaSecurity:
-    """The TLS / SASL options of every Kafka client, checked (a ``ConfigurationError`` names the flag)."""
-    oauth = None
-    if (
-        settings.sasl_oauth_token_endpoint
-        or settings.sasl_oauth_client_id
-        or settings.sasl_oauth_client_secret
-    ):
-        oauth = OidcClientCredentials(
-            settings.sasl_oauth_token_endpoint or "",
-            settings.sasl_oauth_client_id or "",
-            settings.sasl_oauth_client_secret or None,
-            settings.sasl_oauth_scope or None,
-        )
-    security = KafkaSecurity(
-        protocol=settings.security_protocol,
-        sasl_mechanism=settings.sasl_mechanism,
-        sasl_username=settings.sasl_username or None,
-        sasl_password=settings.sasl_password or None,
-        ssl_cafile=settings.ssl_cafile or None,
-        ssl_certfile=settings.ssl_certfile or None,
-        ssl_keyfile=settings.ssl_keyfile or None,
-        ssl_key_password=settings.ssl_key_password or None,
-        ssl_check_hostname=settings.ssl_check_hostname,
-        oauth=oauth,
-        aws_region=settings.aws_region or None,
-    )
-    security.validate()
-    return security
-
-
-def with_security(settings: K, security: SecuritySettings) -> K:
-    """``settings`` carrying the Kafka security that ``security`` describes (no flag of its own)."""
-    settings._security = kafka_security(security)  # a private attribute: not a setting
-    return settings
-
-
-def load_kafka(section: type[K], args: argparse.Namespace) -> K:
-    """A Kafka section from the command line, with the security settings built in."""
-    return with_security(load(section, args), load(SecuritySettings, args))
