@@ -48,6 +48,15 @@ class RequestEnvelope(BaseModel):
             "still waiting for a stream slot then with a 504 error record, and aborts one still generating."
         ),
     )
+    start_by_ms: NonNegativeInt64 | None = Field(
+        None,
+        description=(
+            "Unix time in milliseconds after which the request is not started: ingest ends a request "
+            "that has not begun generating by then (still in its backlog, or waiting for a stream slot) "
+            "with a 504 error record; once generating it runs to its end. The gateway sets it on a "
+            "stream, whose first record its client waits for no longer than the request timeout."
+        ),
+    )
     origin: Origin | None = Field(
         None,
         description=(

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import openai
 import orjson
 import pytest
@@ -82,3 +83,60 @@ def test_a_one_shot_whose_client_timed_out_in_the_backlog_is_never_generated(pip
     assert f"chatcmpl-{envelope['request_id']}" not in pipeline.fake.generations_of  # never generated
     assert [(o["seq"], o["error"]["code"]) for o in ended] == [(0, 504)], ended
     assert 0 <= envelope["deadline_ms"] - sent_ms - REQUEST_TIMEOUT_S * 1000 < 2000, envelope
+
+
+def test_a_stream_whose_client_timed_out_in_the_backlog_is_never_started(pipeline: Pipeline) -> None:
+    """A stream carries ``start_by_ms``, not ``deadline_ms``: ingest does not start it once its client
+    gave up waiting for the first record, and a stream that did start may outlive the request timeout."""
+    holder = new_id("hold")
+    hold = {
+        "request_id": holder,
+        "endpoint": "chat",
+        "request": request_of(recording(STREAM_CASE), user="fault:hold"),
+    }
+    marker = int(time.time() * 1000) + 1  # a seed the fake ignores: it names the gateway's request
+
+    async def go() -> tuple[float, float, int, bytes, dict[str, Any], list[dict[str, Any]]]:
+        outputs = await TopicReader(pipeline.bootstrap, pipeline.topics.output).start()
+        requests = await TopicReader(pipeline.bootstrap, pipeline.requests_topic).start()
+        try:
+            await pipeline.send([hold])
+            deadline = time.monotonic() + 60
+            while pipeline.fake.streams_open < 1:  # the only slot is taken
+                assert time.monotonic() < deadline, pipeline.logs()
+                await asyncio.sleep(0.05)
+            sent_ms = time.time() * 1000
+            started = time.monotonic()
+            body = request_of(recording(STREAM_CASE), seed=marker, stream=True)
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(
+                    f"{pipeline.gateway_url}/v1/chat/completions",
+                    json=body,
+                    headers={"Authorization": "Bearer x"},
+                    timeout=aiohttp.ClientTimeout(total=30),
+                ) as response,
+            ):
+                status, answer = response.status, await response.read()
+            waited = time.monotonic() - started
+            assert pipeline.fake.streams_open == 1, "the holder left its slot too early for the test"
+            envelope = next(
+                v
+                for r in requests.records
+                if (v := orjson.loads(r.value)).get("request", {}).get("seed") == marker
+            )
+            rid = envelope["request_id"]
+            await pipeline.outputs(outputs, [holder], timeout=60)  # the slot frees
+            ended = (await pipeline.outputs(outputs, [rid], timeout=30))[rid]
+            return sent_ms, waited, status, answer, envelope, ended
+        finally:
+            await outputs.stop()
+            await requests.stop()
+
+    sent_ms, waited, status, answer, envelope, ended = run_sync(go())
+    assert REQUEST_TIMEOUT_S <= waited < REQUEST_TIMEOUT_S + 5
+    assert status == 504 or b'"code":504' in answer.replace(b" ", b""), (status, answer)
+    assert "deadline_ms" not in envelope, envelope
+    assert 0 <= envelope["start_by_ms"] - sent_ms - REQUEST_TIMEOUT_S * 1000 < 2000, envelope
+    assert not [key for key in pipeline.fake.generations_of if envelope["request_id"] in key]  # never started
+    assert [(o["seq"], o["error"]["code"]) for o in ended] == [(0, 504)], ended

@@ -234,12 +234,12 @@ class Gateway:
                 self.cancel(request_id)
 
     def _deadline(self, admitted: Admitted) -> bytes:
-        """``,"deadline_ms":...`` for a one-shot request: its answer is one record, so past the request
-        timeout its client has its 504 and ingest need not start it. A stream gets none: the timeout
-        runs between records, and ingest aborts a request still generating at its deadline."""
-        if admitted.stream:
-            return b""
-        return b',"deadline_ms":%d' % int((time.time() + self.settings.request_timeout_s) * 1000)
+        """When ingest may give up on the request: past the request timeout its client has had its 504.
+        A one-shot's answer is one record, so it gets ``deadline_ms`` (not started, or aborted, after
+        it). A stream gets ``start_by_ms``: the timeout runs between records, so a long stream may
+        rightly outlive it, but its first record is waited for no longer, so it must start by then."""
+        at = int((time.time() + self.settings.request_timeout_s) * 1000)
+        return b',"start_by_ms":%d' % at if admitted.stream else b',"deadline_ms":%d' % at
 
     async def chat(
         self,

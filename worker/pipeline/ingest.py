@@ -462,7 +462,7 @@ class Ingest:
             cancelled = _error(CANCELLED_CODE, "the request was cancelled", "CancelledError")
             self._finish_with_error(partition, envelope, 0, cancelled, trace)
             return
-        if _expired(envelope):
+        if _too_late_to_start(envelope):
             self._finish_with_error(partition, envelope, 0, _expired_error(), trace)
             return
         request = _Request(partition, offset, envelope, trace, len(value or b""))
@@ -622,7 +622,7 @@ class Ingest:
         """A generate slot (``--max-inflight``); a cancel or an expired deadline while waiting ends it."""
         if await self._until_cancelled(request, self._slots.acquire()) is None:
             raise UpstreamError(CANCELLED_CODE, "the request was cancelled", "CancelledError")
-        if _expired(request.envelope):
+        if _too_late_to_start(request.envelope):
             self._slots.release()
             raise TimeoutError
 
@@ -938,6 +938,12 @@ def _seconds_left(envelope: RequestEnvelope) -> float | None:
 
 def _expired(envelope: RequestEnvelope) -> bool:
     return envelope.deadline_ms is not None and time.time() * 1000 >= envelope.deadline_ms
+
+
+def _too_late_to_start(envelope: RequestEnvelope) -> bool:
+    """Past its deadline, or past its ``start_by_ms`` before it began generating."""
+    late = envelope.start_by_ms is not None and time.time() * 1000 >= envelope.start_by_ms
+    return late or _expired(envelope)
 
 
 def _expired_error() -> JsonDict:
