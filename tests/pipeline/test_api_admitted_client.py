@@ -7,55 +7,31 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
 
-from schemas.envelope import Origin
 from tests.async_helpers import serving_app
+from tests.pipeline.chat_stand_in import ChatCall, ChatStandIn
 from tests.pipeline.memory_stores import MemoryBatchStore, MemoryResponsesStore
 from worker.pipeline.apis.batch import BatchApi
 from worker.pipeline.apis.chat_source import JsonDict
 from worker.pipeline.apis.routes import ResponsesApi
-from worker.pipeline.connection import Connection
 from worker.pipeline.gateway_edge import API_KEY_NAME
-from worker.runtime.observability.tracing import NO_HEADERS, Headers
 from worker.settings import GatewayOptions
 
 
-class RecordingChat:
+class RecordingChat(ChatStandIn):
     """Answers every chat with one error (as a refusal would) and notes the client it was asked for."""
 
     def __init__(self) -> None:
-        self.settings = GatewayOptions(allow_no_api_key=True)
-        self.connection: Connection = None  # type: ignore[assignment]  # never used by these handlers
+        super().__init__(GatewayOptions(allow_no_api_key=True))
         self.clients: asyncio.Queue[str] = asyncio.Queue()
 
-    async def chat(
-        self,
-        body: JsonDict,
-        trace: Headers,
-        request_id: str | None = None,
-        client: str = "-",
-        origin: Origin | None = None,
-        durable: bool = False,
-    ) -> AsyncGenerator[JsonDict, None]:
-        self.clients.put_nowait(client)
+    async def answer(self, call: ChatCall) -> AsyncGenerator[JsonDict, None]:
+        self.clients.put_nowait(call.client)
         yield {"error": {"message": "refused", "code": 429}}
-
-    def new_request_id(self, prefix: str = "") -> str:
-        return prefix + uuid.uuid4().hex
-
-    def cancel(self, request_id: str) -> None:
-        pass
-
-    async def read_body(self, http: web.Request) -> bytes:
-        return await http.read()
-
-    def trace(self, http: web.Request) -> Headers:
-        return NO_HEADERS
 
 
 @web.middleware

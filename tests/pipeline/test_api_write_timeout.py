@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import pytest
@@ -15,32 +14,23 @@ from aiohttp import web
 
 from schemas.envelope import Origin
 from tests.async_helpers import post_json, serving_app
+from tests.pipeline.chat_stand_in import ChatCall, ChatStandIn
 from worker.pipeline.apis.chat_source import JsonDict
 from worker.pipeline.apis.routes import MessagesApi, ResponsesApi
-from worker.pipeline.connection import Connection
-from worker.runtime.observability.tracing import NO_HEADERS, Headers
+from worker.runtime.observability.tracing import Headers
 from worker.settings import GatewayOptions
 
 WRITE_TIMEOUT_S = 1.0
 
 
-class EndlessChat:
+class EndlessChat(ChatStandIn):
     """A chat source whose stream never ends: each chunk carries 64 KiB of content."""
 
     def __init__(self) -> None:
-        self.settings = GatewayOptions(allow_no_api_key=True, write_timeout_s=WRITE_TIMEOUT_S)
-        self.connection: Connection = None  # type: ignore[assignment]  # never used by these handlers
+        super().__init__(GatewayOptions(allow_no_api_key=True, write_timeout_s=WRITE_TIMEOUT_S))
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def chat(
-        self,
-        body: JsonDict,
-        trace: Headers,
-        request_id: str | None = None,
-        client: str = "-",
-        origin: Origin | None = None,
-        durable: bool = False,
-    ) -> AsyncGenerator[JsonDict, None]:
+    async def answer(self, call: ChatCall) -> AsyncGenerator[JsonDict, None]:
         try:
             while True:
                 delta = {"role": "assistant", "content": "x" * 65536}
@@ -55,18 +45,6 @@ class EndlessChat:
         finally:
             if not self.closed.done():
                 self.closed.set_result(None)
-
-    def new_request_id(self, prefix: str = "") -> str:
-        return prefix + uuid.uuid4().hex
-
-    def cancel(self, request_id: str) -> None:
-        pass
-
-    async def read_body(self, http: web.Request) -> bytes:
-        return await http.read()
-
-    def trace(self, http: web.Request) -> Headers:
-        return NO_HEADERS
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -18,12 +18,11 @@ from aiohttp import web
 
 from schemas.envelope import Origin
 from tests.async_helpers import run_bounded, serving_app
+from tests.pipeline.chat_stand_in import ChatCall, ChatStandIn
 from tests.pipeline.memory_stores import MemoryBatchStore
 from worker.pipeline.apis import batch_run, batch_store
 from worker.pipeline.apis.batch import BatchApi
 from worker.pipeline.apis.chat_source import JsonDict
-from worker.pipeline.connection import Connection
-from worker.runtime.observability.tracing import NO_HEADERS, Headers
 from worker.settings import GatewayOptions
 
 WINDOW = 8
@@ -31,14 +30,12 @@ LINES = 300
 BAD_LINE = 17  # not JSON: its answer is an error line
 
 
-class DelayedChat:
+class DelayedChat(ChatStandIn):
     """Answers every chat after a random few milliseconds; counts the requests open at once."""
 
     def __init__(self, max_delay_s: float = 0.004, **settings: Any) -> None:
+        super().__init__(GatewayOptions(allow_no_api_key=True, batch_window=WINDOW, **settings))
         self.max_delay_s = max_delay_s
-        self.settings = GatewayOptions(allow_no_api_key=True, batch_window=WINDOW, **settings)
-        self.connection: Connection = None  # type: ignore[assignment]  # a fresh batch reads nothing back
-        self.closing = False
         self.open = 0
         self.peak_open = 0
         self.asked: list[str] = []
@@ -46,15 +43,8 @@ class DelayedChat:
         self.topic: list[tuple[str, bytes]] = []  # the batch topic's log, to place each send in it
         self.sends: list[tuple[int, int, int]] = []  # (line, time in ms, records on the topic before it)
 
-    async def chat(
-        self,
-        body: JsonDict,
-        trace: Headers,
-        request_id: str | None = None,
-        client: str = "-",
-        origin: Origin | None = None,
-        durable: bool = False,
-    ) -> AsyncGenerator[JsonDict, None]:
+    async def answer(self, call: ChatCall) -> AsyncGenerator[JsonDict, None]:
+        request_id, origin = call.request_id, call.origin
         self.asked.append(str(request_id))
         self.origins.append(origin)
         line = int(str(request_id).rsplit("-", 1)[1])
@@ -69,15 +59,6 @@ class DelayedChat:
 
     def new_request_id(self, prefix: str = "") -> str:
         return f"{prefix}{len(self.asked)}"
-
-    def cancel(self, request_id: str) -> None:
-        pass
-
-    async def read_body(self, http: web.Request) -> bytes:
-        return await http.read()
-
-    def trace(self, http: web.Request) -> Headers:
-        return NO_HEADERS
 
 
 def input_file(lines: int) -> bytes:

@@ -38,13 +38,23 @@ def pipeline(kafka_bootstrap: str) -> Iterator[Pipeline]:
         yield ready
 
 
-def test_a_one_shot_whose_client_timed_out_in_the_backlog_is_never_generated(pipeline: Pipeline) -> None:
+async def take_the_only_slot(pipeline: Pipeline) -> str:
+    """Send a slow stream and wait until it holds ingest's one generate slot; its request id."""
     holder = new_id("hold")
     hold = {
         "request_id": holder,
         "endpoint": "chat",
         "request": request_of(recording(STREAM_CASE), user="fault:hold"),
     }
+    await pipeline.send([hold])
+    deadline = time.monotonic() + 60
+    while pipeline.fake.streams_open < 1:
+        assert time.monotonic() < deadline, pipeline.logs()
+        await asyncio.sleep(0.05)
+    return holder
+
+
+def test_a_one_shot_whose_client_timed_out_in_the_backlog_is_never_generated(pipeline: Pipeline) -> None:
     marker = int(time.time() * 1000)  # a seed the fake ignores: it names the gateway's request
     sdk = OpenAI(base_url=f"{pipeline.gateway_url}/v1", api_key="x", max_retries=0, timeout=30)
 
@@ -52,11 +62,7 @@ def test_a_one_shot_whose_client_timed_out_in_the_backlog_is_never_generated(pip
         outputs = await TopicReader(pipeline.bootstrap, pipeline.topics.output).start()
         requests = await TopicReader(pipeline.bootstrap, pipeline.requests_topic).start()
         try:
-            await pipeline.send([hold])
-            deadline = time.monotonic() + 60
-            while pipeline.fake.streams_open < 1:  # the only slot is taken
-                assert time.monotonic() < deadline, pipeline.logs()
-                await asyncio.sleep(0.05)
+            holder = await take_the_only_slot(pipeline)
             sent_ms = time.time() * 1000
             started = time.monotonic()
             body = request_of(recording(ONE_SHOT_CASE), seed=marker)
@@ -88,23 +94,13 @@ def test_a_one_shot_whose_client_timed_out_in_the_backlog_is_never_generated(pip
 def test_a_stream_whose_client_timed_out_in_the_backlog_is_never_started(pipeline: Pipeline) -> None:
     """A stream carries ``start_by_ms``, not ``deadline_ms``: ingest does not start it once its client
     gave up waiting for the first record, and a stream that did start may outlive the request timeout."""
-    holder = new_id("hold")
-    hold = {
-        "request_id": holder,
-        "endpoint": "chat",
-        "request": request_of(recording(STREAM_CASE), user="fault:hold"),
-    }
     marker = int(time.time() * 1000) + 1  # a seed the fake ignores: it names the gateway's request
 
     async def go() -> tuple[float, float, int, bytes, dict[str, Any], list[dict[str, Any]]]:
         outputs = await TopicReader(pipeline.bootstrap, pipeline.topics.output).start()
         requests = await TopicReader(pipeline.bootstrap, pipeline.requests_topic).start()
         try:
-            await pipeline.send([hold])
-            deadline = time.monotonic() + 60
-            while pipeline.fake.streams_open < 1:  # the only slot is taken
-                assert time.monotonic() < deadline, pipeline.logs()
-                await asyncio.sleep(0.05)
+            holder = await take_the_only_slot(pipeline)
             sent_ms = time.time() * 1000
             started = time.monotonic()
             body = request_of(recording(STREAM_CASE), seed=marker, stream=True)

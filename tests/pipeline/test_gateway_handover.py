@@ -10,16 +10,22 @@ import asyncio
 import io
 import time
 from collections.abc import Iterator
-from typing import Any
 
-import orjson
 import pytest
 
 from tests.api_cases import QUESTION, RESPONSES_TOOLS, stream_recording
 from tests.kafka_broker import TopicFactory
 from tests.kafka_helpers import wait_for_http
-from tests.pipeline.test_gateway_takeover import LINES, WINDOW, Replicas, input_file, sdk, until
-from tests.pipeline_helpers import ONE_SHOT_CASE, Pipeline, case, comparable
+from tests.pipeline.test_gateway_takeover import (
+    LINES,
+    WINDOW,
+    Replicas,
+    both_end_completed_once,
+    input_file,
+    sdk,
+    until,
+)
+from tests.pipeline_helpers import Pipeline
 
 pytestmark = pytest.mark.kafka
 # Long enough that a lease waited out (at least 2/3 of it after the stop) is told from one released
@@ -85,34 +91,5 @@ def test_a_stopped_replicas_background_response_and_batch_are_handed_over(replic
     for taken in (f"batch:{batch.id}: taken over", f"background response {job.id}: taken over"):
         until(taken, lambda t=taken: t in log_of(pipeline), CLAIMED_WITHIN_S)
 
-    second = sdk(replicas.second_url)
-    final = ("completed", "failed", "expired", "cancelled")
-    done = until("the batch's end", lambda: (b := second.batches.retrieve(batch.id)).status in final and b)
-    assert done.status == "completed", done
-    assert done.request_counts is not None
-    errors = second.files.content(done.error_file_id).text[:2000] if done.error_file_id else ""
-    assert (done.request_counts.completed, done.request_counts.failed) == (LINES, 0), errors
-    assert done.output_file_id is not None and done.error_file_id is None
-    rows = [orjson.loads(line) for line in second.files.content(done.output_file_id).content.splitlines()]
-    assert [r["custom_id"] for r in rows] == [f"line-{i}" for i in range(LINES)]  # each once, in order
-    want = comparable(case(ONE_SHOT_CASE).expected)
-    for row in rows:
-        assert row["response"]["status_code"] == 200
-        assert comparable([{"seq": 0, "endpoint": "chat", "body": row["response"]["body"]}]) == want
-    # No line generated twice, none cancelled: ingest saw each request once.
-    generated = {k: n for k, n in pipeline.fake.generations_of.items() if batch.id in k}
-    assert len(generated) == LINES and set(generated.values()) == {1}, generated
-
-    response = until(
-        "the background response's end",
-        lambda: (r := second.responses.retrieve(job.id)).status in ("completed", "failed") and r,
-    )
-    assert response.status == "completed", response
-    assert [item.type for item in response.output] == ["reasoning", "message", "function_call"]
-    assert [n for k, n in pipeline.fake.generations_of.items() if job.id in k] == [1]
-    events: list[Any] = list(second.responses.retrieve(job.id, stream=True))
-    assert [e.sequence_number for e in events] == list(range(len(events)))
-    assert events[-1].type == "response.completed"
-    done_items = [e.item.id for e in events if e.type == "response.output_item.done"]
-    assert done_items == [item.id for item in response.output]
+    both_end_completed_once(pipeline, replicas.second_url, batch.id, job.id)
     assert "line(s) sent before the takeover are read back" in log_of(pipeline)

@@ -97,9 +97,21 @@ def test_a_killed_replicas_background_response_and_batch_are_completed_by_anothe
     until("the batch and the response mid-run on the first replica", mid_run, 60)
     replicas.first.kill()  # SIGKILL: no clean shutdown, no cancels
 
-    second = sdk(replicas.second_url)
+    both_end_completed_once(pipeline, replicas.second_url, batch.id, job.id)
+
+    # The second replica took both over, reading back what the first had sent.
+    assert pipeline.gateway is not None
+    log = pipeline.gateway.log_tail(100_000)
+    assert f"batch:{batch.id}: taken over" in log and f"background response {job.id}: taken over" in log
+    assert "line(s) sent before the takeover are read back" in log
+
+
+def both_end_completed_once(pipeline: Pipeline, second_url: str, batch_id: str, job_id: str) -> None:
+    """The batch and the background response, finished by the second replica: every line once, in
+    order, equal to the chat answer, and nothing generated twice."""
+    second = sdk(second_url)
     final = ("completed", "failed", "expired", "cancelled")
-    done = until("the batch's end", lambda: (b := second.batches.retrieve(batch.id)).status in final and b)
+    done = until("the batch's end", lambda: (b := second.batches.retrieve(batch_id)).status in final and b)
     assert done.status == "completed", done
     assert done.request_counts is not None
     errors = second.files.content(done.error_file_id).text[:2000] if done.error_file_id else ""
@@ -112,23 +124,18 @@ def test_a_killed_replicas_background_response_and_batch_are_completed_by_anothe
         assert row["response"]["status_code"] == 200
         assert comparable([{"seq": 0, "endpoint": "chat", "body": row["response"]["body"]}]) == want
     # No line generated twice: ingest saw each request once.
-    generated = {k: n for k, n in pipeline.fake.generations_of.items() if batch.id in k}
+    generated = {k: n for k, n in pipeline.fake.generations_of.items() if batch_id in k}
     assert len(generated) == LINES and set(generated.values()) == {1}, generated
 
     response = until(
         "the background response's end",
-        lambda: (r := second.responses.retrieve(job.id)).status in ("completed", "failed") and r,
+        lambda: (r := second.responses.retrieve(job_id)).status in ("completed", "failed") and r,
     )
     assert response.status == "completed", response
     assert [item.type for item in response.output] == ["reasoning", "message", "function_call"]
-    assert [n for k, n in pipeline.fake.generations_of.items() if job.id in k] == [1]
-    events: list[Any] = list(second.responses.retrieve(job.id, stream=True))
+    assert [n for k, n in pipeline.fake.generations_of.items() if job_id in k] == [1]
+    events: list[Any] = list(second.responses.retrieve(job_id, stream=True))
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[-1].type == "response.completed"
     done_items = [e.item.id for e in events if e.type == "response.output_item.done"]
     assert done_items == [item.id for item in response.output]
-    # The second replica took both over, reading back what the first had sent.
-    assert pipeline.gateway is not None
-    log = pipeline.gateway.log_tail(100_000)
-    assert f"batch:{batch.id}: taken over" in log and f"background response {job.id}: taken over" in log
-    assert "line(s) sent before the takeover are read back" in log
