@@ -344,6 +344,9 @@ class FakeVllm:
         if body.get("model") not in self.served_model_names:
             return None, _error_response(404, f"The model `{body.get('model')}` does not exist.")
         recording = self._by_key.get(match_key(endpoint, body))
+        if recording is None and not body.get("stream"):
+            # A one-shot of a streamed recording: generate assembles its chunks, as vLLM's stream: false does.
+            recording = self._by_key.get(match_key(endpoint, {**body, "stream": True}))
         if recording is None:
             return None, _error_response(400, "no recorded generation for this request")
         return recording, None

@@ -192,7 +192,8 @@ def test_plan_interleaves_requests_and_adds_the_invalid_records() -> None:
 @pytest.mark.kafka
 def test_pipeline_demo_answers_an_openai_client_through_kafka(kafka_bootstrap: str) -> None:
     """`demo --pipeline`: fake vLLM, ingest, two workers and the gateway, with the real openai SDK
-    streaming a reasoning answer and a tool call; everything it started is stopped."""
+    streaming a reasoning answer and a tool call, then Responses (streamed and background), Messages
+    and a Batch over the same generations; everything it started is stopped."""
     done = _demo({"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}, "--pipeline")
     assert done.returncode == 0, done.stderr + done.stdout
     text = done.stdout
@@ -203,6 +204,11 @@ def test_pipeline_demo_answers_an_openai_client_through_kafka(kafka_bootstrap: s
     assert "  response.output_text.done: No. 1001 = 7 × 11 × 13, so it is not prime." in text
     assert "  response.completed" in text
     assert '  tool_use get_weather({"city":"Tokyo","unit":"c"})\n  stop_reason: tool_use' in text
+    # A background response, queued then retrieved; the two chats as one batch, in input order.
+    assert "  created: queued\n" in text or "  created: in_progress\n" in text, text
+    assert "  retrieved: completed: No. 1001 = 7 × 11 × 13, so it is not prime." in text
+    answered = "  line-0: 200 [stop]\n  line-1: 200 [tool_calls]\n  batch completed: 2 of 2 lines answered"
+    assert answered in text
     pids = [int(pid) for pid in re.findall(r"^  started \S+ \(pid (\d+)\)", text, re.MULTILINE)]
     assert len(pids) == 4  # two workers, ingest, gateway
     assert not [pid for pid in pids if _alive(pid)]

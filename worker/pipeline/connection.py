@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,12 +138,15 @@ class Connection:
         }
         return plain_producer({**self.kwargs(), **options, **extra})
 
-    async def ensure_topic(self, name: str, partitions: int, replication_factor: int = 1) -> bool:
-        """Create ``name`` unless it exists; True when it was created."""
+    async def ensure_topic(
+        self, name: str, partitions: int, replication_factor: int = 1, config: Mapping[str, str] | None = None
+    ) -> bool:
+        """Create ``name`` unless it exists (with ``config`` beside the large-record settings); True when
+        it was created."""
         from worker.runtime.kafka_client.aiokafka_backend import create_topics
 
         # Request records carry whole prompts, as the worker's topics do (``topics create``).
-        spec = (name, partitions, replication_factor, dict(LARGE_RECORDS))
+        spec = (name, partitions, replication_factor, {**LARGE_RECORDS, **(config or {})})
         created, _existing = await create_topics(
             self.bootstrap_servers, [spec], ADMIN_TIMEOUT_MS, self.security.client_kwargs()
         )

@@ -227,6 +227,55 @@ def _messages(base_url: str, request: dict[str, Any]) -> None:
     print(f"  stop_reason: {message.stop_reason}")
 
 
+def _background(base_url: str, request: dict[str, Any]) -> None:
+    """The same question as a background response: queued at once, retrieved until it has ended."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="demo", max_retries=0, timeout=60)
+    question = request["messages"][-1]["content"]
+    print(f"\n{BOLD}responses API, background:{RESET} {question}")
+    response = client.responses.create(model=request["model"], input=question, background=True)
+    print(f"  created: {response.status}")
+    deadline = time.monotonic() + 120
+    while response.status in ("queued", "in_progress"):
+        if time.monotonic() > deadline:
+            raise DemoError(f"background response {response.id} still {response.status} after 120 s")
+        time.sleep(0.2)
+        response = client.responses.retrieve(response.id)
+    print(f"  retrieved: {response.status}: {response.output_text.strip()[:80]}")
+
+
+def _batch(base_url: str, requests: list[dict[str, Any]]) -> None:
+    """The chat requests as one Batch: a JSON Lines file uploaded, the batch run, its output read."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="demo", max_retries=0, timeout=60)
+    one_shot = [{k: v for k, v in r.items() if k not in ("stream", "stream_options")} for r in requests]
+    lines = [
+        {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        for i, body in enumerate(one_shot)
+    ]
+    upload = client.files.create(file=("demo.jsonl", b"\n".join(map(orjson.dumps, lines))), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    print(f"\n{BOLD}batch API:{RESET} {len(lines)} lines, {batch.status}")
+    deadline = time.monotonic() + 120
+    while batch.status not in ("completed", "failed", "expired", "cancelled"):
+        if time.monotonic() > deadline:
+            raise DemoError(f"batch {batch.id} still {batch.status} after 120 s")
+        time.sleep(0.2)
+        batch = client.batches.retrieve(batch.id)
+    if batch.output_file_id is None:
+        errors = client.files.content(batch.error_file_id).text[:500] if batch.error_file_id else ""
+        raise DemoError(f"batch {batch.id} ended {batch.status} with no output file: {errors}")
+    rows = [orjson.loads(line) for line in client.files.content(batch.output_file_id).content.splitlines()]
+    for row in rows:
+        choice = row["response"]["body"]["choices"][0]
+        print(f"  {row['custom_id']}: {row['response']['status_code']} [{choice['finish_reason']}]")
+    print(f"  batch {batch.status}: {len(rows)} of {len(lines)} lines answered")
+
+
 def run_pipeline_demo(args: DemoOptions) -> int:
 
     def run() -> int:
@@ -245,7 +294,16 @@ def _demo(args: DemoOptions, tmp: Path) -> int:
         raise DemoError(f"{stream} has none of the requests {SHOWN}")
     prefix = f"derender-pipeline-demo-{uuid.uuid4().hex[:8]}"
     topics = {
-        name: f"{prefix}-{name}" for name in ("openai-requests", "requests", "responses", "state", "dlq")
+        name: f"{prefix}-{name}"
+        for name in (
+            "openai-requests",
+            "requests",
+            "responses",
+            "state",
+            "dlq",
+            "stored-responses",
+            "batches",
+        )
     }
     cli = [sys.executable, "-m", "worker.cli"]
     started = time.monotonic()
@@ -274,6 +332,10 @@ def _demo(args: DemoOptions, tmp: Path) -> int:
         # Before ingest and the gateway start: the gateway needs it, and ingest may not have made it yet.
         requests_connection = Connection(bootstrap, f"{prefix}-setup", KafkaSecurity())
         asyncio.run(requests_connection.ensure_topic(topics["openai-requests"], PARTITIONS))
+        for store in ("stored-responses", "batches"):  # the gateway's own compacted tables
+            asyncio.run(
+                requests_connection.ensure_topic(topics[store], 1, config={"cleanup.policy": "compact"})
+            )
 
         fake = fake_vllm().FakeVllm(served, served_model_names=(SERVED_MODEL,), pace_s=PACE_S).start()
         cleanup.callback(fake.stop)
@@ -313,6 +375,7 @@ def _demo(args: DemoOptions, tmp: Path) -> int:
                 *kafka,
                 *("--requests-topic", topics["openai-requests"], "--output-topic", topics["responses"]),
                 *("--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_MODEL),
+                *("--responses-topic", topics["stored-responses"], "--batch-topic", topics["batches"]),
                 "--allow-no-api-key",  # bound to loopback, for the demo's own client
             ],
         )
@@ -323,6 +386,8 @@ def _demo(args: DemoOptions, tmp: Path) -> int:
         by_name = {r.name: r.request for r in served}
         _responses(base_url, by_name["demo-reasoning"])  # the same generations, through the other APIs
         _messages(base_url, by_name["demo-tool"])
+        _background(base_url, by_name["demo-reasoning"])
+        _batch(base_url, [by_name["demo-reasoning"], by_name["demo-tool"]])
         processes.check()
     print(
         f"\npipeline demo: {len(requests)} requests, {chunks} chunks through gateway -> ingest -> "
