@@ -40,7 +40,13 @@ from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import EnvelopeProcessor
 from worker.core.vllm_version import VllmVersion
 from worker.runtime.kafka_client import make_client
-from worker.runtime.kafka_client.base import ClientKind, ConsumerConfig, GroupConsumer, Partitions
+from worker.runtime.kafka_client.base import (
+    ClientKind,
+    ConsumerConfig,
+    GroupConsumer,
+    Partitions,
+    RebalanceCallbacks,
+)
 from worker.runtime.security.kafka_security import KafkaSecurity
 from worker.runtime.topics import LARGE_RECORDS, STATE_TOPIC_CONFIG
 
@@ -81,9 +87,7 @@ async def joined_consumer(kind: ClientKind, bootstrap: str, topic: str, name: st
         )
     )
     await consumer.start()
-    consumer.subscribe(
-        [topic], on_assign=ignore_partitions, on_revoke=ignore_partitions, on_lost=ignore_partitions
-    )
+    consumer.subscribe([topic], RebalanceCallbacks(ignore_partitions, ignore_partitions, ignore_partitions))
     while not consumer.assignment():  # the empty topic gives nothing meanwhile
         await consumer.poll(200, 500)
     return consumer

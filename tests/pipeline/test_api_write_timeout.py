@@ -12,12 +12,10 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from schemas.envelope import Origin
 from tests.async_helpers import post_json, serving_app
 from tests.pipeline.chat_stand_in import ChatCall, ChatStandIn
 from worker.pipeline.apis.chat_source import JsonDict
 from worker.pipeline.apis.routes import MessagesApi, ResponsesApi
-from worker.runtime.observability.tracing import Headers
 from worker.settings import GatewayOptions
 
 WRITE_TIMEOUT_S = 1.0
@@ -92,15 +90,7 @@ def test_a_stream_whose_client_reads_nothing_ends_within_the_write_timeout(path:
 class OneLargeAnswer(EndlessChat):
     """Answers once, with 16 MiB of content."""
 
-    async def chat(
-        self,
-        body: JsonDict,
-        trace: Headers,
-        request_id: str | None = None,
-        client: str = "-",
-        origin: Origin | None = None,
-        durable: bool = False,
-    ) -> AsyncGenerator[JsonDict, None]:
+    async def answer(self, call: ChatCall) -> AsyncGenerator[JsonDict, None]:
         message = {"role": "assistant", "content": "x" * (16 * 1024 * 1024)}
         usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
         yield {

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import aiohttp
 import openai
@@ -25,6 +26,7 @@ from tests.pipeline_helpers import ONE_SHOT_CASE, STREAM_CASE, Pipeline, new_id,
 
 pytestmark = pytest.mark.kafka
 REQUEST_TIMEOUT_S = 2
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -54,22 +56,29 @@ async def take_the_only_slot(pipeline: Pipeline) -> str:
     return holder
 
 
-def test_a_one_shot_whose_client_timed_out_in_the_backlog_is_never_generated(pipeline: Pipeline) -> None:
-    marker = int(time.time() * 1000)  # a seed the fake ignores: it names the gateway's request
-    sdk = OpenAI(base_url=f"{pipeline.gateway_url}/v1", api_key="x", max_retries=0, timeout=30)
+@dataclass
+class Backlogged(Generic[T]):
+    """A request sent while ingest's one slot was held: what its client saw, and how ingest ended it."""
 
-    async def go() -> tuple[float, float, dict[str, Any], list[dict[str, Any]]]:
+    sent_ms: float
+    waited: float  # the client's wait for its answer
+    answer: T
+    envelope: dict[str, Any]  # as the gateway wrote it to the requests topic
+    ended: list[dict[str, Any]]  # its output records, once the slot was free again
+
+
+def behind_a_held_slot(pipeline: Pipeline, marker: int, ask: Callable[[], Awaitable[T]]) -> Backlogged[T]:
+    """``ask`` (a client request whose body has seed ``marker``) while a slow stream holds the slot."""
+
+    async def go() -> Backlogged[T]:
         outputs = await TopicReader(pipeline.bootstrap, pipeline.topics.output).start()
         requests = await TopicReader(pipeline.bootstrap, pipeline.requests_topic).start()
         try:
             holder = await take_the_only_slot(pipeline)
             sent_ms = time.time() * 1000
             started = time.monotonic()
-            body = request_of(recording(ONE_SHOT_CASE), seed=marker)
-            with pytest.raises(openai.APIStatusError) as raised:
-                await asyncio.to_thread(lambda: sdk.chat.completions.create(**body))
+            answer = await ask()
             waited = time.monotonic() - started
-            assert raised.value.status_code == 504, raised.value
             assert pipeline.fake.streams_open == 1, "the holder left its slot too early for the test"
             envelope = next(
                 v
@@ -79,60 +88,56 @@ def test_a_one_shot_whose_client_timed_out_in_the_backlog_is_never_generated(pip
             rid = envelope["request_id"]
             await pipeline.outputs(outputs, [holder], timeout=60)  # the slot frees
             ended = (await pipeline.outputs(outputs, [rid], timeout=30))[rid]
-            return sent_ms, waited, envelope, ended
+            return Backlogged(sent_ms, waited, answer, envelope, ended)
         finally:
             await outputs.stop()
             await requests.stop()
 
-    sent_ms, waited, envelope, ended = run_sync(go())
-    assert REQUEST_TIMEOUT_S <= waited < REQUEST_TIMEOUT_S + 5
-    assert f"chatcmpl-{envelope['request_id']}" not in pipeline.fake.generations_of  # never generated
-    assert [(o["seq"], o["error"]["code"]) for o in ended] == [(0, 504)], ended
-    assert 0 <= envelope["deadline_ms"] - sent_ms - REQUEST_TIMEOUT_S * 1000 < 2000, envelope
+    return run_sync(go())
+
+
+def test_a_one_shot_whose_client_timed_out_in_the_backlog_is_never_generated(pipeline: Pipeline) -> None:
+    marker = int(time.time() * 1000)  # a seed the fake ignores: it names the gateway's request
+    sdk = OpenAI(base_url=f"{pipeline.gateway_url}/v1", api_key="x", max_retries=0, timeout=30)
+    body = request_of(recording(ONE_SHOT_CASE), seed=marker)
+
+    async def ask() -> int:
+        with pytest.raises(openai.APIStatusError) as raised:
+            await asyncio.to_thread(lambda: sdk.chat.completions.create(**body))
+        return raised.value.status_code
+
+    done = behind_a_held_slot(pipeline, marker, ask)
+    assert REQUEST_TIMEOUT_S <= done.waited < REQUEST_TIMEOUT_S + 5
+    assert done.answer == 504
+    assert f"chatcmpl-{done.envelope['request_id']}" not in pipeline.fake.generations_of  # never generated
+    assert [(o["seq"], o["error"]["code"]) for o in done.ended] == [(0, 504)], done.ended
+    assert 0 <= done.envelope["deadline_ms"] - done.sent_ms - REQUEST_TIMEOUT_S * 1000 < 2000, done.envelope
 
 
 def test_a_stream_whose_client_timed_out_in_the_backlog_is_never_started(pipeline: Pipeline) -> None:
     """A stream carries ``start_by_ms``, not ``deadline_ms``: ingest does not start it once its client
     gave up waiting for the first record, and a stream that did start may outlive the request timeout."""
     marker = int(time.time() * 1000) + 1  # a seed the fake ignores: it names the gateway's request
+    body = request_of(recording(STREAM_CASE), seed=marker, stream=True)
 
-    async def go() -> tuple[float, float, int, bytes, dict[str, Any], list[dict[str, Any]]]:
-        outputs = await TopicReader(pipeline.bootstrap, pipeline.topics.output).start()
-        requests = await TopicReader(pipeline.bootstrap, pipeline.requests_topic).start()
-        try:
-            holder = await take_the_only_slot(pipeline)
-            sent_ms = time.time() * 1000
-            started = time.monotonic()
-            body = request_of(recording(STREAM_CASE), seed=marker, stream=True)
-            async with (
-                aiohttp.ClientSession() as session,
-                session.post(
-                    f"{pipeline.gateway_url}/v1/chat/completions",
-                    json=body,
-                    headers={"Authorization": "Bearer x"},
-                    timeout=aiohttp.ClientTimeout(total=30),
-                ) as response,
-            ):
-                status, answer = response.status, await response.read()
-            waited = time.monotonic() - started
-            assert pipeline.fake.streams_open == 1, "the holder left its slot too early for the test"
-            envelope = next(
-                v
-                for r in requests.records
-                if (v := orjson.loads(r.value)).get("request", {}).get("seed") == marker
-            )
-            rid = envelope["request_id"]
-            await pipeline.outputs(outputs, [holder], timeout=60)  # the slot frees
-            ended = (await pipeline.outputs(outputs, [rid], timeout=30))[rid]
-            return sent_ms, waited, status, answer, envelope, ended
-        finally:
-            await outputs.stop()
-            await requests.stop()
+    async def ask() -> tuple[int, bytes]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{pipeline.gateway_url}/v1/chat/completions",
+                json=body,
+                headers={"Authorization": "Bearer x"},
+                timeout=aiohttp.ClientTimeout(total=30),
+            ) as response,
+        ):
+            return response.status, await response.read()
 
-    sent_ms, waited, status, answer, envelope, ended = run_sync(go())
-    assert REQUEST_TIMEOUT_S <= waited < REQUEST_TIMEOUT_S + 5
+    done = behind_a_held_slot(pipeline, marker, ask)
+    status, answer = done.answer
+    assert REQUEST_TIMEOUT_S <= done.waited < REQUEST_TIMEOUT_S + 5
     assert status == 504 or b'"code":504' in answer.replace(b" ", b""), (status, answer)
+    envelope = done.envelope
     assert "deadline_ms" not in envelope, envelope
-    assert 0 <= envelope["start_by_ms"] - sent_ms - REQUEST_TIMEOUT_S * 1000 < 2000, envelope
+    assert 0 <= envelope["start_by_ms"] - done.sent_ms - REQUEST_TIMEOUT_S * 1000 < 2000, envelope
     assert not [key for key in pipeline.fake.generations_of if envelope["request_id"] in key]  # never started
-    assert [(o["seq"], o["error"]["code"]) for o in ended] == [(0, 504)], ended
+    assert [(o["seq"], o["error"]["code"]) for o in done.ended] == [(0, 504)], done.ended

@@ -6,16 +6,13 @@ every batch line is answered exactly once, in input order, none of them an error
 
 from __future__ import annotations
 
-import asyncio
 import io
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.api_cases import QUESTION, RESPONSES_TOOLS, stream_recording
-from tests.kafka_broker import TopicFactory
-from tests.kafka_helpers import wait_for_http
+from tests.api_cases import QUESTION, RESPONSES_TOOLS
 from tests.pipeline.test_gateway_takeover import (
     LINES,
     WINDOW,
@@ -23,6 +20,7 @@ from tests.pipeline.test_gateway_takeover import (
     both_end_completed_once,
     input_file,
     sdk,
+    two_replicas,
     until,
 )
 from tests.pipeline_helpers import Pipeline
@@ -37,26 +35,9 @@ SHUTDOWN_S = 10
 
 @pytest.fixture(scope="module")
 def replicas(kafka_bootstrap: str) -> Iterator[Replicas]:
-    factory = TopicFactory(kafka_bootstrap)
-    pipeline = Pipeline(kafka_bootstrap, factory, max_inflight=32, extra_recordings=(stream_recording(),))
-    pipeline.start(workers=1)
-    batches = factory("batches", 3, config={"cleanup.policy": "compact"})
-    stored = factory("responses", 3, config={"cleanup.policy": "compact"})
-    extra = (
-        *("--batch-topic", batches, "--responses-topic", stored),
-        *("--takeover-lease-s", str(LEASE_S), "--batch-window", str(WINDOW)),
-        *("--shutdown-timeout-s", str(SHUTDOWN_S)),
-    )
-    first = pipeline.start_gateway(*extra)
-    first_url = pipeline.gateway_url
-    asyncio.run(wait_for_http(f"{first_url}/healthz", 200, 60, what="(first gateway)"))
-    pipeline.start_gateway(*extra)  # the pipeline stops this one; the test stops the first
-    with pipeline.serving() as ready:
-        try:
-            yield Replicas(ready, first, first_url, ready.gateway_url)
-        finally:
-            if first.alive:
-                first.kill()
+    flags = ("--takeover-lease-s", str(LEASE_S), "--shutdown-timeout-s", str(SHUTDOWN_S))
+    with two_replicas(kafka_bootstrap, *flags) as both:
+        yield both
 
 
 def log_of(pipeline: Pipeline) -> str:

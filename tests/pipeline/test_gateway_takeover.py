@@ -6,6 +6,7 @@ response's events from the new replica carry on the numbering and ids of the one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import time
 from collections.abc import Iterator
@@ -35,27 +36,32 @@ class Replicas:
     second_url: str
 
 
-@pytest.fixture(scope="module")
-def replicas(kafka_bootstrap: str) -> Iterator[Replicas]:
+@contextlib.contextmanager
+def two_replicas(kafka_bootstrap: str, *flags: str) -> Iterator[Replicas]:
+    """ingest, a worker and two gateway replicas sharing a batch topic and a stored-responses topic;
+    ``flags`` go to both replicas. The pipeline stops the second; the first is killed at the end."""
     factory = TopicFactory(kafka_bootstrap)
     pipeline = Pipeline(kafka_bootstrap, factory, max_inflight=32, extra_recordings=(stream_recording(),))
     pipeline.start(workers=1)
     batches = factory("batches", 3, config={"cleanup.policy": "compact"})
     stored = factory("responses", 3, config={"cleanup.policy": "compact"})
-    extra = (
-        *("--batch-topic", batches, "--responses-topic", stored),
-        *("--takeover-lease-s", str(LEASE_S), "--batch-window", str(WINDOW)),
-    )
+    extra = (*("--batch-topic", batches, "--responses-topic", stored, "--batch-window", str(WINDOW)), *flags)
     first = pipeline.start_gateway(*extra)
     first_url = pipeline.gateway_url
     asyncio.run(wait_for_http(f"{first_url}/healthz", 200, 60, what="(first gateway)"))
-    pipeline.start_gateway(*extra)  # the pipeline stops this one; the test kills the first
+    pipeline.start_gateway(*extra)
     with pipeline.serving() as ready:
         try:
             yield Replicas(ready, first, first_url, ready.gateway_url)
         finally:
             if first.alive:
                 first.kill()
+
+
+@pytest.fixture(scope="module")
+def replicas(kafka_bootstrap: str) -> Iterator[Replicas]:
+    with two_replicas(kafka_bootstrap, "--takeover-lease-s", str(LEASE_S)) as both:
+        yield both
 
 
 def sdk(url: str) -> openai.OpenAI:

@@ -28,6 +28,7 @@ from worker.runtime.kafka_client.base import (
     ConsumerConfig,
     GroupProtocol,
     Partitions,
+    RebalanceCallbacks,
     TopicPartition,
 )
 from worker.runtime.lifecycle import WorkerState
@@ -211,9 +212,7 @@ def _callbacks(config: ConsumerConfig) -> tuple[list[tuple[str, Partitions]], Fa
 
         return callback
 
-    consumer.subscribe(
-        [TOPIC], on_assign=recorder("assign"), on_revoke=recorder("revoke"), on_lost=recorder("lost")
-    )
+    consumer.subscribe([TOPIC], RebalanceCallbacks(recorder("assign"), recorder("revoke"), recorder("lost")))
     lib = FakeLibConsumer()
     assignments: list[str] = []
 

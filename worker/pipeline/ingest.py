@@ -60,6 +60,7 @@ from worker.runtime.kafka_client.base import (
     KafkaClient,
     OutgoingRecord,
     Partitions,
+    RebalanceCallbacks,
     TopicPartition,
 )
 from worker.runtime.kafka_client.ranges import RangeReader
@@ -286,12 +287,10 @@ class Ingest:
                 await self._restorer.start()
                 self._consumer = self._kafka.consumer(self._consumer_config())
                 await self._consumer.start()
-                self._consumer.subscribe(
-                    [s.requests_topic],
-                    on_assign=self._partitions_assigned,
-                    on_revoke=self._partitions_revoked,
-                    on_lost=self._partitions_lost,
+                callbacks = RebalanceCallbacks(
+                    self._partitions_assigned, self._partitions_revoked, self._partitions_lost
                 )
+                self._consumer.subscribe([s.requests_topic], callbacks)
                 committer = asyncio.create_task(self._commit_loop())
                 await self._poll_loop()
                 await self._drain()

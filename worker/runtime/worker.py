@@ -59,6 +59,7 @@ from worker.runtime.kafka_client.base import (
     Offsets,
     Partitions,
     ProducerConfig,
+    RebalanceCallbacks,
     TopicPartition,
 )
 from worker.runtime.kafka_client.limits import transaction_timeout_ms
@@ -233,9 +234,7 @@ class Worker:
         # Bound methods, no listener object: the consumer calls back into the worker it serves.
         consumer.subscribe(
             [topics.input],
-            on_assign=self.partitions_assigned,
-            on_revoke=self.partitions_revoked,
-            on_lost=self.partitions_lost,
+            RebalanceCallbacks(self.partitions_assigned, self.partitions_revoked, self.partitions_lost),
         )
         log.info(
             "worker %s joined group %s on %s (%s, commit every %d ms; group protocol %s, %s, instance id %s)",

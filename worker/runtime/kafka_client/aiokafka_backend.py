@@ -68,6 +68,7 @@ from worker.runtime.kafka_client.base import (
     PartitionsCallback,
     ProducerConfig,
     ReaderConfig,
+    RebalanceCallbacks,
     TopicPartition,
 )
 
@@ -202,18 +203,11 @@ class AiokafkaConsumer:
         with mapped_errors():
             await self._consumer.start()
 
-    def subscribe(
-        self,
-        topics: Sequence[str],
-        *,
-        on_assign: PartitionsCallback,
-        on_revoke: PartitionsCallback,
-        on_lost: PartitionsCallback,
-    ) -> None:
+    def subscribe(self, topics: Sequence[str], callbacks: RebalanceCallbacks) -> None:
         # aiokafka reports a lost assignment as a revocation; the revoke's commit then fails
         # (fenced or rebalance in progress) and the partition is reset, which is what lost means.
-        del on_lost
-        self._consumer.subscribe(list(topics), listener=_Listener(on_assign, on_revoke))
+        listener = _Listener(callbacks.on_assign, callbacks.on_revoke)
+        self._consumer.subscribe(list(topics), listener=listener)
 
     async def poll(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[ConsumedRecord]]:
         with mapped_errors():

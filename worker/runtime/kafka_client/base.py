@@ -124,6 +124,16 @@ class ProducerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RebalanceCallbacks:
+    """What a group member is told as partitions move: given, given up in order, or lost (another
+    member may own them already: their work must not be committed)."""
+
+    on_assign: PartitionsCallback
+    on_revoke: PartitionsCallback
+    on_lost: PartitionsCallback
+
+
+@dataclass(frozen=True, slots=True)
 class CommitTimings:
     """Where a transaction's commit spent its time, in ms from its start (what a backend knows)."""
 
@@ -138,14 +148,7 @@ class GroupConsumer(Protocol):
     async def start(self) -> None:
         """Connect; raises ``KafkaUnreachableError`` when no broker answers."""
 
-    def subscribe(
-        self,
-        topics: Sequence[str],
-        *,
-        on_assign: PartitionsCallback,
-        on_revoke: PartitionsCallback,
-        on_lost: PartitionsCallback,
-    ) -> None: ...
+    def subscribe(self, topics: Sequence[str], callbacks: RebalanceCallbacks) -> None: ...
 
     async def poll(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[ConsumedRecord]]:
         """A batch; raises ``GroupRejectedError`` for what only a configuration change fixes."""

@@ -64,6 +64,7 @@ from worker.runtime.kafka_client.base import (
     PartitionsCallback,
     ProducerConfig,
     ReaderConfig,
+    RebalanceCallbacks,
     TopicPartition,
 )
 from worker.runtime.security.kafka_oauth import MskIamTokenProvider, OidcTokenProvider
@@ -318,15 +319,8 @@ class ConfluentConsumer:
         # librdkafka connects lazily: ask for metadata to find out whether a broker answers.
         await _call(self._call_thread, self._consumer.list_topics, None, CALL_TIMEOUT_S)
 
-    def subscribe(
-        self,
-        topics: Sequence[str],
-        *,
-        on_assign: PartitionsCallback,
-        on_revoke: PartitionsCallback,
-        on_lost: PartitionsCallback,
-    ) -> None:
-        self._callbacks = (on_assign, on_revoke, on_lost)
+    def subscribe(self, topics: Sequence[str], callbacks: RebalanceCallbacks) -> None:
+        self._callbacks = (callbacks.on_assign, callbacks.on_revoke, callbacks.on_lost)
         self._consumer.subscribe(
             list(topics), on_assign=self._assigned_cb, on_revoke=self._revoked_cb, on_lost=self._lost_cb
         )

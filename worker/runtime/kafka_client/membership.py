@@ -15,7 +15,13 @@ import logging
 from collections.abc import Callable
 
 from worker.errors import KafkaClientError
-from worker.runtime.kafka_client.base import ConsumerConfig, GroupConsumer, KafkaClient, Partitions
+from worker.runtime.kafka_client.base import (
+    ConsumerConfig,
+    GroupConsumer,
+    KafkaClient,
+    Partitions,
+    RebalanceCallbacks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +50,7 @@ class GroupMembership:
     async def start(self) -> None:
         await self._consumer.start()
         self._consumer.subscribe(
-            [self.topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked
+            [self.topic], RebalanceCallbacks(self._assigned, self._revoked, self._revoked)
         )
         self._task = asyncio.create_task(self._poll())
 

@@ -14,7 +14,15 @@ from worker.core.derenderer import Derenderer
 from worker.core.envelope_processor import ProcessResult
 from worker.runtime.observability.genai_metrics import GenAiMetrics
 from worker.runtime.observability.metrics import Metrics
-from worker.runtime.observability.tracing import NO_HEADERS, NO_SPANS, Headers, RecordInfo, Spans, propagated
+from worker.runtime.observability.tracing import (
+    NO_HEADERS,
+    NO_SPANS,
+    Headers,
+    RecordInfo,
+    SpanEvent,
+    Spans,
+    propagated,
+)
 
 
 class RecordObserver:
@@ -46,7 +54,9 @@ class RecordObserver:
         if self.spans is NO_SPANS:
             return headers
         info = RecordInfo(record.topic, record.partition, record.offset, self._group())
-        return self.spans.observe(result.request_id, info, headers, result.output, result.closed, tokens)
+        return self.spans.observe(
+            SpanEvent(result.request_id, info, headers, result.output, result.closed, tokens)
+        )
 
     def expired(self, result: ProcessResult) -> Headers:
         """A request closed by its TTL: counted, its span ends; the 408 record continues its trace."""
@@ -56,7 +66,7 @@ class RecordObserver:
         if self.spans is NO_SPANS or result.request_id is None:
             return NO_HEADERS
         info = RecordInfo("", -1, -1, self._group())
-        return self.spans.observe(result.request_id, info, NO_HEADERS, result.output, True)
+        return self.spans.observe(SpanEvent(result.request_id, info, NO_HEADERS, result.output, True))
 
     def _group(self) -> str:
         assert self.group_id is not None  # an observer with spans has one (``__init__``)

@@ -206,16 +206,20 @@ class RequestSummary:
         return attributes
 
 
+@dataclass(frozen=True, slots=True)
+class SpanEvent:
+    """One processed record as its request's span sees it."""
+
+    request_id: str | None  # None: a dead letter, not a request
+    record: RecordInfo
+    headers: Headers  # the input record's trace headers
+    output: Mapping[str, Any] | None
+    closed: bool  # the request ended with this record
+    output_tokens: int | None = None
+
+
 class Spans(Protocol):
-    def observe(
-        self,
-        request_id: str | None,
-        record: RecordInfo,
-        headers: Headers,
-        output: Mapping[str, Any] | None,
-        closed: bool,
-        output_tokens: int | None = None,
-    ) -> Headers: ...
+    def observe(self, event: SpanEvent) -> Headers: ...
 
     def close_partition(self, partition: int) -> None: ...
 
@@ -225,16 +229,8 @@ class Spans(Protocol):
 class NoSpans:
     """Without OpenTelemetry: outputs carry the input's own trace headers."""
 
-    def observe(
-        self,
-        request_id: str | None,
-        record: RecordInfo,
-        headers: Headers,
-        output: Mapping[str, Any] | None,
-        closed: bool,
-        output_tokens: int | None = None,
-    ) -> Headers:
-        return headers
+    def observe(self, event: SpanEvent) -> Headers:
+        return event.headers
 
     def close_partition(self, partition: int) -> None:
         pass
@@ -272,16 +268,10 @@ class RequestSpans:
     def open_spans(self) -> int:
         return len(self._open)
 
-    def observe(
-        self,
-        request_id: str | None,
-        record: RecordInfo,
-        headers: Headers,
-        output: Mapping[str, Any] | None,
-        closed: bool,
-        output_tokens: int | None = None,
-    ) -> Headers:
+    def observe(self, event: SpanEvent) -> Headers:
         """Open (first record), update and close (``closed``) the request's span; the outputs' headers."""
+        request_id, record, headers, output = event.request_id, event.record, event.headers, event.output
+        closed, output_tokens = event.closed, event.output_tokens
         if request_id is None:  # a dead letter: not a request; its trace headers pass as they came
             return headers
         opened = self._open.get(request_id)
