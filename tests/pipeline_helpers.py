@@ -232,6 +232,10 @@ class Pipeline:
             "--request-timeout-s",
             "30",
             "--allow-no-api-key",
+            # The replicas of this pipeline share its output partitions; other tests' gateways, in
+            # this session or in parallel ones, must not join their group (each join rebalances all).
+            "--reply-group-id",
+            f"gateway-{self.topics.output}",
             *extra,
         )
         self.gateway = WorkerProcess("gateway", command, self.workers.log_dir / "gateway.log").start()

@@ -376,6 +376,7 @@ def _demo(args: DemoOptions, tmp: Path) -> int:
                 *("--requests-topic", topics["openai-requests"], "--output-topic", topics["responses"]),
                 *("--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_MODEL),
                 *("--responses-topic", topics["stored-responses"], "--batch-topic", topics["batches"]),
+                *("--reply-group-id", f"{prefix}-gateway"),
                 "--allow-no-api-key",  # bound to loopback, for the demo's own client
             ],
         )
