@@ -85,8 +85,10 @@ def until(what: str, check: Any, timeout: float = 120) -> Any:
     return found
 
 
-def test_a_killed_replicas_background_response_and_batch_are_completed_by_another(replicas: Replicas) -> None:
-    pipeline, first = replicas.pipeline, sdk(replicas.first_url)
+def mid_run_on_the_first(replicas: Replicas) -> tuple[str, str]:
+    """A batch and a background response started on the first replica, once both are mid-run there:
+    their ids."""
+    first = sdk(replicas.first_url)
     uploaded = first.files.create(file=("input.jsonl", io.BytesIO(input_file())), purpose="batch")
     batch = first.batches.create(
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -101,14 +103,20 @@ def test_a_killed_replicas_background_response_and_batch_are_completed_by_anothe
         return running and counts is not None and WINDOW <= counts.completed < LINES // 2
 
     until("the batch and the response mid-run on the first replica", mid_run, 60)
+    return batch.id, job.id
+
+
+def test_a_killed_replicas_background_response_and_batch_are_completed_by_another(replicas: Replicas) -> None:
+    pipeline = replicas.pipeline
+    batch_id, job_id = mid_run_on_the_first(replicas)
     replicas.first.kill()  # SIGKILL: no clean shutdown, no cancels
 
-    both_end_completed_once(pipeline, replicas.second_url, batch.id, job.id)
+    both_end_completed_once(pipeline, replicas.second_url, batch_id, job_id)
 
     # The second replica took both over, reading back what the first had sent.
     assert pipeline.gateway is not None
     log = pipeline.gateway.log_tail(100_000)
-    assert f"batch:{batch.id}: taken over" in log and f"background response {job.id}: taken over" in log
+    assert f"batch:{batch_id}: taken over" in log and f"background response {job_id}: taken over" in log
     assert "line(s) sent before the takeover are read back" in log
 
 
