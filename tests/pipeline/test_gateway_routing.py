@@ -250,6 +250,10 @@ def test_replicas_joining_and_leaving_mid_stream_answer_every_request(pipeline: 
                 await shared_out([a, b], PARTITIONS)  # a gave partitions up with streams open on them
                 assert not all(t.done() for t in first), "the streams ended before the rebalance"
                 second = [asyncio.create_task(stream(r, "fault:steady")) for r in (a, b) for _ in range(3)]
+                admitted_by = time.monotonic() + 60  # b's three admitted (a loaded machine takes a while)
+                while len(b.gateway.open) < 3:
+                    assert time.monotonic() < admitted_by, "b's streams were not admitted within 60 s"
+                    await asyncio.sleep(0.05)
                 await asyncio.sleep(2)
             finally:
                 await b.stop()  # leaves the group: a is given everything back, streams still open
