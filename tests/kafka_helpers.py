@@ -210,7 +210,9 @@ class WorkerProcess:
             text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "(no log)"
-        return f"--- {self.name} log tail ---\n" + "\n".join(text[-lines:])
+        status = self.proc.poll() if self.proc is not None else None
+        ended = "" if status is None else f", exited with {status}"
+        return f"--- {self.name} log tail{ended} ---\n" + "\n".join(text[-lines:])
 
 
 class WorkerGroup:

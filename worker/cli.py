@@ -13,8 +13,10 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from worker.errors import ConfigurationError, DerenderWorkerError
-from worker.settings import ModelSettings, ReplayFileOptions, add_arguments, load
+from worker import stop_signals
+
+# Nothing slow at module level: the stop signals are caught (``main``'s first step) only after these
+# imports, and a process stopped before that dies by the signal.
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -37,12 +39,15 @@ _REGISTRARS = {
 def _replay(args: argparse.Namespace) -> int:
     from worker.replay import replay_file
     from worker.runtime.composition import load_processor
+    from worker.settings import ModelSettings, ReplayFileOptions, load
 
     assemble = load(ReplayFileOptions, args).assemble
     return replay_file(args.file, load_processor(load(ModelSettings, args)), assemble=assemble)
 
 
 def _register_replay(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from worker.settings import ModelSettings, ReplayFileOptions, add_arguments
+
     replay = commands.add_parser("replay", help="derender a JSON Lines file of input envelopes to stdout")
     replay.add_argument("file", nargs="?", default="-", help="input envelopes, one per line ('-': stdin)")
     add_arguments(replay, ReplayFileOptions, ModelSettings)
@@ -69,17 +74,27 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(arguments[0] if arguments else None).parse_args(arguments)
-    handler: Handler = args.handler
+    # A long-running command stopped while it imports or loads its tokenizer exits 0 (see
+    # ``stop_signals``); the commands registered with ``graceful_stop=True`` take the signals over.
+    stop_signals.catch_early()
     try:
-        return handler(args)
-    except ConfigurationError as exc:
-        print(f"derender-worker: configuration error: {exc}", file=sys.stderr)
-        return 2
-    except (DerenderWorkerError, OSError) as exc:
-        print(f"derender-worker: {exc}", file=sys.stderr)
-        return 1
+        from worker.errors import ConfigurationError, DerenderWorkerError
+
+        arguments = list(sys.argv[1:] if argv is None else argv)
+        args = build_parser(arguments[0] if arguments else None).parse_args(arguments)
+        if not getattr(args, "graceful_stop", False):
+            stop_signals.release()
+        handler: Handler = args.handler
+        try:
+            return handler(args)
+        except ConfigurationError as exc:
+            print(f"derender-worker: configuration error: {exc}", file=sys.stderr)
+            return 2
+        except (DerenderWorkerError, OSError) as exc:
+            print(f"derender-worker: {exc}", file=sys.stderr)
+            return 1
+    finally:
+        stop_signals.release(redeliver=False)  # a graceful command answered what it was sent
 
 
 if __name__ == "__main__":

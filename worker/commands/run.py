@@ -6,11 +6,11 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import threading
 
 from prometheus_client.registry import CollectorRegistry
 
+from worker import stop_signals
 from worker.core.cycle_collection import freeze_startup_objects
 from worker.defaults import DEFAULT_METRICS_PORT
 from worker.errors import ConfigurationError
@@ -50,7 +50,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "run", help="consume input envelopes, produce output envelopes (one process = one group member)"
     )
     add_arguments(run, *RUN_SECTIONS)
-    run.set_defaults(handler=_run)
+    run.set_defaults(handler=_run, graceful_stop=True)
 
     register_dlq(commands)  # `dlq replay` (it adds its own topic and security flags)
 
@@ -120,18 +120,18 @@ def run_worker(config: RunConfig) -> int:
     resets = ResetTracker(config.poison.max_record_retries)
     spans = build_spans(config.observability.otel_endpoint)  # tracing: NO_SPANS unless asked for
     log.info("kafka %s", settings.security.describe())
+    if stop_signals.requested():
+        log.info("stopped before joining the group")
+        return 0
     asyncio.run(check_reachable(settings))  # before anything slow: the newcomer's first mistake
     metrics, readiness = ExportedMetrics(), ReadinessState()
     # Before the tokenizer loads (seconds): the startupProbe asks /healthz meanwhile, and /readyz
     # answers 503 "worker is created" until the worker runs with its partitions restored.
-    # Loading the tokenizer takes seconds (tens on a loaded node): a SIGTERM meanwhile (a scale-in,
-    # a rolling update) is a stop request too, not a death by signal.
-    early_stop = _EarlyStop()
     server = start_health_server(config.observability, build_registry(metrics), readiness)
     try:
         derenderer = load_derenderer(model)  # before joining: loading a tokenizer takes seconds
         freeze_startup_objects()
-        if early_stop.requested:
+        if stop_signals.requested():  # during start-up (``stop_signals``): nothing joined yet
             log.info("stopped before joining the group")
             return 0
 
@@ -154,15 +154,14 @@ def run_worker(config: RunConfig) -> int:
                 worker.request_stop()
                 deadline.start()
 
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop)
-            if early_stop.requested:
+            if stop_signals.requested():
+                log.info("stopped before joining the group")
                 return 0
+            stop_signals.hand_over(loop, stop)
             return await worker.run()
 
         return asyncio.run(main())
     finally:
-        early_stop.restore()
         server.stop()
 
 
@@ -193,18 +192,3 @@ class ExitDeadline:
         log.error("still running %.0f s after the stop request: exiting", self.seconds)
         logging.shutdown()
         os._exit(1)
-
-
-class _EarlyStop:
-    """Records SIGTERM / SIGINT until the event loop's own handlers take over."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.requested = True
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)

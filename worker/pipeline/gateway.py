@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from aiohttp import web
 
 from schemas.envelope import Origin
 from schemas.pipeline import CancelRecord
+from worker import stop_signals
 from worker.errors import KafkaClientError
 from worker.pipeline.apis.routes import add_api_routes
 from worker.pipeline.connection import Connection, add_connection_arguments, wait_for_topics
@@ -460,7 +460,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add_arguments(gateway, GatewayOptions)
     add_connection_arguments(gateway, producing=True)
     add_arguments(gateway, LoggingSettings)
-    gateway.set_defaults(handler=_gateway)
+    gateway.set_defaults(handler=_gateway, graceful_stop=True)
 
 
 def _gateway(args: argparse.Namespace) -> int:
@@ -483,8 +483,7 @@ def _gateway(args: argparse.Namespace) -> int:
         await runner.setup()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stop_signals.hand_over(loop, stop.set)
         try:
             await web.TCPSite(runner, settings.host, settings.port).start()
             log.info("gateway serving on %s:%d", settings.host, settings.port)

@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import Awaitable, Coroutine, Iterable
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from pydantic import ValidationError
 
 from schemas.envelope import Origin
 from schemas.pipeline import CancelRecord, IngestMarker, RequestEnvelope
+from worker import stop_signals
 from worker.errors import PartitionNotAssignedError, RecordTooLargeError, UpstreamError
 from worker.pipeline.connection import Connection, add_connection_arguments, wait_for_topics
 from worker.pipeline.ingest_health import serving_health
@@ -965,7 +965,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     add_arguments(ingest, IngestOptions)
     add_connection_arguments(ingest, producing=True)
     add_arguments(ingest, LoggingSettings, MetricsServerSettings)
-    ingest.set_defaults(handler=_ingest)
+    ingest.set_defaults(handler=_ingest, graceful_stop=True)
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -977,8 +977,7 @@ def _ingest(args: argparse.Namespace) -> int:
     async def main() -> int:
         ingest = Ingest(settings, connection)
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, ingest.request_stop)
+        stop_signals.hand_over(loop, ingest.request_stop)
         async with serving_health(health, ingest):  # /healthz, /readyz, /metrics
             return await ingest.run()
 
