@@ -8,7 +8,7 @@ import asyncio
 import time
 
 from tests.pipeline.memory_stores import MemoryBatchStore, MemoryResponsesStore
-from worker.pipeline.apis.lease import Holding, accepts, expired
+from worker.pipeline.apis.lease import Holding, Takeover, accepts, expired
 
 KEY = "batch:batch_1"
 
@@ -106,5 +106,51 @@ def test_a_released_lease_is_claimable_at_once_and_its_owner_writes_no_more() ->
         claimant = Holding("replica-b", 3600.0, prev=owner.id)
         assert await store.claim(KEY, batch(claimant))
         assert claimant.holds(store.meta[KEY]) and not expired(store.meta[KEY], time.time())
+
+    asyncio.run(scenario())
+
+
+def test_a_takeover_round_claims_only_expired_runs_and_starts_what_it_won() -> None:
+    async def scenario() -> None:
+        store = MemoryBatchStore()
+        gone = Holding("replica-a", 0.01)  # expires at once
+        alive = Holding("replica-a", 60.0)
+        await store.put_meta("batch:expired", {**batch(gone), "id": "expired"})
+        await store.put_meta("batch:renewed", {**batch(alive), "id": "renewed"})
+        # Nothing to resume: no run.
+        await store.put_meta("batch:unsent", {**batch(gone), "id": "unsent", "run": None})
+        await store.put_meta("batch:flaky", {**batch(gone), "id": "flaky"})
+        await asyncio.sleep(0.02)
+        started: list[tuple[str, Holding]] = []
+        stop = asyncio.Event()
+        failed_once: set[str] = set()
+
+        async def claim(key: str, record: dict[str, object]) -> bool:
+            if key == "batch:flaky" and key not in failed_once:  # Kafka unavailable: the next round retries
+                failed_once.add(key)
+                raise ConnectionError("broker down")
+            return await store.claim(key, record)
+
+        def start(key: str, record: dict[str, object], holding: Holding) -> None:
+            started.append((key, holding))
+            if len(started) == 2:
+                stop.set()
+
+        takeover = Takeover(
+            what="batch",
+            owner="replica-b",
+            lease_s=0.03,
+            candidates=lambda: [(k, v) for k, v in store.meta.items() if k not in dict(started)],
+            claim=claim,
+            start=start,
+            stopping=stop.is_set,
+        )
+        async with asyncio.timeout(5):
+            await takeover.rounds()
+        assert [key for key, _ in started] == ["batch:expired", "batch:flaky"]
+        for key, holding in started:
+            assert holding.holds(store.meta[key]) and holding.prev == gone.id
+        assert alive.holds(store.meta["batch:renewed"])
+        assert gone.holds(store.meta["batch:unsent"])
 
     asyncio.run(scenario())

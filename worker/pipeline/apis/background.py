@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import AsyncGenerator
 
@@ -27,7 +26,7 @@ from aiohttp import web
 from schemas.envelope import Origin
 from worker.pipeline.apis import responses
 from worker.pipeline.apis.chat_source import ChatSource, JsonDict, closing
-from worker.pipeline.apis.lease import RENEWALS_PER_LEASE, Holding, expired, lease_of, new_owner
+from worker.pipeline.apis.lease import Holding, Takeover, new_owner
 from worker.pipeline.apis.reattach import OutputTail, chunks, written
 from worker.pipeline.apis.responses_store import ResponsesStore, running
 from worker.runtime.observability.tracing import NO_HEADERS, Headers
@@ -173,34 +172,27 @@ class BackgroundResponses:
         finally:
             renewer.cancel()
 
-    async def take_over(self) -> None:
-        """Every renewal period: claim each running response whose lease expired, and resume it."""
-        while True:
-            await asyncio.sleep(self.lease_s / RENEWALS_PER_LEASE * random.uniform(0.5, 1.0))
-            if closing(self.source):
-                return  # stopping: it would only hand the response over again
-            now = time.time()
-            for response_id, record in list(self.store.records.items()):
-                if (
-                    response_id not in self.owned
-                    and running(record)
-                    and isinstance(record.get("run"), dict)
-                    and expired(record, now)
-                ):
-                    try:
-                        await self._claim(response_id, record)
-                    except Exception as exc:  # noqa: BLE001 (Kafka unavailable: the next round tries again)
-                        log.warning("background response %s: could not be claimed: %r", response_id, exc)
+    def takeover(self) -> Takeover:
+        """Running responses whose lease expired, resumed here (see ``lease``)."""
 
-    async def _claim(self, response_id: str, record: JsonDict) -> None:
-        lease = lease_of(record)
-        assert lease is not None
-        holding = Holding(self.owner, self.lease_s, prev=lease["id"])
-        if await self.store.claim(response_id, {**record, "lease": holding.field()}):
-            log.info("background response %s: taken over from %s", response_id, lease.get("owner"))
+        def candidates() -> list[tuple[str, JsonDict]]:
+            records = self.store.records.items()
+            return [(rid, record) for rid, record in records if rid not in self.owned and running(record)]
+
+        def start(response_id: str, record: JsonDict, holding: Holding) -> None:
             # It was sent (if at all) after it was created.
             since_ms = int(record["response"].get("created_at") or 0) * 1000
             self._spawn(response_id, holding, NO_HEADERS, since_ms)
+
+        return Takeover(
+            what="background response",
+            owner=self.owner,
+            lease_s=self.lease_s,
+            candidates=candidates,
+            claim=self.store.claim,
+            start=start,
+            stopping=lambda: closing(self.source),
+        )
 
     def runs_with(self, app: web.Application) -> None:
         """The takeover loop starts after the store (so it sees the table) and stops before it; the
@@ -208,7 +200,7 @@ class BackgroundResponses:
         loop_task: list[asyncio.Task[None]] = []
 
         async def start(_: web.Application) -> None:
-            loop_task.append(asyncio.create_task(self.take_over()))
+            loop_task.append(asyncio.create_task(self.takeover().rounds()))
 
         async def stop(_: web.Application) -> None:
             running = [*loop_task, *self._tasks]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import re
 import time
 import uuid
@@ -24,13 +23,7 @@ from aiohttp import web
 from worker.pipeline.apis.batch_run import BatchRun, new_run
 from worker.pipeline.apis.batch_store import FINAL, BatchStore
 from worker.pipeline.apis.chat_source import ChatSource, JsonDict, closing
-from worker.pipeline.apis.lease import (
-    RENEWALS_PER_LEASE,
-    Holding,
-    expired,
-    lease_of,
-    new_owner,
-)
+from worker.pipeline.apis.lease import Holding, Takeover, new_owner
 from worker.pipeline.gateway_edge import ANONYMOUS, API_KEY_NAME
 
 log = logging.getLogger(__name__)
@@ -218,34 +211,25 @@ class BatchApi:
                 self.slots.release()
             self.runs.pop(run.key, None)
 
-    async def take_over(self) -> None:
-        """Every renewal period: claim each unfinished batch whose lease expired, and run it."""
-        lease_s = self.settings.takeover_lease_s
-        while True:
-            await asyncio.sleep(lease_s / RENEWALS_PER_LEASE * random.uniform(0.5, 1.0))
-            if closing(self.source):
-                return  # stopping: it would only hand the batch over again
-            now = time.time()
-            for key, batch in list(self.store.meta.items()):
-                if (
-                    key.startswith("batch:")
-                    and key not in self.runs
-                    and batch.get("status") not in FINAL
-                    and isinstance(batch.get("run"), dict)
-                    and expired(batch, now)
-                ):
-                    try:
-                        await self._claim(key, batch)
-                    except Exception as exc:  # noqa: BLE001 (Kafka unavailable: the next round tries again)
-                        log.warning("batch %s: could not be claimed: %r", key, exc)
+    def takeover(self) -> Takeover:
+        """Unfinished batches whose lease expired, run here (see ``lease``)."""
 
-    async def _claim(self, key: str, batch: JsonDict) -> None:
-        lease = lease_of(batch)
-        assert lease is not None
-        holding = Holding(self.owner, self.settings.takeover_lease_s, prev=lease["id"])
-        if await self.store.claim(key, {**batch, "lease": holding.field()}):
-            log.info("batch %s: taken over from %s", key, lease.get("owner"))
-            self._start(key, holding, False)
+        def candidates() -> list[tuple[str, JsonDict]]:
+            return [
+                (key, batch)
+                for key, batch in self.store.meta.items()
+                if key.startswith("batch:") and key not in self.runs and batch.get("status") not in FINAL
+            ]
+
+        return Takeover(
+            what="batch",
+            owner=self.owner,
+            lease_s=self.settings.takeover_lease_s,
+            candidates=candidates,
+            claim=self.store.claim,
+            start=lambda key, _batch, holding: self._start(key, holding, False),
+            stopping=lambda: closing(self.source),
+        )
 
     async def retrieve_batch(self, http: web.Request) -> web.StreamResponse:
         batch = await self.store.get_meta(f"batch:{http.match_info['batch_id']}")
@@ -268,7 +252,7 @@ class BatchApi:
 
         async def start(_: web.Application) -> None:
             nonlocal task
-            task = asyncio.create_task(self.take_over())
+            task = asyncio.create_task(self.takeover().rounds())
 
         async def stop(_: web.Application) -> None:
             tasks = [*(t for t in [task] if t is not None), *self._tasks]

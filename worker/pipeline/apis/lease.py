@@ -19,12 +19,18 @@ so another replica claims it in its next round instead of waiting out ``lease_s`
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import random
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 JsonDict = dict[str, Any]
+
+log = logging.getLogger(__name__)
 
 RENEWALS_PER_LEASE = 3  # renewed every lease_s / 3
 QUIET_AFTER = 2 / 3  # an owner whose last renewal is older than this share of lease_s starts nothing new
@@ -100,3 +106,38 @@ class Holding:
     def holds(self, record: JsonDict | None) -> bool:
         lease = lease_of(record)
         return lease is not None and lease["id"] == self.id
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """One kind of leased work (background responses, batches) as the takeover rounds see it."""
+
+    what: str  # for the log: "background response", "batch"
+    owner: str
+    lease_s: float
+    candidates: Callable[[], Iterable[tuple[str, JsonDict]]]  # unfinished, not run here, with a run
+    claim: Callable[[str, JsonDict], Awaitable[bool]]  # writes the record; whether this claim won
+    start: Callable[[str, JsonDict, Holding], None]  # runs what was won
+    stopping: Callable[[], bool]
+
+    async def rounds(self) -> None:
+        """Every renewal period (jittered, so replicas do not claim in step): claim each candidate
+        whose lease expired, and start what was won. Returns when the replica stops."""
+        while True:
+            await asyncio.sleep(self.lease_s / RENEWALS_PER_LEASE * random.uniform(0.5, 1.0))
+            if self.stopping():
+                return  # it would only hand the work over again
+            now = time.time()
+            for key, record in list(self.candidates()):
+                lease = lease_of(record)
+                if lease is None or not isinstance(record.get("run"), dict) or not expired(record, now):
+                    continue
+                holding = Holding(self.owner, self.lease_s, prev=lease["id"])
+                try:
+                    won = await self.claim(key, {**record, "lease": holding.field()})
+                except Exception as exc:  # noqa: BLE001 (Kafka unavailable: the next round tries again)
+                    log.warning("%s %s: could not be claimed: %r", self.what, key, exc)
+                    continue
+                if won:
+                    log.info("%s %s: taken over from %s", self.what, key, lease.get("owner"))
+                    self.start(key, record, holding)
