@@ -267,11 +267,13 @@ class BatchRun:
         not in a written chunk are dropped (read back by the next holder), and the record is written
         with the progress so far and the lease released. Once only; nothing is written here after."""
         if self.holding.lost:
+            log.info("batch %s: not handed over, its lease was already taken over", self.batch_id)
             return
         if not self.started:  # waiting for a slot: the record holds its progress
             meta = self._meta()
             if self.holding.holds(meta):
                 await self.store.put_meta(self.key, {**meta, "lease": self.holding.released()})
+                log.info("batch %s: handed over before it started (its lease released)", self.batch_id)
             return
         inflight = list(self.inflight.values())
         self.inflight.clear()
@@ -280,6 +282,8 @@ class BatchRun:
         await asyncio.gather(*inflight, return_exceptions=True)
         if await self._write({}, release=True):
             log.info("batch %s: handed over at line %d (its lease released)", self.batch_id, self.flushed)
+        else:
+            log.info("batch %s: not handed over, its lease was taken over meanwhile", self.batch_id)
 
     def _a_chunk_is_full(self) -> bool:
         return any(f.buffered >= f.chunk_bytes for f in self.files)
