@@ -77,12 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A long-running command stopped while it imports or loads its tokenizer exits 0 (see
     # ``stop_signals``); the commands registered with ``graceful_stop=True`` take the signals over.
     stop_signals.catch_early()
+    graceful = False  # whether a command that answers the stop signals ran
     try:
         from worker.errors import ConfigurationError, DerenderWorkerError
 
         arguments = list(sys.argv[1:] if argv is None else argv)
         args = build_parser(arguments[0] if arguments else None).parse_args(arguments)
-        if not getattr(args, "graceful_stop", False):
+        graceful = bool(getattr(args, "graceful_stop", False))
+        if not graceful:
             stop_signals.release()
         handler: Handler = args.handler
         try:
@@ -94,7 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"derender-worker: {exc}", file=sys.stderr)
             return 1
     finally:
-        stop_signals.release(redeliver=False)  # a graceful command answered what it was sent
+        # A graceful command answered what it was sent; otherwise (``--help``, a bad flag) the
+        # process ends as the signal would have ended it.
+        stop_signals.release(redeliver=not graceful)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,12 @@ The contract, in the order a process goes through it:
 
 - ``catch_early()``: the command line's first step; a signal is recorded instead of acted on.
 - ``hand_over(loop, stop)``: a graceful command's event loop takes both signals; a signal already
-  recorded calls ``stop`` at once.
-- ``release()``: any other command, before it starts; the default handlers come back and a signal
-  already recorded is delivered again, so the process ends as it would have without ``catch_early``.
-  ``release(redeliver=False)`` after a graceful command returned: it answered what it was sent.
+  recorded calls ``stop`` at once. Its start-up steps that can wait without end (topics that do not
+  exist yet) run under ``finished_before(step, stop_event)``, so a stop does not wait for them.
+- ``release()``: any other command, before it starts; the handlers from before ``catch_early`` come
+  back and a signal already recorded is delivered again, so the process ends as it would have
+  without ``catch_early``. ``release(redeliver=False)`` after a graceful command returned: it
+  answered what it was sent.
 
 Stdlib only: it is imported before anything slow.
 """
@@ -20,11 +22,16 @@ Stdlib only: it is imported before anything slow.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Callable
 from types import FrameType
+from typing import Any, TypeVar
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+T = TypeVar("T")
+
+# SIGINT first: once SIGTERM is caught, both are (what a test waits for).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _received: list[int] = []  # the signals seen while recording (the first one is re-delivered)
 _previous: dict[int, signal._HANDLER] = {}
@@ -51,7 +58,7 @@ def hand_over(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None
     """``loop`` calls ``stop`` on SIGTERM / SIGINT from now on, and at once for one already received."""
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop)
-    _previous.clear()  # the loop owns the signals now; it restores the defaults when it closes
+    # ``_previous`` is kept: the closing loop puts the defaults back, ``release`` what was there before.
     if _received:
         _received.clear()
         loop.call_soon(stop)
@@ -66,3 +73,25 @@ def release(*, redeliver: bool = True) -> None:
     _received.clear()
     if first is not None and redeliver:
         signal.raise_signal(first)
+
+
+async def finished_before(step: asyncio.Future[T], stop: asyncio.Event) -> bool:
+    """Wait for ``step`` or ``stop``, whichever comes first; ``step`` is cancelled on a stop.
+
+    True when ``step`` finished (its error, if any, is raised), False when the stop came first."""
+    stopped = asyncio.ensure_future(stop.wait())
+    either: set[asyncio.Future[Any]] = {step, stopped}
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        step.cancel()
+        raise
+    finally:
+        stopped.cancel()
+    if step.done():
+        step.result()
+        return True
+    step.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await step
+    return False

@@ -154,3 +154,40 @@ def test_a_takeover_round_claims_only_expired_runs_and_starts_what_it_won() -> N
         assert gone.holds(store.meta["batch:unsent"])
 
     asyncio.run(scenario())
+
+
+def test_a_takeover_round_starts_nothing_it_lost_and_goes_on_after_a_start_that_fails() -> None:
+    async def scenario() -> None:
+        store = MemoryBatchStore()
+        gone = Holding("replica-a", 0.01)
+        for name in ("lost", "broken", "fine"):
+            await store.put_meta(f"batch:{name}", {**batch(gone), "id": name})
+        stale = dict(store.meta)  # this replica's view, from before another one claimed "lost"
+        assert await store.claim(
+            "batch:lost", {**batch(Holding("replica-c", 60.0, prev=gone.id)), "id": "lost"}
+        )
+        await asyncio.sleep(0.02)
+        attempted: list[str] = []
+        stop = asyncio.Event()
+
+        def start(key: str, record: dict[str, object], holding: Holding) -> None:
+            attempted.append(key)
+            if key == "batch:broken":
+                raise KeyError("created_at")
+            stop.set()
+
+        takeover = Takeover(
+            what="batch",
+            owner="replica-b",
+            lease_s=0.03,
+            candidates=lambda: [(k, v) for k, v in stale.items() if k not in attempted],
+            claim=store.claim,
+            start=start,
+            stopping=stop.is_set,
+        )
+        async with asyncio.timeout(5):
+            await takeover.rounds()
+        assert attempted == ["batch:broken", "batch:fine"]  # "lost" was claimed, lost, not started
+        assert store.meta["batch:lost"]["lease"]["owner"] == "replica-c"
+
+    asyncio.run(scenario())

@@ -120,10 +120,16 @@ def run_worker(config: RunConfig) -> int:
     resets = ResetTracker(config.poison.max_record_retries)
     spans = build_spans(config.observability.otel_endpoint)  # tracing: NO_SPANS unless asked for
     log.info("kafka %s", settings.security.describe())
-    if stop_signals.requested():
-        log.info("stopped before joining the group")
+    if _stopped_while_starting():
         return 0
-    asyncio.run(check_reachable(settings))  # before anything slow: the newcomer's first mistake
+    try:
+        asyncio.run(check_reachable(settings))  # before anything slow: the newcomer's first mistake
+    except ConfigurationError:
+        if _stopped_while_starting():  # it was told to stop meanwhile: no error to report
+            return 0
+        raise
+    if _stopped_while_starting():
+        return 0
     metrics, readiness = ExportedMetrics(), ReadinessState()
     # Before the tokenizer loads (seconds): the startupProbe asks /healthz meanwhile, and /readyz
     # answers 503 "worker is created" until the worker runs with its partitions restored.
@@ -131,8 +137,7 @@ def run_worker(config: RunConfig) -> int:
     try:
         derenderer = load_derenderer(model)  # before joining: loading a tokenizer takes seconds
         freeze_startup_objects()
-        if stop_signals.requested():  # during start-up (``stop_signals``): nothing joined yet
-            log.info("stopped before joining the group")
+        if _stopped_while_starting():
             return 0
 
         async def main() -> int:
@@ -154,8 +159,7 @@ def run_worker(config: RunConfig) -> int:
                 worker.request_stop()
                 deadline.start()
 
-            if stop_signals.requested():
-                log.info("stopped before joining the group")
+            if _stopped_while_starting():
                 return 0
             stop_signals.hand_over(loop, stop)
             return await worker.run()
@@ -163,6 +167,14 @@ def run_worker(config: RunConfig) -> int:
         return asyncio.run(main())
     finally:
         server.stop()
+
+
+def _stopped_while_starting() -> bool:
+    """A stop signal came during start-up (``stop_signals``): nothing is joined yet, exit 0."""
+    if stop_signals.requested():
+        log.info("stopped before joining the group")
+        return True
+    return False
 
 
 # Beyond --shutdown-timeout-s: the worker's own timed-out shutdown (exit 1) comes first.

@@ -469,8 +469,14 @@ def _gateway(args: argparse.Namespace) -> int:
     connection = Connection.from_args(args, "gateway")
 
     async def main() -> int:
+        stop = asyncio.Event()
+        stop_signals.hand_over(asyncio.get_running_loop(), stop.set)
         gateway = Gateway(settings, connection)
-        await gateway.start()
+        # Start-up waits for the topics to exist, without end: a stop meanwhile must not wait for it.
+        if not await stop_signals.finished_before(asyncio.ensure_future(gateway.start()), stop):
+            await gateway.stop()
+            log.info("stopped before serving")
+            return 0
         # A client that disconnects cancels its handler, which writes the cancel record. Idle and
         # slow connections: aiohttp closes one that has not sent its headers within keepalive_timeout.
         runner = web.AppRunner(
@@ -481,9 +487,6 @@ def _gateway(args: argparse.Namespace) -> int:
             shutdown_timeout=settings.shutdown_timeout_s / 2,
         )
         await runner.setup()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        stop_signals.hand_over(loop, stop.set)
         try:
             await web.TCPSite(runner, settings.host, settings.port).start()
             log.info("gateway serving on %s:%d", settings.host, settings.port)

@@ -264,7 +264,12 @@ class Ingest:
 
     async def run(self) -> int:
         s = self.settings
-        counts = await wait_for_topics(self.connection, s.input_topic, s.output_topic)
+        # Without end while the topics do not exist: a stop meanwhile does not wait for them.
+        topics = asyncio.ensure_future(wait_for_topics(self.connection, s.input_topic, s.output_topic))
+        if not await stop_signals.finished_before(topics, self._stop):
+            log.info("stopped before joining the group")
+            return 0
+        counts = topics.result()
         if await self.connection.ensure_topic(s.requests_topic, counts[s.input_topic]):
             log.info("created the requests topic %s (%d partitions)", s.requests_topic, counts[s.input_topic])
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)

@@ -138,6 +138,10 @@ class Takeover:
                 except Exception as exc:  # noqa: BLE001 (Kafka unavailable: the next round tries again)
                     log.warning("%s %s: could not be claimed: %r", self.what, key, exc)
                     continue
-                if won:
-                    log.info("%s %s: taken over from %s", self.what, key, lease.get("owner"))
+                if not won:
+                    continue
+                log.info("%s %s: taken over from %s", self.what, key, lease.get("owner"))
+                try:
                     self.start(key, record, holding)
+                except Exception:  # one bad record must not end the rounds for every other one
+                    log.exception("%s %s: could not be started", self.what, key)
