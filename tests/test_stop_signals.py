@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -22,6 +23,8 @@ import pytest
 from tests.golden_cases import MODELS_DIR
 from tests.paths import REPO_ROOT
 from worker import cli, stop_signals
+
+QWEN3 = str(MODELS_DIR / "qwen3")
 
 
 def _catches(pid: int, sig: signal.Signals) -> bool:
@@ -73,9 +76,7 @@ def _stop_while_starting(
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_worker_stopped_while_it_imports_exits_0(sig: signal.Signals) -> None:
     # Nothing listens on port 1: a worker that went on past the stop would fail to reach Kafka.
-    done = _stop_while_starting(
-        ["run", "--bootstrap-servers", "127.0.0.1:1", "--tokenizer", str(MODELS_DIR / "qwen3")], sig
-    )
+    done = _stop_while_starting(["run", "--bootstrap-servers", "127.0.0.1:1", "--tokenizer", QWEN3], sig)
     assert done.returncode == 0, done.stderr
     assert "stopped before joining the group" in done.stderr
     assert "cannot reach Kafka" not in done.stderr
@@ -231,3 +232,15 @@ def test_finished_before_returns_the_step_or_its_error_when_it_ends_first() -> N
             await stop_signals.finished_before(asyncio.ensure_future(fails()), stop)
 
     asyncio.run(scenario())
+
+
+def test_the_command_line_run_off_the_main_thread_leaves_the_signals_alone() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    outcome: list[int] = []
+    thread = threading.Thread(
+        target=lambda: outcome.append(cli.main(["replay", "/dev/null", "--tokenizer", QWEN3]))
+    )
+    thread.start()
+    thread.join(60)
+    assert outcome == [0]
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, TypeVar
@@ -43,8 +44,8 @@ def _record(signum: int, frame: FrameType | None) -> None:
 
 def catch_early() -> None:
     """Record SIGTERM / SIGINT from now on (idempotent)."""
-    if _previous:
-        return
+    if _previous or threading.current_thread() is not threading.main_thread():
+        return  # off the main thread (an in-process caller's): the signals are its host's business
     for sig in STOP_SIGNALS:
         _previous[sig] = signal.signal(sig, _record)
 
