@@ -5,10 +5,18 @@ Without Kafka: each store's topic is in memory, every write read back through th
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 
+import orjson
+import pytest
+
+from tests.pipeline.chat_stand_in import ChatStandIn
 from tests.pipeline.memory_stores import MemoryBatchStore, MemoryResponsesStore
+from worker.pipeline.apis.batch_run import BatchRun
 from worker.pipeline.apis.lease import Holding, Takeover, accepts, expired
+from worker.settings import GatewayOptions
 
 KEY = "batch:batch_1"
 
@@ -191,3 +199,37 @@ def test_a_takeover_round_starts_nothing_it_lost_and_goes_on_after_a_start_that_
         assert store.meta["batch:lost"]["lease"]["owner"] == "replica-c"
 
     asyncio.run(scenario())
+
+
+class SlowTopic(MemoryBatchStore):
+    """A batch topic whose writes take a moment, so a cancel can come in the middle of one."""
+
+    async def send(self, key: str, value: bytes) -> None:
+        await asyncio.sleep(0.05)
+        await super().send(key, value)
+
+
+def test_a_release_cancelled_half_way_is_finished_by_the_next_call_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Seen in the SIGTERM handover test: the runner released on seeing the gateway close, the stop then
+    # cancelled it mid-write, and its cancel handler's release found the lease "taken over".
+    async def scenario() -> None:
+        store = SlowTopic()
+        holding = Holding("replica-a", 60.0)
+        await store.put_meta(KEY, batch(holding))
+        run = BatchRun(ChatStandIn(GatewayOptions(allow_no_api_key=True)), store, KEY, holding)
+        first = asyncio.ensure_future(run.release())  # the runner saw the gateway closing
+        await asyncio.sleep(0.01)  # its write is under way
+        first.cancel()  # the stop cancels the runner
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        await run.release()  # the runner's cancel handler
+        written = orjson.loads(store.log[-1][1])
+        assert store.log[-1][0] == KEY and written["lease"]["released"] is True
+        assert expired(written, time.time())
+
+    with caplog.at_level(logging.INFO, logger="worker.pipeline.apis.batch_run"):
+        asyncio.run(scenario())
+    said = [r.getMessage() for r in caplog.records if "handed over" in r.getMessage()]
+    assert said == ["batch batch_1: handed over before it started (its lease released)"]

@@ -34,7 +34,7 @@ import orjson
 from schemas.envelope import Origin
 from worker.pipeline.apis.batch_store import CHUNK_BYTES, BatchStore
 from worker.pipeline.apis.chat_source import ChatSource, JsonDict, closing
-from worker.pipeline.apis.lease import Holding
+from worker.pipeline.apis.lease import Holding, lease_of
 from worker.pipeline.apis.reattach import OutputTail, one_answer, written
 from worker.runtime.observability.tracing import NO_HEADERS
 
@@ -132,6 +132,7 @@ class BatchRun:
         self.sent_ms: dict[int, int] = {}  # when each held line was sent (at most)
         self.peak_held = 0
         self.started = False  # run() has its progress (before, the record's is current)
+        self._release: asyncio.Future[None] | None = None  # see release()
 
     @property
     def held(self) -> int:
@@ -149,12 +150,10 @@ class BatchRun:
         if not self.holding.holds(meta) or not await self.store.put_meta(
             self.key, {**meta, "lease": self.holding.field(started)}
         ):
-            self.holding.lost = True
-            return False
+            return self._lost("renewing")
         await self.store.caught_up()
         if not self.holding.holds(self.store.meta.get(self.key)):
-            self.holding.lost = True
-            return False
+            return self._lost("reading its renewal back")
         self.holding.confirmed(started)
         return True
 
@@ -265,7 +264,16 @@ class BatchRun:
     async def release(self) -> None:
         """The gateway is stopping: its lines in flight are left to go on upstream (durable), the answers
         not in a written chunk are dropped (read back by the next holder), and the record is written
-        with the progress so far and the lease released. Once only; nothing is written here after."""
+        with the progress so far and the lease released.
+
+        Once only, and whole: the runner releases when it sees the gateway closing, and again when the
+        stop then cancels it, which can come in the middle of the first. Each call waits for the one
+        release, which a cancel of its caller does not interrupt."""
+        if self._release is None:
+            self._release = asyncio.ensure_future(self._release_once())
+        await asyncio.shield(self._release)
+
+    async def _release_once(self) -> None:
         if self.holding.lost:
             log.info("batch %s: not handed over, its lease was already taken over", self.batch_id)
             return
@@ -364,9 +372,10 @@ class BatchRun:
         """The batch record with this run's progress and a fresh lease (``release``: the lease released);
         False when the lease was lost."""
         meta = self._meta()
-        if self.holding.lost or not self.holding.holds(meta):
-            self.holding.lost = True
+        if self.holding.lost:
             return False
+        if not self.holding.holds(meta):
+            return self._lost("writing its progress")
         times = list(self.sent_ms.values())
         if self.flushed < self.recover_to:
             times.append(self.recover_ms)
@@ -386,9 +395,22 @@ class BatchRun:
             "lease": self.holding.released() if release else self.holding.field(),
         }
         if not await self.store.put_meta(self.key, record):
-            self.holding.lost = True
-            return False
+            return self._lost("writing its progress")
         return True
+
+    def _lost(self, doing: str) -> bool:
+        """The lease is another's now: this run acts on the batch no more. False, for the caller."""
+        self.holding.lost = True
+        lease = lease_of(self.store.meta.get(self.key)) or {}
+        log.info(
+            "batch %s: lease %s lost while %s (the record holds lease %s of %s)",
+            self.batch_id,
+            self.holding.id,
+            doing,
+            lease.get("id"),
+            lease.get("owner"),
+        )
+        return False
 
     async def _finish(self, status: str) -> None:
         """The answers held go out in input order, the files' metadata is written, then the status."""
