@@ -123,6 +123,18 @@ def reference_outputs(recording: Recording, request: dict[str, Any], prompt: int
     return outputs
 
 
+def same_answer(got: AssembledResponse, want: AssembledResponse) -> None:
+    """The same choices with the same content, reasoning and finish reason (ids and times aside)."""
+    assert sorted(got.choices) == sorted(want.choices)
+    for index, choice in want.choices.items():
+        mine = got.choices[index]
+        assert (mine.content, mine.reasoning, mine.finish_reason) == (
+            choice.content,
+            choice.reasoning,
+            choice.finish_reason,
+        )
+
+
 def assemble(outputs: Sequence[dict[str, Any]]) -> AssembledResponse:
     assembler = Assembler()
     response = None

@@ -36,6 +36,7 @@ from tests.pipeline_helpers import (
     recording,
     reference_outputs,
     request_of,
+    same_answer,
     two_prompt_recording,
 )
 from tests.stream_builders import written
@@ -73,21 +74,6 @@ def contains(mine: Any, theirs: Any) -> bool:
     if isinstance(theirs, list):
         return isinstance(mine, list) and len(mine) == len(theirs) and all(map(contains, mine, theirs))
     return bool(mine == theirs)
-
-
-def same_answer(got: AssembledResponse, want: AssembledResponse) -> None:
-    assert sorted(got.choices) == sorted(want.choices)
-    for index, choice in want.choices.items():
-        mine = got.choices[index]
-        assert (mine.content, mine.reasoning, mine.finish_reason) == (
-            choice.content,
-            choice.reasoning,
-            choice.finish_reason,
-        )
-        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in mine.tool_calls.values()]
-        assert calls == [
-            (c["function"]["name"], c["function"]["arguments"]) for c in choice.tool_calls.values()
-        ]
 
 
 def test_streaming_chat_with_reasoning_and_a_tool_call(pipeline: Pipeline) -> None:

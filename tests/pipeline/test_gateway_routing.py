@@ -31,6 +31,7 @@ from tests.pipeline_helpers import (
     comparable,
     recording,
     request_of,
+    same_answer,
 )
 from worker.assembly import AssembledResponse
 from worker.pipeline.connection import Connection
@@ -145,20 +146,6 @@ async def stream(replica: Replica, user: str | None = None) -> AssembledResponse
     return assemble(outputs)
 
 
-def same(got: AssembledResponse, want: AssembledResponse) -> None:
-    assert sorted(got.choices) == sorted(want.choices)
-    for index, choice in want.choices.items():
-        mine = got.choices[index]
-        assert (mine.content, mine.reasoning, mine.finish_reason) == (
-            choice.content,
-            choice.reasoning,
-            choice.finish_reason,
-        )
-        assert [c["function"] for c in mine.tool_calls.values()] == [
-            c["function"] for c in choice.tool_calls.values()
-        ]
-
-
 async def request_ids(pipeline: Pipeline, user: str, count: int, timeout: float = 30) -> list[str]:
     """The ids of the ``count`` requests marked ``user`` on the requests topic."""
     reader = await TopicReader(pipeline.bootstrap, pipeline.requests_topic).start()
@@ -207,7 +194,7 @@ def test_each_replica_reads_only_its_share(pipeline: Pipeline) -> None:
                 answers = await asyncio.gather(*(stream(r, users[id(r)]) for r in (a, b) for _ in range(per)))
                 want = golden()
                 for answer in answers:
-                    same(answer, want)
+                    same_answer(answer, want)
                 for replica in (a, b):
                     ids = await request_ids(pipeline, users[id(replica)], per)
                     assert len(ids) == per
@@ -262,10 +249,10 @@ def test_replicas_joining_and_leaving_mid_stream_answer_every_request(pipeline: 
                 firsts = await asyncio.gather(*first)
                 seconds = await asyncio.gather(*second, return_exceptions=True)
             for answer in firsts:
-                same(answer, want)
+                same_answer(answer, want)
             for outcome in seconds[:3]:  # a's
                 assert isinstance(outcome, AssembledResponse), outcome
-                same(outcome, want)
+                same_answer(outcome, want)
             for outcome in seconds[3:]:  # b's: ended by its shutdown, with an error, not silence
                 assert isinstance(outcome, Exception) and "shutting down" in str(outcome), outcome
             assert a.gateway.routing.stats.delivered > 0
@@ -325,6 +312,6 @@ def test_two_replicas_share_a_grown_output_topic(pipeline: Pipeline) -> None:
             async with asyncio.timeout(60):
                 answers = await asyncio.gather(*open_, *later)
             for answer in answers:
-                same(answer, want)
+                same_answer(answer, want)
 
     asyncio.run(go())
